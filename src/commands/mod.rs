@@ -1,0 +1,90 @@
+//! One module per subcommand; each is an `async fn` from settings to `anyhow::Result`.
+
+pub mod run;
+pub mod setup;
+pub mod status;
+pub mod teardown;
+
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::config::Config;
+
+/// How long a publish may wait for its ack before the pipeline reconnects.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects to NATS once; the client then reconnects by itself for as long as we run.
+pub async fn connect_nats(config: &Config) -> anyhow::Result<async_nats::Client> {
+    async_nats::ConnectOptions::new()
+        .name("pgoutbox")
+        .connection_timeout(Duration::from_secs(5))
+        .max_reconnects(None)
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Connected => tracing::info!("NATS connected"),
+                async_nats::Event::Disconnected => tracing::warn!("NATS disconnected"),
+                other => tracing::warn!(event = %other, "NATS"),
+            }
+        })
+        .connect(config.nats_servers.as_slice())
+        .await
+        .with_context(|| format!("connecting to NATS at {}", servers(config)))
+}
+
+/// The server list for messages, without credentials.
+pub fn servers(config: &Config) -> String {
+    config
+        .nats_servers
+        .iter()
+        .map(|s| format!("{}:{}", s.host(), s.port()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Capped exponential backoff: 200 ms doubling up to 30 s.
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(200);
+    const CAP: Duration = Duration::from_secs(30);
+
+    pub fn new() -> Self {
+        Backoff { next: Self::FIRST }
+    }
+
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Self::CAP);
+        delay
+    }
+
+    pub fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap_and_resets() {
+        let mut b = Backoff::new();
+        let delays: Vec<_> = (0..10).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(
+            delays,
+            [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000]
+        );
+        b.reset();
+        assert_eq!(b.next_delay(), Duration::from_millis(200));
+    }
+}

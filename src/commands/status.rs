@@ -1,0 +1,149 @@
+//! `pgoutbox status [--json]`: what an operator alerts on.
+//!
+//! Exit codes: 0 healthy; 1 warning (slot inactive, lag above `--max-lag-bytes`);
+//! 2 critical (slot missing or lost, database unreachable).
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::config::Config;
+use crate::publisher::Publisher;
+use crate::slot::{self, SlotState};
+
+/// The health verdict, which is also the exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Health {
+    Healthy = 0,
+    Warning = 1,
+    Critical = 2,
+}
+
+pub async fn run(config: &Config, json_output: bool, max_lag_bytes: i64) -> Health {
+    let (report, health) = match slot::connect(&config.database).await {
+        Err(err) => (
+            json!({ "slot": config.slot, "error": err.to_string() }),
+            Health::Critical,
+        ),
+        Ok(client) => match slot::slot_state(&client, &config.slot).await {
+            Err(err) => (
+                json!({ "slot": config.slot, "error": err.to_string() }),
+                Health::Critical,
+            ),
+            Ok(state) => {
+                let (health, problems) = judge(state.as_ref(), max_lag_bytes);
+                let mut report = slot_report(&config.slot, state.as_ref());
+                report["problems"] = json!(problems);
+                report["stream"] = stream_report(config).await;
+                (report, health)
+            }
+        },
+    };
+    let mut report = report;
+    report["health"] = json!(match health {
+        Health::Healthy => "healthy",
+        Health::Warning => "warning",
+        Health::Critical => "critical",
+    });
+    if json_output {
+        println!("{report:#}");
+    } else {
+        print_table(&report);
+    }
+    health
+}
+
+fn judge(state: Option<&SlotState>, max_lag_bytes: i64) -> (Health, Vec<String>) {
+    let Some(state) = state else {
+        return (Health::Critical, vec!["slot does not exist".into()]);
+    };
+    let mut problems = Vec::new();
+    let mut health = Health::Healthy;
+    if state.wal_status.as_deref() == Some("lost") {
+        problems.push("slot is lost: the WAL it needs was removed".into());
+        health = Health::Critical;
+    }
+    if !state.active {
+        problems.push("slot is not active: no pgoutbox is streaming".into());
+        health = health.max(Health::Warning);
+    }
+    if state.lag_bytes.is_some_and(|lag| lag > max_lag_bytes) {
+        problems.push(format!("lag is above {max_lag_bytes} bytes"));
+        health = health.max(Health::Warning);
+    }
+    (health, problems)
+}
+
+fn slot_report(name: &str, state: Option<&SlotState>) -> serde_json::Value {
+    match state {
+        None => json!({ "slot": name, "exists": false }),
+        Some(s) => json!({
+            "slot": name,
+            "exists": true,
+            "plugin": s.plugin,
+            "active": s.active,
+            "active_pid": s.active_pid,
+            "wal_status": s.wal_status,
+            "safe_wal_size": s.safe_wal_size,
+            "confirmed_flush_lsn": s.confirmed_flush_lsn,
+            "restart_lsn": s.restart_lsn,
+            "current_wal_lsn": s.current_wal_lsn,
+            "lag_bytes": s.lag_bytes,
+            "retained_wal_bytes": s.retained_wal_bytes,
+        }),
+    }
+}
+
+/// The stream's figures, or why they could not be read; never fails the command.
+async fn stream_report(config: &Config) -> serde_json::Value {
+    let read = async {
+        let client = super::connect_nats(config).await?;
+        let publisher = Publisher::new(client, &config.stream, Duration::from_secs(2));
+        let info = publisher.stream_info().await?;
+        anyhow::Ok(json!({
+            "name": config.stream,
+            "messages": info.state.messages,
+            "bytes": info.state.bytes,
+            "last_sequence": info.state.last_sequence,
+            "duplicate_window_seconds": info.config.duplicate_window.as_secs_f64(),
+        }))
+    };
+    match tokio::time::timeout(Duration::from_secs(5), read).await {
+        Ok(Ok(report)) => report,
+        Ok(Err(err)) => json!({ "name": config.stream, "error": format!("{err:#}") }),
+        Err(_) => json!({ "name": config.stream, "error": "NATS did not answer within 5 s" }),
+    }
+}
+
+fn print_table(report: &serde_json::Value) {
+    let mut rows: Vec<(String, String)> = Vec::new();
+    let mut push = |prefix: &str, value: &serde_json::Value| {
+        if let Some(object) = value.as_object() {
+            for (key, value) in object {
+                if value.is_object() || key == "problems" {
+                    continue;
+                }
+                let text = match value {
+                    serde_json::Value::String(s) => s.clone(),
+                    serde_json::Value::Null => "-".into(),
+                    other => other.to_string(),
+                };
+                rows.push((format!("{prefix}{key}"), text));
+            }
+        }
+    };
+    push("", report);
+    push("stream.", &report["stream"]);
+    if let Some(problems) = report["problems"].as_array() {
+        for problem in problems {
+            rows.push((
+                "problem".into(),
+                problem.as_str().unwrap_or_default().to_owned(),
+            ));
+        }
+    }
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (key, value) in rows {
+        println!("{key:<width$}  {value}");
+    }
+}

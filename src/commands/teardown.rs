@@ -1,0 +1,21 @@
+//! `pgoutbox teardown --yes`: drops the slot and the publication; the stream is kept.
+
+use crate::config::Config;
+use crate::slot;
+
+pub async fn run(config: &Config, yes: bool) -> anyhow::Result<()> {
+    if !yes {
+        anyhow::bail!(
+            "teardown drops slot {} and publication {}: pass --yes to confirm",
+            config.slot,
+            config.publication
+        );
+    }
+    let client = slot::connect(&config.database).await?;
+    slot::teardown(&client, &config.slot, &config.publication).await?;
+    println!(
+        "dropped slot {} and publication {}",
+        config.slot, config.publication
+    );
+    Ok(())
+}

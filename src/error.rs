@@ -1,0 +1,68 @@
+//! The pipeline's error, split by what the caller must do about it.
+
+use crate::pgoutput::DecodeError;
+use crate::replication::{ConnectionError, ServerError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// Postgres went away or the walsender ended: reconnect and resume from the slot.
+    #[error(transparent)]
+    Postgres(#[from] ConnectionError),
+    /// NATS did not acknowledge (timeout, lost connection, refused as out of order):
+    /// reconnect and resume from the slot and the stream's tail.
+    #[error("NATS: {0}")]
+    Nats(String),
+    /// Another connection streams from the slot; wait and try again (hot standby).
+    #[error("replication slot {slot} is in use by another process")]
+    SlotBusy { slot: String },
+    #[error(
+        "replication slot {slot} does not exist; it was dropped after pgoutbox set it up. \
+             Events committed since may be lost. See docs/operations.md (slot lost) and run \
+             `pgoutbox setup --recreate-slot` once you have decided how to recover"
+    )]
+    SlotMissing { slot: String },
+    #[error(
+        "replication slot {slot} was invalidated by Postgres ({detail}); the WAL it needed \
+             is gone and events may be lost. See docs/operations.md (slot lost) and run \
+             `pgoutbox setup --recreate-slot` once you have decided how to recover"
+    )]
+    SlotInvalidated { slot: String, detail: String },
+    #[error("the pgoutput stream could not be decoded: {0}")]
+    Decode(#[from] DecodeError),
+    #[error("the pgoutput stream broke protocol: {0}")]
+    Protocol(&'static str),
+    #[error(transparent)]
+    Mapping(#[from] crate::outbox::MappingError),
+    #[error("a row could not be published and neither could its dead letter: {0}")]
+    DeadLetter(String),
+}
+
+impl PipelineError {
+    /// Whether reconnecting may help.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Postgres(_) | Self::Nats(_) | Self::SlotBusy { .. }
+        )
+    }
+
+    /// Sorts a server error raised by START_REPLICATION.
+    pub fn from_start_replication(slot: &str, err: ConnectionError) -> Self {
+        match &err {
+            ConnectionError::Server(ServerError { code, message, .. }) => match code.as_str() {
+                "42704" => Self::SlotMissing {
+                    slot: slot.to_owned(),
+                },
+                "55006" => Self::SlotBusy {
+                    slot: slot.to_owned(),
+                },
+                "55000" if message.contains("invalidated") => Self::SlotInvalidated {
+                    slot: slot.to_owned(),
+                    detail: message.clone(),
+                },
+                _ => Self::Postgres(err),
+            },
+            _ => Self::Postgres(err),
+        }
+    }
+}

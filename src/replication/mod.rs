@@ -1,0 +1,7 @@
+//! The replication connection: the walsender session and its CopyBoth envelope.
+
+pub mod connection;
+pub mod wire;
+
+pub use connection::{ConnectionError, ReplicationConnection, ServerError};
+pub use wire::{ReplicationMessage, StandbyStatus};
