@@ -24,6 +24,7 @@ pub async fn connect_nats(config: &Config) -> anyhow::Result<async_nats::Client>
             match event {
                 async_nats::Event::Connected => tracing::info!("NATS connected"),
                 async_nats::Event::Disconnected => tracing::warn!("NATS disconnected"),
+                async_nats::Event::Closed => tracing::debug!("NATS connection closed"),
                 other => tracing::warn!(event = %other, "NATS"),
             }
         })

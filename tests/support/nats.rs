@@ -1,0 +1,171 @@
+//! A throwaway `nats-server -js` on free loopback ports, with its own store directory.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+pub struct Nats {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    port: u16,
+    monitor_port: u16,
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Nats {
+    pub fn start() -> Nats {
+        Nats::start_with_args(&[])
+    }
+
+    /// Extra arguments are appended, e.g. `["-c", "path/to/nats.conf"]`.
+    pub fn start_with_args(extra: &[&str]) -> Nats {
+        let dir = tempfile::Builder::new()
+            .prefix("pgoutbox-nats-")
+            .tempdir()
+            .expect("temp dir");
+        let mut nats = Nats {
+            dir,
+            bin: server_binary(),
+            port: 0,
+            monitor_port: 0,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        for _ in 0..5 {
+            nats.port = free_port();
+            nats.monitor_port = free_port();
+            if nats.try_start() {
+                return nats;
+            }
+        }
+        panic!("nats-server did not start; log:\n{}", nats.log());
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn monitor_port(&self) -> u16 {
+        self.monitor_port
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Graceful stop (SIGTERM), waiting for the process to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same ports with the same store.
+    pub fn start_again(&mut self) {
+        assert!(
+            self.try_start(),
+            "nats-server did not restart; log:\n{}",
+            self.log()
+        );
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
+    }
+
+    fn try_start(&mut self) -> bool {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("nats.log"))
+            .expect("nats log file");
+        let child = Command::new(&self.bin)
+            .args(["-js", "-a", "127.0.0.1"])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-m",
+                &self.monitor_port.to_string(),
+            ])
+            .arg("--store_dir")
+            .arg(self.dir.path().join("store"))
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn nats-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(_exited))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return false;
+            }
+            if http_get(self.monitor_port, "/jsz").is_some_and(|body| body.contains("\"config\"")) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        self.kill();
+        false
+    }
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A plain HTTP/1.0 GET on the monitoring port; the body when the status is 200.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200")
+        .then(|| body.to_owned())
+        .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_owned()))
+}
+
+/// $PGOUTBOX_NATS_SERVER, /usr/sbin/nats-server, then PATH.
+fn server_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("PGOUTBOX_NATS_SERVER") {
+        return PathBuf::from(path);
+    }
+    let system = PathBuf::from("/usr/sbin/nats-server");
+    if system.is_file() {
+        return system;
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("nats-server"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("nats-server not found: install it with `apt-get install -y nats-server` or set PGOUTBOX_NATS_SERVER")
+        })
+}

@@ -1,0 +1,106 @@
+//! Runs the real `pgoutbox` binary against the throwaway servers.
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{Nats, Postgres};
+
+/// A running `pgoutbox` process; killed on drop. Its stderr (the log) goes to a file.
+pub struct Pgoutbox {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// The binary with the servers' URLs set and no PGOUTBOX_* settings inherited.
+pub fn command(pg: &Postgres, nats: &Nats) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("PGOUTBOX_") || key == "DATABASE_URL" || key == "NATS_URL" {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.env("PGOUTBOX_DATABASE_URL", pg.url())
+        .env("PGOUTBOX_NATS_URL", nats.url())
+        .env("RUST_LOG", "info,pgoutbox=debug");
+    cmd
+}
+
+impl Pgoutbox {
+    /// `pgoutbox run` plus `args`.
+    pub fn run(pg: &Postgres, nats: &Nats, args: &[&str]) -> Pgoutbox {
+        let mut cmd = command(pg, nats);
+        cmd.arg("run").args(args);
+        Pgoutbox::spawn(cmd)
+    }
+
+    pub fn spawn(mut cmd: Command) -> Pgoutbox {
+        let dir = tempfile::tempdir().expect("temp dir for the pgoutbox log");
+        let log = dir.path().join("pgoutbox.log");
+        let file = File::create(&log).expect("create pgoutbox log");
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("start the pgoutbox binary");
+        Pgoutbox {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Asks for a graceful stop.
+    pub fn sigterm(&self) {
+        signal(self.child.id(), "TERM");
+    }
+
+    /// Kills without warning, as a crash would.
+    pub fn kill9(&mut self) {
+        signal(self.child.id(), "KILL");
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to end, failing the test after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for pgoutbox") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pgoutbox did not exit in {timeout:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Pgoutbox {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!("--- pgoutbox log ---\n{}", self.log());
+        }
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status();
+}
