@@ -66,6 +66,16 @@ impl Publisher {
 
     /// Creates the stream if it is missing; an existing stream is only checked, never changed.
     pub async fn ensure_stream(&self, subjects: &[String]) -> Result<(), PublisherError> {
+        // Without JetStream the account query has no responder: say so plainly.
+        self.js
+            .query_account()
+            .await
+            .map_err(|err| match classify(err.to_string()) {
+                PublisherError::Request(msg) if msg.contains("does not exist") => {
+                    PublisherError::JetStreamDisabled
+                }
+                other => other,
+            })?;
         match self.js.get_stream(&self.stream).await {
             Ok(mut existing) => {
                 let info = existing.info().await.map_err(request_error)?;

@@ -59,3 +59,20 @@ pub async fn wait_until_slot_active(pg: &Postgres, slot: &str, app: &pgoutbox::P
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// SQL inserting rows `from..to` in transactions of `per_tx` rows, each with payload
+/// `{"n": n}`, so that `n` is the commit order (see `stream::audit`).
+pub fn numbered_rows(from: usize, to: usize, per_tx: usize) -> String {
+    let mut sql = String::new();
+    let mut start = from;
+    while start < to {
+        let end = (start + per_tx).min(to) - 1;
+        sql.push_str(&format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', n::text, 'created', jsonb_build_object('n', n) \
+             FROM generate_series({start}, {end}) AS n;\n"
+        ));
+        start = end + 1;
+    }
+    sql
+}

@@ -14,6 +14,7 @@ pub struct Nats {
     port: u16,
     monitor_port: u16,
     extra: Vec<String>,
+    jetstream: bool,
     child: Option<Child>,
 }
 
@@ -24,6 +25,20 @@ impl Nats {
 
     /// Extra arguments are appended, e.g. `["-c", "path/to/nats.conf"]`.
     pub fn start_with_args(extra: &[&str]) -> Nats {
+        Nats::launch(None, true, extra)
+    }
+
+    /// On a given port, e.g. one pgoutbox was already told to use.
+    pub fn start_on_port(port: u16) -> Nats {
+        Nats::launch(Some(port), true, &[])
+    }
+
+    /// Core NATS only: JetStream disabled.
+    pub fn start_without_jetstream() -> Nats {
+        Nats::launch(None, false, &[])
+    }
+
+    fn launch(port: Option<u16>, jetstream: bool, extra: &[&str]) -> Nats {
         let dir = tempfile::Builder::new()
             .prefix("pgoutbox-nats-")
             .tempdir()
@@ -34,10 +49,11 @@ impl Nats {
             port: 0,
             monitor_port: 0,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            jetstream,
             child: None,
         };
         for _ in 0..5 {
-            nats.port = free_port();
+            nats.port = port.unwrap_or_else(free_port);
             nats.monitor_port = free_port();
             if nats.try_start() {
                 return nats;
@@ -100,8 +116,12 @@ impl Nats {
             .append(true)
             .open(self.dir.path().join("nats.log"))
             .expect("nats log file");
-        let child = Command::new(&self.bin)
-            .args(["-js", "-a", "127.0.0.1"])
+        let mut cmd = Command::new(&self.bin);
+        if self.jetstream {
+            cmd.arg("-js");
+        }
+        let child = cmd
+            .args(["-a", "127.0.0.1"])
             .args([
                 "-p",
                 &self.port.to_string(),
@@ -122,7 +142,13 @@ impl Nats {
                 self.child = None;
                 return false;
             }
-            if http_get(self.monitor_port, "/jsz").is_some_and(|body| body.contains("\"config\"")) {
+            let ready = match self.jetstream {
+                true => {
+                    http_get(self.monitor_port, "/jsz").is_some_and(|b| b.contains("\"config\""))
+                }
+                false => http_get(self.monitor_port, "/varz").is_some(),
+            };
+            if ready {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(25));

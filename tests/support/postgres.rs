@@ -138,38 +138,16 @@ impl Postgres {
     }
 
     fn run_psql(&self, db: &str, sql: &str) -> Result<String, String> {
-        let out = Command::new(self.bin.join("psql"))
-            .args([
-                "-X",
-                "-q",
-                "-At",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-            ])
-            .args(["-p", &self.port.to_string(), "-d", db, "-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut child| {
-                use std::io::Write;
-                child
-                    .stdin
-                    .take()
-                    .expect("stdin")
-                    .write_all(sql.as_bytes())?;
-                child.wait_with_output()
-            })
-            .map_err(|e| e.to_string())?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
+        run_psql(&self.bin, self.port, db, sql)
+    }
+
+    /// Runs `sql` on another thread (e.g. a writer while the test kills things).
+    pub fn psql_in_background(
+        &self,
+        sql: String,
+    ) -> std::thread::JoinHandle<Result<String, String>> {
+        let (bin, port) = (self.bin.clone(), self.port);
+        std::thread::spawn(move || run_psql(&bin, port, "postgres", &sql))
     }
 
     /// `pg_ctl stop -m fast|immediate`.
@@ -233,6 +211,42 @@ impl Drop for Postgres {
         if self.running {
             let _ = self.pg_ctl(&["stop", "-w", "-m", "immediate"]);
         }
+    }
+}
+
+fn run_psql(bin: &Path, port: u16, db: &str, sql: &str) -> Result<String, String> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let out = Command::new(bin.join("psql"))
+        .args([
+            "-X",
+            "-q",
+            "-At",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+        ])
+        .args(["-p", &port.to_string(), "-d", db, "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            child
+                .stdin
+                .take()
+                .expect("stdin")
+                .write_all(sql.as_bytes())?;
+            child.wait_with_output()
+        })
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
 

@@ -1,0 +1,254 @@
+//! The errors a user will meet: one clear line and a non-zero exit within seconds, never a
+//! panic or a backtrace; and the operator commands' contract.
+
+mod support;
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use support::pgoutbox::{Pgoutbox, command};
+use support::stream::{count, jetstream};
+use support::{Nats, Postgres, eventually, free_port, wait_until_streaming};
+
+/// Runs a pgoutbox command to completion (it must finish within 20 s).
+fn run(mut cmd: std::process::Command) -> (Output, Duration) {
+    let started = Instant::now();
+    let mut app = Pgoutbox::spawn({
+        cmd.env("RUST_BACKTRACE", "1");
+        cmd
+    });
+    let status = app.wait_exit(Duration::from_secs(20));
+    let stderr = app.log();
+    let output = Output {
+        status,
+        stdout: Vec::new(),
+        stderr: stderr.into_bytes(),
+    };
+    (output, started.elapsed())
+}
+
+/// Asserts a clean failure whose `error:` line contains every one of `needles`.
+fn assert_fails_with(output: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "expected a failure; log:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("stack backtrace"),
+        "{stderr}"
+    );
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no `error:` line in:\n{stderr}"));
+    for needle in needles {
+        assert!(line.contains(needle), "{needle:?} not in {line:?}");
+    }
+}
+
+#[test]
+fn database_unreachable_fails_fast() {
+    let nats = Nats::start();
+    let mut cmd = command_without_pg(&nats);
+    cmd.arg("run").arg("--database-url").arg(format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        free_port()
+    ));
+    let (output, took) = run(cmd);
+    assert_fails_with(&output, &["could not connect to Postgres"]);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+}
+
+#[test]
+fn wrong_password_is_named() {
+    let pg = Postgres::builder()
+        .hba("host all app 127.0.0.1/32 scram-sha-256")
+        .start();
+    pg.psql("SET password_encryption = 'scram-sha-256'; CREATE ROLE app LOGIN REPLICATION PASSWORD 'right'");
+    let nats = Nats::start();
+    let mut cmd = command(&pg, &nats);
+    cmd.arg("run")
+        .arg("--database-url")
+        .arg(pg.url_for("app", Some("wrong"), "postgres"));
+    let (output, _) = run(cmd);
+    assert_fails_with(&output, &["password authentication failed", "app"]);
+    assert!(
+        !String::from_utf8_lossy(&output.stderr).contains("wrong"),
+        "password leaked"
+    );
+}
+
+#[test]
+fn wal_level_replica_says_how_to_fix_it() {
+    let pg = Postgres::builder().conf("wal_level = replica").start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let nats = Nats::start();
+    let mut cmd = command(&pg, &nats);
+    cmd.arg("run");
+    let (output, _) = run(cmd);
+    assert_fails_with(&output, &["wal_level", "logical", "ALTER SYSTEM"]);
+}
+
+#[test]
+fn missing_table_is_named() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    let mut cmd = command(&pg, &nats);
+    cmd.arg("run");
+    let (output, _) = run(cmd);
+    assert_fails_with(
+        &output,
+        &["public.outbox", "does not exist", "sql/outbox.sql"],
+    );
+}
+
+#[test]
+fn role_without_replication_is_told_what_to_grant() {
+    let pg = Postgres::start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql("CREATE ROLE plain LOGIN; GRANT SELECT ON outbox TO plain");
+    let nats = Nats::start();
+    let mut cmd = command(&pg, &nats);
+    cmd.arg("run")
+        .arg("--database-url")
+        .arg(pg.url_for("plain", None, "postgres"));
+    let (output, _) = run(cmd);
+    assert_fails_with(&output, &["REPLICATION", "plain"]);
+}
+
+#[test]
+fn jetstream_disabled_is_named() {
+    let pg = Postgres::start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let nats = Nats::start_without_jetstream();
+    let mut cmd = command(&pg, &nats);
+    cmd.arg("run");
+    let (output, took) = run(cmd);
+    assert_fails_with(&output, &["JetStream is not enabled", "-js"]);
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+}
+
+#[test]
+fn teardown_needs_yes() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    let mut cmd = command(&pg, &nats);
+    cmd.arg("teardown");
+    let (output, _) = run(cmd);
+    assert_fails_with(&output, &["--yes"]);
+}
+
+#[test]
+fn bad_subject_template_is_refused() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    let mut cmd = command(&pg, &nats);
+    cmd.args(["run", "--subject-template", "outbox.{unclosed"]);
+    let (output, _) = run(cmd);
+    assert_fails_with(&output, &["--subject-template"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nats_unreachable_at_start_is_retried_until_it_appears() {
+    let pg = Postgres::start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let port = free_port();
+    let mut cmd = command_without_pg_url(&pg);
+    cmd.arg("run")
+        .arg("--nats-url")
+        .arg(format!("nats://127.0.0.1:{port}"));
+    let app = Pgoutbox::spawn(cmd);
+    eventually(Duration::from_secs(15), "a retry logged", || async {
+        app.log()
+            .contains("NATS unreachable; retrying")
+            .then_some(())
+    })
+    .await;
+    let nats = Nats::start_on_port(port);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&support::numbered_rows(0, 10, 10));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "10 rows stored", || async {
+        (count(&js, "OUTBOX").await == 10).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_json_reports_the_slot_and_exits_by_health() {
+    let pg = Postgres::start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let nats = Nats::start();
+
+    let mut before_setup = command(&pg, &nats);
+    before_setup.args(["status", "--json"]);
+    let output = before_setup.output().expect("status runs");
+    assert_eq!(output.status.code(), Some(2), "a missing slot is critical");
+
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&support::numbered_rows(0, 5, 5));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "5 rows stored", || async {
+        (count(&js, "OUTBOX").await == 5).then_some(())
+    })
+    .await;
+    let mut status = command(&pg, &nats);
+    status.args(["status", "--json"]);
+    let output = status.output().expect("status runs");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("status --json prints JSON");
+    assert_eq!(report["slot"], "pgoutbox");
+    assert_eq!(report["active"], true);
+    assert_eq!(report["wal_status"], "reserved");
+    assert_eq!(report["health"], "healthy");
+    for field in ["confirmed_flush_lsn", "current_wal_lsn", "restart_lsn"] {
+        assert!(
+            report[field].as_str().is_some_and(|v| v.contains('/')),
+            "{field}: {report}"
+        );
+    }
+    assert!(report["lag_bytes"].as_i64().is_some(), "{report}");
+    assert_eq!(report["stream"]["messages"], 5);
+
+    drop(app);
+    eventually(Duration::from_secs(10), "slot inactive", || async {
+        (pg.psql("SELECT active FROM pg_replication_slots") == "f").then_some(())
+    })
+    .await;
+    let mut inactive = command(&pg, &nats);
+    inactive.args(["status"]);
+    let output = inactive.output().expect("status runs");
+    assert_eq!(
+        output.status.code(),
+        Some(1),
+        "an inactive slot is a warning"
+    );
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        table.contains("confirmed_flush_lsn") && table.contains("not active"),
+        "{table}"
+    );
+}
+
+fn command_without_pg(nats: &Nats) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
+    cmd.env_remove("PGOUTBOX_DATABASE_URL")
+        .env_remove("DATABASE_URL");
+    cmd.env("PGOUTBOX_NATS_URL", nats.url());
+    cmd
+}
+
+fn command_without_pg_url(pg: &Postgres) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
+    cmd.env_remove("PGOUTBOX_NATS_URL").env_remove("NATS_URL");
+    cmd.env("PGOUTBOX_DATABASE_URL", pg.url());
+    cmd
+}
