@@ -66,16 +66,6 @@ impl Publisher {
 
     /// Creates the stream if it is missing; an existing stream is only checked, never changed.
     pub async fn ensure_stream(&self, subjects: &[String]) -> Result<(), PublisherError> {
-        // Without JetStream the account query has no responder: say so plainly.
-        self.js
-            .query_account()
-            .await
-            .map_err(|err| match classify(err.to_string()) {
-                PublisherError::Request(msg) if msg.contains("does not exist") => {
-                    PublisherError::JetStreamDisabled
-                }
-                other => other,
-            })?;
         match self.js.get_stream(&self.stream).await {
             Ok(mut existing) => {
                 let info = existing.info().await.map_err(request_error)?;
@@ -180,8 +170,12 @@ fn request_error(err: impl std::fmt::Display) -> PublisherError {
     classify(err.to_string())
 }
 
+/// Without JetStream, nothing answers on `$JS.API`: async-nats reports that missing
+/// responder as "requested JetStream resource does not exist".
 fn classify(message: String) -> PublisherError {
-    if message.contains("no responders") || message.contains("not enabled") {
+    let no_responder = message.contains("no responders")
+        || message.contains("requested JetStream resource does not exist");
+    if no_responder || message.contains("not enabled") {
         PublisherError::JetStreamDisabled
     } else {
         PublisherError::Request(message)
