@@ -6,6 +6,7 @@
 pub mod nats;
 pub mod pgoutbox;
 pub mod postgres;
+pub mod proxy;
 pub mod stream;
 
 use std::future::Future;
@@ -75,4 +76,66 @@ pub fn numbered_rows(from: usize, to: usize, per_tx: usize) -> String {
         start = end + 1;
     }
     sql
+}
+
+/// Like [`numbered_rows`], alternating 1-row and 1,000-row transactions, with a short pause
+/// between transactions so the rows keep arriving while a test injects faults.
+pub fn mixed_rows(from: usize, to: usize, pause_seconds: f64) -> String {
+    let mut sql = String::new();
+    let mut start = from;
+    let mut big = false;
+    while start < to {
+        let size = if big { 1_000 } else { 1 };
+        let end = (start + size).min(to);
+        sql.push_str(&numbered_rows(start, end, size));
+        if pause_seconds > 0.0 {
+            sql.push_str(&format!("SELECT pg_sleep({pause_seconds});\n"));
+        }
+        start = end;
+        big = !big;
+    }
+    sql
+}
+
+/// Peak resident memory of a process, in bytes (VmHWM from /proc).
+pub fn peak_rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .expect("VmHWM line");
+    let kb: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM kB");
+    kb * 1024
+}
+
+/// A small deterministic pseudo-random sequence (no extra crate), seeded per run.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    pub fn from_time() -> Lcg {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(42);
+        eprintln!("random seed: {seed}");
+        Lcg(seed)
+    }
+
+    /// A number in `low..high`.
+    pub fn between(&mut self, low: u64, high: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        low + (self.0 >> 33) % (high - low)
+    }
+}
+
+/// The `confirmed_flush_lsn` of the default slot, as text.
+pub fn confirmed_flush(pg: &Postgres) -> String {
+    pg.psql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'pgoutbox'")
 }
