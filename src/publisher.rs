@@ -147,6 +147,25 @@ impl Publisher {
             .await
     }
 
+    /// How many messages the stream holds on one subject (the dead letters, for `status`).
+    pub async fn count_on_subject(&self, subject: &str) -> Result<u64, PublisherError> {
+        use futures_util::TryStreamExt;
+        let stream = self
+            .js
+            .get_stream(&self.stream)
+            .await
+            .map_err(request_error)?;
+        let mut subjects = stream
+            .info_with_subjects(subject)
+            .await
+            .map_err(request_error)?;
+        let mut total = 0;
+        while let Some((_, count)) = subjects.try_next().await.map_err(request_error)? {
+            total += count as u64;
+        }
+        Ok(total)
+    }
+
     /// The stream's message count, bytes, last sequence and dedup window, for `status`.
     pub async fn stream_info(&self) -> Result<stream::Info, PublisherError> {
         let mut stream = self

@@ -100,7 +100,11 @@ async fn stream_report(config: &Config) -> serde_json::Value {
         let client = super::connect_nats(config).await?;
         let publisher = Publisher::new(client, &config.stream, Duration::from_secs(2));
         let info = publisher.stream_info().await?;
+        let dead_letters = publisher
+            .count_on_subject(&config.pipeline.dead_letter_subject)
+            .await?;
         anyhow::Ok(json!({
+            "dead_letters": dead_letters,
             "name": config.stream,
             "messages": info.state.messages,
             "bytes": info.state.bytes,

@@ -1,0 +1,96 @@
+//! A lost slot is never replaced silently: when Postgres invalidated it (max_slot_wal_keep_size
+//! exceeded) or it was dropped, pgoutbox exits non-zero saying what happened and how to
+//! recover; `--recreate-slot` is the explicit way on.
+
+mod support;
+
+use std::time::Duration;
+
+use support::pgoutbox::Pgoutbox;
+use support::stream::{count, jetstream};
+use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+
+async fn stream_some_rows(pg: &Postgres, nats: &Nats) {
+    let app = Pgoutbox::run(pg, nats, &[]);
+    wait_until_streaming(pg, &app).await;
+    pg.psql(&numbered_rows(0, 10, 10));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "rows stored", || async {
+        (count(&js, "OUTBOX").await == 10).then_some(())
+    })
+    .await;
+    app.sigterm();
+    drop(app);
+    eventually(Duration::from_secs(10), "slot released", || async {
+        (pg.psql("SELECT active FROM pg_replication_slots") == "f").then_some(())
+    })
+    .await;
+}
+
+fn assert_exits_explaining(pg: &Postgres, nats: &Nats, needles: &[&str]) {
+    let mut app = Pgoutbox::run(pg, nats, &[]);
+    let status = app.wait_exit(Duration::from_secs(30));
+    let log = app.log();
+    assert!(
+        !status.success(),
+        "pgoutbox kept running on a lost slot:\n{log}"
+    );
+    for needle in needles {
+        assert!(log.contains(needle), "{needle:?} missing from:\n{log}");
+    }
+    let slots = pg.psql("SELECT count(*) FROM pg_replication_slots");
+    assert!(slots == "0" || slots == "1", "{slots}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_slot_stops_pgoutbox_until_the_operator_recreates_it() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    stream_some_rows(&pg, &nats).await;
+
+    pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
+    assert_exits_explaining(
+        &pg,
+        &nats,
+        &["does not exist", "--recreate-slot", "docs/operations.md"],
+    );
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM pg_replication_slots"),
+        "0",
+        "a slot was created silently"
+    );
+
+    let app = Pgoutbox::run(&pg, &nats, &["--recreate-slot"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(10, 20, 10));
+    let js = jetstream(&nats.url()).await;
+    eventually(
+        Duration::from_secs(20),
+        "rows after the re-created slot",
+        || async { (count(&js, "OUTBOX").await == 20).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invalidated_slot_stops_pgoutbox_with_the_reason() {
+    let pg = Postgres::builder()
+        .conf("max_slot_wal_keep_size = 1MB")
+        .conf("max_wal_size = 64MB")
+        .start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    stream_some_rows(&pg, &nats).await;
+
+    pg.psql("CREATE TABLE filler (x text)");
+    for _ in 0..5 {
+        pg.psql("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 20000)");
+        pg.psql("SELECT pg_switch_wal(); CHECKPOINT;");
+    }
+    assert_eq!(
+        pg.psql("SELECT wal_status FROM pg_replication_slots"),
+        "lost"
+    );
+    assert_exits_explaining(&pg, &nats, &["invalidated", "--recreate-slot"]);
+}
