@@ -20,7 +20,7 @@ pub enum Command {
     /// Stream outbox inserts to JetStream until SIGINT/SIGTERM (runs `setup` first).
     Run(RunArgs),
     /// Create the publication, the replication slot and the stream (idempotent).
-    Setup(RunArgs),
+    Setup(SlotArgs),
     /// Show the slot's position and lag; exit 0 healthy, 1 warning, 2 critical.
     Status {
         /// Print JSON instead of a table.
@@ -40,6 +40,16 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub slot: SlotArgs,
+    /// Address for /metrics, /healthz and /readyz [default: 127.0.0.1:9717; if that
+    /// default is taken, e.g. by a standby on the same host, HTTP is skipped with a warning]
+    #[arg(long, env = "PGOUTBOX_HTTP_ADDR")]
+    pub http_addr: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+pub struct SlotArgs {
     /// Create a new slot even though the stream shows pgoutbox ran before (the old slot was
     /// dropped or lost): events committed in between are not recovered.
     #[arg(long, env = "PGOUTBOX_RECREATE_SLOT")]
@@ -63,23 +73,13 @@ pub struct CommonArgs {
     #[arg(long, global = true, hide_env_values = true)]
     pub nats_url: Option<String>,
     /// The outbox table, schema-qualified or in `public`.
-    #[arg(
-        long,
-        global = true,
-        env = "PGOUTBOX_TABLE",
-        default_value = "public.outbox"
-    )]
+    #[arg(long, global = true, env = "PGOUTBOX_TABLE", default_value = "public.outbox")]
     pub table: String,
     /// Logical replication slot name.
     #[arg(long, global = true, env = "PGOUTBOX_SLOT", default_value = "pgoutbox")]
     pub slot: String,
     /// Publication name.
-    #[arg(
-        long,
-        global = true,
-        env = "PGOUTBOX_PUBLICATION",
-        default_value = "pgoutbox"
-    )]
+    #[arg(long, global = true, env = "PGOUTBOX_PUBLICATION", default_value = "pgoutbox")]
     pub publication: String,
     /// JetStream stream name.
     #[arg(long, global = true, env = "PGOUTBOX_STREAM", default_value = "OUTBOX")]
@@ -104,20 +104,10 @@ pub struct CommonArgs {
     #[arg(long, global = true, env = "PGOUTBOX_ID_COLUMN", default_value = "id")]
     pub id_column: String,
     /// Column holding the message body (json, jsonb, text or bytea).
-    #[arg(
-        long,
-        global = true,
-        env = "PGOUTBOX_PAYLOAD_COLUMN",
-        default_value = "payload"
-    )]
+    #[arg(long, global = true, env = "PGOUTBOX_PAYLOAD_COLUMN", default_value = "payload")]
     pub payload_column: String,
     /// Column holding a JSON object of extra headers (optional column).
-    #[arg(
-        long,
-        global = true,
-        env = "PGOUTBOX_HEADERS_COLUMN",
-        default_value = "headers"
-    )]
+    #[arg(long, global = true, env = "PGOUTBOX_HEADERS_COLUMN", default_value = "headers")]
     pub headers_column: String,
     /// Column sent as Outbox-Aggregate-Type (optional column).
     #[arg(
@@ -136,20 +126,10 @@ pub struct CommonArgs {
     )]
     pub aggregate_id_column: String,
     /// Column sent as Outbox-Event-Type (optional column).
-    #[arg(
-        long,
-        global = true,
-        env = "PGOUTBOX_EVENT_TYPE_COLUMN",
-        default_value = "event_type"
-    )]
+    #[arg(long, global = true, env = "PGOUTBOX_EVENT_TYPE_COLUMN", default_value = "event_type")]
     pub event_type_column: String,
     /// Column sent as Outbox-Created-At (optional column).
-    #[arg(
-        long,
-        global = true,
-        env = "PGOUTBOX_CREATED_AT_COLUMN",
-        default_value = "created_at"
-    )]
+    #[arg(long, global = true, env = "PGOUTBOX_CREATED_AT_COLUMN", default_value = "created_at")]
     pub created_at_column: String,
     /// Log format.
     #[arg(long, global = true, env = "PGOUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]

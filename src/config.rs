@@ -63,20 +63,13 @@ impl Config {
         if nats_servers.is_empty() {
             return Err(anyhow!("--nats-url names no server"));
         }
-        let table: TableName = args
-            .table
-            .parse()
-            .map_err(|e: String| anyhow!("--table: {e}"))?;
-        let template: SubjectTemplate = args
-            .subject_template
-            .parse()
-            .context("--subject-template")?;
+        let table: TableName = args.table.parse().map_err(|e: String| anyhow!("--table: {e}"))?;
+        let template: SubjectTemplate =
+            args.subject_template.parse().context("--subject-template")?;
         check_name("--slot", &args.slot, |c| {
             c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'
         })?;
-        check_name("--stream", &args.stream, |c| {
-            !c.is_whitespace() && !".*>/\\".contains(c)
-        })?;
+        check_name("--stream", &args.stream, |c| !c.is_whitespace() && !".*>/\\".contains(c))?;
         check_subject("--dead-letter-subject", &args.dead_letter_subject)?;
         let roles = ColumnRoles {
             id: args.id_column.clone(),
@@ -118,16 +111,9 @@ impl Config {
     /// Columns that must exist in the table, with their role.
     pub fn required_columns(&self) -> Vec<(&str, &str)> {
         let roles = &self.pipeline.roles;
-        let mut columns = vec![
-            ("id column", roles.id.as_str()),
-            ("payload column", roles.payload.as_str()),
-        ];
-        columns.extend(
-            self.pipeline
-                .template
-                .columns()
-                .map(|c| ("subject placeholder", c)),
-        );
+        let mut columns =
+            vec![("id column", roles.id.as_str()), ("payload column", roles.payload.as_str())];
+        columns.extend(self.pipeline.template.columns().map(|c| ("subject placeholder", c)));
         columns
     }
 }

@@ -40,26 +40,18 @@ pub enum PipelineError {
 impl PipelineError {
     /// Whether reconnecting may help.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Self::Postgres(_) | Self::Nats(_) | Self::SlotBusy { .. }
-        )
+        matches!(self, Self::Postgres(_) | Self::Nats(_) | Self::SlotBusy { .. })
     }
 
     /// Sorts a server error raised by START_REPLICATION.
     pub fn from_start_replication(slot: &str, err: ConnectionError) -> Self {
         match &err {
             ConnectionError::Server(ServerError { code, message, .. }) => match code.as_str() {
-                "42704" => Self::SlotMissing {
-                    slot: slot.to_owned(),
-                },
-                "55006" => Self::SlotBusy {
-                    slot: slot.to_owned(),
-                },
-                "55000" if message.contains("invalidated") => Self::SlotInvalidated {
-                    slot: slot.to_owned(),
-                    detail: message.clone(),
-                },
+                "42704" => Self::SlotMissing { slot: slot.to_owned() },
+                "55006" => Self::SlotBusy { slot: slot.to_owned() },
+                "55000" if message.contains("invalidated") => {
+                    Self::SlotInvalidated { slot: slot.to_owned(), detail: message.clone() }
+                }
                 _ => Self::Postgres(err),
             },
             _ => Self::Postgres(err),

@@ -27,3 +27,4 @@ pub mod publisher;
 pub mod replication;
 pub mod shutdown;
 pub mod slot;
+pub mod telemetry;

@@ -29,10 +29,7 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Run(args) => commands::run::run(&config, &args).await,
         Command::Setup(args) => commands::setup::run(&config, &args).await,
         Command::Teardown { yes } => commands::teardown::run(&config, yes).await,
-        Command::Status {
-            json,
-            max_lag_bytes,
-        } => {
+        Command::Status { json, max_lag_bytes } => {
             let health = commands::status::run(&config, json, max_lag_bytes).await;
             return ExitCode::from(health as u8);
         }
@@ -54,7 +51,8 @@ fn init_tracing(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -67,24 +67,17 @@ impl FromStr for SubjectTemplate {
     type Err = TemplateError;
 
     fn from_str(template: &str) -> Result<Self, Self::Err> {
-        let fail = |reason| TemplateError {
-            template: template.to_owned(),
-            reason,
-        };
+        let fail = |reason| TemplateError { template: template.to_owned(), reason };
         let mut parts = Vec::new();
         let mut rest = template;
         while let Some(open) = rest.find('{') {
             if open > 0 {
                 parts.push(Part::Literal(rest[..open].to_owned()));
             }
-            let close = rest[open..]
-                .find('}')
-                .ok_or_else(|| fail("a `{` is never closed"))?;
+            let close = rest[open..].find('}').ok_or_else(|| fail("a `{` is never closed"))?;
             let column = &rest[open + 1..open + close];
             if column.is_empty() || column.contains('{') {
-                return Err(fail(
-                    "a placeholder must be a column name, as in {event_type}",
-                ));
+                return Err(fail("a placeholder must be a column name, as in {event_type}"));
             }
             parts.push(Part::Column(column.to_owned()));
             rest = &rest[open + close + 1..];
@@ -95,25 +88,13 @@ impl FromStr for SubjectTemplate {
         if !rest.is_empty() {
             parts.push(Part::Literal(rest.to_owned()));
         }
-        let template = SubjectTemplate {
-            parts,
-            source: template.to_owned(),
-        };
+        let template = SubjectTemplate { parts, source: template.to_owned() };
         // Every token must be valid once each placeholder holds a valid token.
         let sample = template.wildcard();
-        if sample
-            .split('.')
-            .any(|t| t.is_empty() || t.contains([' ', '\t', '>']))
-        {
-            return Err(fail(
-                "it must be dot-separated, non-empty tokens without spaces or `>`",
-            ));
+        if sample.split('.').any(|t| t.is_empty() || t.contains([' ', '\t', '>'])) {
+            return Err(fail("it must be dot-separated, non-empty tokens without spaces or `>`"));
         }
-        if template
-            .parts
-            .iter()
-            .any(|p| matches!(p, Part::Literal(l) if l.contains('*')))
-        {
+        if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains('*'))) {
             return Err(fail("`*` is a wildcard and cannot appear in a subject"));
         }
         Ok(template)
@@ -286,21 +267,13 @@ impl RowMapping {
                 .ok_or_else(|| Rejection("bytea payload is not in hex format".into()))?,
             ColumnValue::Text(bytes) | ColumnValue::Binary(bytes) => bytes.clone(),
             ColumnValue::Null => {
-                return Err(Rejection(format!(
-                    "column {} is NULL",
-                    self.name(self.payload)
-                )));
+                return Err(Rejection(format!("column {} is NULL", self.name(self.payload))));
             }
             ColumnValue::UnchangedToast => {
                 return Err(Rejection("payload was not sent (unchanged TOAST)".into()));
             }
         };
-        Ok(OutboxEvent {
-            id,
-            subject,
-            headers,
-            payload,
-        })
+        Ok(OutboxEvent { id, subject, headers, payload })
     }
 
     /// The row as JSON, for a dead letter: every column as text or null.
@@ -336,11 +309,8 @@ impl RowMapping {
             ColumnValue::Null | ColumnValue::UnchangedToast => return Ok(()),
         };
         let column = self.headers.map(|i| self.name(i)).unwrap_or_default();
-        let not_an_object = || {
-            Rejection(format!(
-                "column {column} is not a JSON object of string values"
-            ))
-        };
+        let not_an_object =
+            || Rejection(format!("column {column} is not a JSON object of string values"));
         let object: serde_json::Map<String, serde_json::Value> =
             serde_json::from_slice(bytes).map_err(|_| not_an_object())?;
         for (key, value) in object {
@@ -349,9 +319,7 @@ impl RowMapping {
             };
             let lower = key.to_ascii_lowercase();
             if lower.starts_with("nats-") || lower.starts_with("pgoutbox-") {
-                return Err(Rejection(format!(
-                    "header {key:?} in column {column} is reserved"
-                )));
+                return Err(Rejection(format!("header {key:?} in column {column} is reserved")));
             }
             let name = HeaderName::from_str(&key).map_err(|_| {
                 Rejection(format!("header name {key:?} in column {column} is invalid"))
@@ -365,10 +333,9 @@ impl RowMapping {
         match &tuple[i] {
             ColumnValue::Text(b) | ColumnValue::Binary(b) => utf8(b, || self.name(i)),
             ColumnValue::Null => Err(Rejection(format!("column {} is NULL", self.name(i)))),
-            ColumnValue::UnchangedToast => Err(Rejection(format!(
-                "column {} was not sent (unchanged TOAST)",
-                self.name(i)
-            ))),
+            ColumnValue::UnchangedToast => {
+                Err(Rejection(format!("column {} was not sent (unchanged TOAST)", self.name(i))))
+            }
         }
     }
 
@@ -384,10 +351,7 @@ fn utf8<'a, 'n>(bytes: &'a [u8], column: impl Fn() -> &'n str) -> Result<&'a str
 
 fn header_value<'n>(value: &str, column: impl Fn() -> &'n str) -> Result<HeaderValue, Rejection> {
     HeaderValue::from_str(value).map_err(|_| {
-        Rejection(format!(
-            "column {} holds a line break, not allowed in a header",
-            column()
-        ))
+        Rejection(format!("column {} holds a line break, not allowed in a header", column()))
     })
 }
 

@@ -29,6 +29,7 @@ use crate::progress::{LsnTracker, Position};
 use crate::publisher::{MAX_IN_FLIGHT, POSITION_HEADER, Publisher, StreamTail};
 use crate::replication::{ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::shutdown::Shutdown;
+use crate::telemetry::Metrics;
 
 /// How often the confirmed position is reported when it moved, and at most how long
 /// between two reports when it did not (well inside `wal_sender_timeout`).
@@ -62,6 +63,7 @@ type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> +
 struct InFlight {
     ack: AckFuture,
     position: Position,
+    bytes: usize,
 }
 
 struct Transaction {
@@ -83,6 +85,9 @@ pub struct Pipeline<'a> {
     expected_last_sequence: u64,
     reported: u64,
     reported_at: Instant,
+    /// The furthest WAL position the server reported: lag is measured against it.
+    server_wal_end: u64,
+    metrics: Metrics,
 }
 
 /// How a pipeline run ended without error.
@@ -114,6 +119,8 @@ impl<'a> Pipeline<'a> {
             expected_last_sequence: tail.last_sequence,
             reported: start_lsn,
             reported_at: Instant::now(),
+            server_wal_end: start_lsn,
+            metrics: Metrics::new(),
         }
     }
 
@@ -142,8 +149,12 @@ impl<'a> Pipeline<'a> {
                 () = shutdown.requested() => return self.drain().await,
                 ack = oldest_ack(&mut self.in_flight) => self.on_ack(ack)?,
                 message = self.conn.next_message(), if room => match message? {
-                    ReplicationMessage::XLogData { data, .. } => self.on_wal(data).await?,
+                    ReplicationMessage::XLogData { data, wal_end, .. } => {
+                        self.server_wal_end = self.server_wal_end.max(wal_end);
+                        self.on_wal(data).await?;
+                    }
                     ReplicationMessage::Keepalive { wal_end, reply_requested } => {
+                        self.server_wal_end = self.server_wal_end.max(wal_end);
                         if self.transaction.is_none() {
                             self.tracker.on_keepalive(wal_end);
                         }
@@ -153,6 +164,7 @@ impl<'a> Pipeline<'a> {
                     }
                 },
                 _ = tick.tick() => {
+                    self.update_gauges();
                     let moved = self.tracker.confirmed() != self.reported;
                     if moved || self.reported_at.elapsed() >= STATUS_KEEPALIVE {
                         self.send_status(false).await?;
@@ -170,10 +182,7 @@ impl<'a> Pipeline<'a> {
             match tokio::time::timeout_at(deadline, oldest_ack(&mut self.in_flight)).await {
                 Ok(ack) => self.on_ack(ack)?,
                 Err(_) => {
-                    warn!(
-                        left = self.in_flight.len(),
-                        "shutdown: gave up waiting for acks"
-                    );
+                    warn!(left = self.in_flight.len(), "shutdown: gave up waiting for acks");
                     break;
                 }
             }
@@ -197,8 +206,28 @@ impl<'a> Pipeline<'a> {
                 "JetStream already had a message with this row's id; not stored again");
             self.memory.duplicates.insert(done.position);
         }
+        self.metrics.rows_published.increment(1);
+        self.metrics.bytes_published.increment(done.bytes as u64);
         self.tracker.on_acked();
+        self.observe_confirmed();
         Ok(())
+    }
+
+    /// Records commit-to-ack latency for the transactions that just became confirmable.
+    fn observe_confirmed(&mut self) {
+        let now = crate::replication::wire::pg_now_micros();
+        for commit_time in self.tracker.take_confirmed_commit_times() {
+            let seconds = (now - commit_time).max(0) as f64 / 1e6;
+            self.metrics.commit_to_ack.record(seconds);
+        }
+    }
+
+    fn update_gauges(&self) {
+        let confirmed = self.tracker.confirmed();
+        self.metrics.messages_in_flight.set(self.tracker.in_flight() as f64);
+        self.metrics.confirmed_lsn.set(confirmed as f64);
+        let lag = self.server_wal_end.saturating_sub(confirmed);
+        self.metrics.replication_lag_bytes.set(lag as f64);
     }
 
     async fn on_wal(&mut self, data: Bytes) -> Result<(), PipelineError> {
@@ -207,16 +236,15 @@ impl<'a> Pipeline<'a> {
                 if self.transaction.is_some() {
                     return Err(PipelineError::Protocol("Begin inside a transaction"));
                 }
-                self.transaction = Some(Transaction {
-                    commit_lsn: begin.final_lsn,
-                    next_index: 0,
-                });
+                self.transaction = Some(Transaction { commit_lsn: begin.final_lsn, next_index: 0 });
             }
             LogicalMessage::Commit(commit) => {
                 if self.transaction.take().is_none() {
                     return Err(PipelineError::Protocol("Commit outside a transaction"));
                 }
-                self.tracker.on_commit(commit.end_lsn);
+                self.tracker.on_commit(commit.end_lsn, commit.commit_time);
+                self.metrics.transactions.increment(1);
+                self.observe_confirmed();
             }
             LogicalMessage::Relation(relation) => {
                 let ours =
@@ -245,19 +273,15 @@ impl<'a> Pipeline<'a> {
         let Some(transaction) = self.transaction.as_mut() else {
             return Err(PipelineError::Protocol("Insert outside a transaction"));
         };
-        let position = Position {
-            commit_lsn: transaction.commit_lsn,
-            index: transaction.next_index,
-        };
+        let position =
+            Position { commit_lsn: transaction.commit_lsn, index: transaction.next_index };
         transaction.next_index += 1;
         let config = self.config;
         let mapping = match self.mappings.get(&insert.rel_id) {
             Some(Some(mapping)) => mapping,
             Some(None) => return Ok(()), // another table in the publication
             None => {
-                return Err(PipelineError::Protocol(
-                    "Insert for a relation never described",
-                ));
+                return Err(PipelineError::Protocol("Insert for a relation never described"));
             }
         };
         if self.skip_through.is_some_and(|last| position <= last)
@@ -297,16 +321,14 @@ impl<'a> Pipeline<'a> {
         event: OutboxEvent,
         position: Position,
     ) -> Result<(), PipelineError> {
-        let reason = event
-            .headers
-            .get(DEAD_LETTER_REASON_HEADER)
-            .map(|v| v.to_string());
+        let reason = event.headers.get(DEAD_LETTER_REASON_HEADER).map(|v| v.to_string());
         warn!(position = %position, id = %event.id, reason = reason.as_deref().unwrap_or(""),
             subject = %event.subject, "row sent to the dead-letter subject");
         self.publish(event, position)
             .await
             .map_err(|err| PipelineError::DeadLetter(err.to_string()))?;
         self.memory.dead_letters += 1;
+        self.metrics.dead_letters.increment(1);
         Ok(())
     }
 
@@ -316,12 +338,8 @@ impl<'a> Pipeline<'a> {
         event: OutboxEvent,
         position: Position,
     ) -> Result<(), PublishError> {
-        let OutboxEvent {
-            subject,
-            mut headers,
-            payload,
-            ..
-        } = event;
+        let OutboxEvent { subject, mut headers, payload, .. } = event;
+        let bytes = payload.len();
         headers.insert(POSITION_HEADER, position.to_string());
         headers.insert(
             async_nats::header::NATS_EXPECTED_LAST_SEQUENCE,
@@ -330,10 +348,7 @@ impl<'a> Pipeline<'a> {
         let ack = self.publisher.publish(subject, headers, payload).await?;
         self.expected_last_sequence += 1;
         self.tracker.on_sent();
-        self.in_flight.push_back(InFlight {
-            ack: ack.into_future(),
-            position,
-        });
+        self.in_flight.push_back(InFlight { ack: ack.into_future(), position, bytes });
         Ok(())
     }
 

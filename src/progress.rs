@@ -15,18 +15,18 @@ use std::collections::VecDeque;
 pub struct LsnTracker {
     sent: u64,
     acked: u64,
-    /// Commits not yet confirmable: (messages sent when the commit arrived, commit end LSN).
-    commits: VecDeque<(u64, u64)>,
+    /// Commits not yet confirmable: (messages sent when the commit arrived, end LSN,
+    /// commit time).
+    commits: VecDeque<(u64, u64, i64)>,
+    /// Commit times of transactions confirmed since the last `take_confirmed_commit_times`.
+    newly_confirmed: Vec<i64>,
     confirmed: u64,
 }
 
 impl LsnTracker {
     /// Starts from the slot's `confirmed_flush_lsn`.
     pub fn new(confirmed: u64) -> Self {
-        LsnTracker {
-            confirmed,
-            ..Default::default()
-        }
+        LsnTracker { confirmed, ..Default::default() }
     }
 
     /// One message was handed to JetStream.
@@ -42,9 +42,15 @@ impl LsnTracker {
     }
 
     /// A transaction ended at `end_lsn`; it is confirmable once everything sent so far is acked.
-    pub fn on_commit(&mut self, end_lsn: u64) {
-        self.commits.push_back((self.sent, end_lsn));
+    /// `commit_time` (µs since 2000-01-01) only feeds the commit-to-ack latency.
+    pub fn on_commit(&mut self, end_lsn: u64, commit_time: i64) {
+        self.commits.push_back((self.sent, end_lsn, commit_time));
         self.advance();
+    }
+
+    /// The commit times of the transactions confirmed since the last call.
+    pub fn take_confirmed_commit_times(&mut self) -> std::vec::Drain<'_, i64> {
+        self.newly_confirmed.drain(..)
     }
 
     /// The server reported its WAL end; usable only when nothing waits for an ack.
@@ -70,11 +76,12 @@ impl LsnTracker {
     }
 
     fn advance(&mut self) {
-        while let Some(&(sent_before, end_lsn)) = self.commits.front() {
+        while let Some(&(sent_before, end_lsn, commit_time)) = self.commits.front() {
             if sent_before > self.acked {
                 break;
             }
             self.confirmed = self.confirmed.max(end_lsn);
+            self.newly_confirmed.push(commit_time);
             self.commits.pop_front();
         }
     }
@@ -89,7 +96,7 @@ mod tests {
         let mut t = LsnTracker::new(100);
         t.on_sent();
         t.on_sent();
-        t.on_commit(200);
+        t.on_commit(200, 0);
         assert_eq!(t.confirmed(), 100);
         t.on_acked();
         assert_eq!(t.confirmed(), 100, "one of two messages is still in flight");
@@ -102,12 +109,12 @@ mod tests {
     fn commits_are_confirmed_in_order_as_acks_arrive() {
         let mut t = LsnTracker::new(0);
         t.on_sent();
-        t.on_commit(10);
+        t.on_commit(10, 0);
         t.on_sent();
         t.on_sent();
-        t.on_commit(20);
+        t.on_commit(20, 0);
         t.on_sent();
-        t.on_commit(30);
+        t.on_commit(30, 0);
         t.on_acked();
         assert_eq!(t.confirmed(), 10);
         t.on_acked();
@@ -122,8 +129,8 @@ mod tests {
     fn a_commit_with_no_messages_waits_for_earlier_acks() {
         let mut t = LsnTracker::new(0);
         t.on_sent();
-        t.on_commit(10);
-        t.on_commit(20);
+        t.on_commit(10, 0);
+        t.on_commit(20, 0);
         assert_eq!(t.confirmed(), 0);
         t.on_acked();
         assert_eq!(t.confirmed(), 20);
@@ -132,7 +139,7 @@ mod tests {
     #[test]
     fn an_empty_commit_with_nothing_in_flight_is_confirmed_at_once() {
         let mut t = LsnTracker::new(5);
-        t.on_commit(10);
+        t.on_commit(10, 0);
         assert_eq!(t.confirmed(), 10);
     }
 
@@ -140,7 +147,7 @@ mod tests {
     fn keepalive_is_ignored_while_acks_are_pending() {
         let mut t = LsnTracker::new(0);
         t.on_sent();
-        t.on_commit(10);
+        t.on_commit(10, 0);
         t.on_keepalive(500);
         assert_eq!(t.confirmed(), 0);
         t.on_acked();
@@ -158,9 +165,21 @@ mod tests {
     }
 
     #[test]
+    fn reports_the_commit_times_of_confirmed_transactions_once() {
+        let mut t = LsnTracker::new(0);
+        t.on_sent();
+        t.on_commit(10, 111);
+        t.on_commit(20, 222);
+        assert_eq!(t.take_confirmed_commit_times().count(), 0);
+        t.on_acked();
+        assert_eq!(t.take_confirmed_commit_times().collect::<Vec<_>>(), [111, 222]);
+        assert_eq!(t.take_confirmed_commit_times().count(), 0);
+    }
+
+    #[test]
     fn never_moves_backwards() {
         let mut t = LsnTracker::new(1000);
-        t.on_commit(10);
+        t.on_commit(10, 0);
         t.on_keepalive(20);
         assert_eq!(t.confirmed(), 1000);
     }
@@ -188,10 +207,7 @@ impl std::str::FromStr for Position {
     fn from_str(s: &str) -> Result<Self, ()> {
         let (lsn, index) = s.rsplit_once(':').ok_or(())?;
         let lsn: tokio_postgres::types::PgLsn = lsn.parse().map_err(|_| ())?;
-        Ok(Position {
-            commit_lsn: lsn.into(),
-            index: index.parse().map_err(|_| ())?,
-        })
+        Ok(Position { commit_lsn: lsn.into(), index: index.parse().map_err(|_| ())? })
     }
 }
 
@@ -201,24 +217,11 @@ mod position_tests {
 
     #[test]
     fn position_round_trips_and_orders_by_commit_then_index() {
-        let p = Position {
-            commit_lsn: 0x1_0000_00A0,
-            index: 7,
-        };
+        let p = Position { commit_lsn: 0x1_0000_00A0, index: 7 };
         assert_eq!(p.to_string(), "1/A0:7");
         assert_eq!("1/A0:7".parse::<Position>(), Ok(p));
-        assert!(
-            p < Position {
-                commit_lsn: 0x1_0000_00A0,
-                index: 8
-            }
-        );
-        assert!(
-            p < Position {
-                commit_lsn: 0x1_0000_00A1,
-                index: 0
-            }
-        );
+        assert!(p < Position { commit_lsn: 0x1_0000_00A0, index: 8 });
+        assert!(p < Position { commit_lsn: 0x1_0000_00A1, index: 0 });
         assert!("1/A0".parse::<Position>().is_err());
         assert!("zz:1".parse::<Position>().is_err());
     }

@@ -28,11 +28,7 @@ pub enum PublisherError {
         "stream {stream} exists but its subjects {existing:?} do not cover {wanted}; \
          pgoutbox never changes an existing stream: add the subject to it or use --stream"
     )]
-    SubjectsNotCovered {
-        stream: String,
-        existing: Vec<String>,
-        wanted: String,
-    },
+    SubjectsNotCovered { stream: String, existing: Vec<String>, wanted: String },
     #[error("JetStream request failed: {0}")]
     Request(String),
 }
@@ -58,10 +54,7 @@ impl Publisher {
             .max_ack_inflight(MAX_IN_FLIGHT)
             .backpressure_on_inflight(true)
             .build(client);
-        Publisher {
-            js,
-            stream: stream.to_owned(),
-        }
+        Publisher { js, stream: stream.to_owned() }
     }
 
     /// Creates the stream if it is missing; an existing stream is only checked, never changed.
@@ -70,10 +63,7 @@ impl Publisher {
             Ok(mut existing) => {
                 let info = existing.info().await.map_err(request_error)?;
                 let have = &info.config.subjects;
-                match subjects
-                    .iter()
-                    .find(|want| !have.iter().any(|h| subject_covers(h, want)))
-                {
+                match subjects.iter().find(|want| !have.iter().any(|h| subject_covers(h, want))) {
                     Some(wanted) => Err(PublisherError::SubjectsNotCovered {
                         stream: self.stream.clone(),
                         existing: have.clone(),
@@ -107,32 +97,19 @@ impl Publisher {
 
     /// Reads the stream's last sequence and the position of its last message.
     pub async fn tail(&self) -> Result<StreamTail, PublisherError> {
-        let mut stream = self
-            .js
-            .get_stream(&self.stream)
-            .await
-            .map_err(request_error)?;
-        let last_sequence = stream
-            .info()
-            .await
-            .map_err(request_error)?
-            .state
-            .last_sequence;
+        let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        let last_sequence = stream.info().await.map_err(request_error)?.state.last_sequence;
         if last_sequence == 0 {
             return Ok(StreamTail::default());
         }
         let last_position = match stream.get_raw_message(last_sequence).await {
-            Ok(message) => message
-                .headers
-                .get(POSITION_HEADER)
-                .and_then(|v| v.as_str().parse().ok()),
+            Ok(message) => {
+                message.headers.get(POSITION_HEADER).and_then(|v| v.as_str().parse().ok())
+            }
             // The last message was deleted or purged: nothing to skip by.
             Err(_) => None,
         };
-        Ok(StreamTail {
-            last_sequence,
-            last_position,
-        })
+        Ok(StreamTail { last_sequence, last_position })
     }
 
     /// Sends one message; the returned future resolves when JetStream stored it.
@@ -142,23 +119,14 @@ impl Publisher {
         headers: HeaderMap,
         payload: Bytes,
     ) -> Result<PublishAckFuture, jetstream::context::PublishError> {
-        self.js
-            .publish_with_headers(subject, headers, payload)
-            .await
+        self.js.publish_with_headers(subject, headers, payload).await
     }
 
     /// How many messages the stream holds on one subject (the dead letters, for `status`).
     pub async fn count_on_subject(&self, subject: &str) -> Result<u64, PublisherError> {
         use futures_util::TryStreamExt;
-        let stream = self
-            .js
-            .get_stream(&self.stream)
-            .await
-            .map_err(request_error)?;
-        let mut subjects = stream
-            .info_with_subjects(subject)
-            .await
-            .map_err(request_error)?;
+        let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        let mut subjects = stream.info_with_subjects(subject).await.map_err(request_error)?;
         let mut total = 0;
         while let Some((_, count)) = subjects.try_next().await.map_err(request_error)? {
             total += count as u64;
@@ -168,11 +136,7 @@ impl Publisher {
 
     /// The stream's message count, bytes, last sequence and dedup window, for `status`.
     pub async fn stream_info(&self) -> Result<stream::Info, PublisherError> {
-        let mut stream = self
-            .js
-            .get_stream(&self.stream)
-            .await
-            .map_err(request_error)?;
+        let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
         stream.info().await.cloned().map_err(request_error)
     }
 }

@@ -18,14 +18,9 @@ impl std::str::FromStr for TableName {
     fn from_str(s: &str) -> Result<Self, String> {
         let (schema, name) = s.split_once('.').unwrap_or(("public", s));
         if schema.is_empty() || name.is_empty() || name.contains('.') {
-            return Err(format!(
-                "invalid table name {s:?}: expected schema.table or table"
-            ));
+            return Err(format!("invalid table name {s:?}: expected schema.table or table"));
         }
-        Ok(TableName {
-            schema: schema.to_owned(),
-            name: name.to_owned(),
-        })
+        Ok(TableName { schema: schema.to_owned(), name: name.to_owned() })
     }
 }
 
@@ -54,11 +49,7 @@ pub enum SetupError {
     #[error(
         "table {table} has no column {column:?} (the {role}); set the column roles (see --help) to match the table"
     )]
-    ColumnMissing {
-        table: String,
-        column: String,
-        role: String,
-    },
+    ColumnMissing { table: String, column: String, role: String },
     #[error(
         "role {0:?} lacks the REPLICATION attribute: run `ALTER ROLE {0} REPLICATION` as a superuser"
     )]
@@ -164,10 +155,7 @@ pub async fn ensure_publication(
         )
         .await?;
     let exists = client
-        .query_opt(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&publication],
-        )
+        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&publication])
         .await?
         .is_some();
     match (exists, covers) {
@@ -234,10 +222,7 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
 /// Creates the logical slot; `Ok(false)` when it already existed (two instances racing).
 pub async fn create_slot(client: &Client, slot: &str) -> Result<bool, SetupError> {
     match client
-        .query_one(
-            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&slot],
-        )
+        .query_one("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&slot])
         .await
     {
         Ok(_) => Ok(true),
@@ -262,10 +247,7 @@ pub async fn teardown_slot(client: &Client, slot: &str) -> Result<(), SetupError
 pub async fn teardown(client: &Client, slot: &str, publication: &str) -> Result<(), SetupError> {
     teardown_slot(client, slot).await?;
     client
-        .batch_execute(&format!(
-            "DROP PUBLICATION IF EXISTS {}",
-            quote_ident(publication)
-        ))
+        .batch_execute(&format!("DROP PUBLICATION IF EXISTS {}", quote_ident(publication)))
         .await?;
     Ok(())
 }

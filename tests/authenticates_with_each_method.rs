@@ -29,15 +29,8 @@ async fn streams_with_scram_md5_password_and_trust_over_tcp_and_unix_socket() {
     );
     let nats = Nats::start();
     // The superuser sets up once; each role then only needs REPLICATION and SELECT.
-    let setup = command(&pg, &nats)
-        .arg("setup")
-        .output()
-        .expect("setup runs");
-    assert!(
-        setup.status.success(),
-        "{}",
-        String::from_utf8_lossy(&setup.stderr)
-    );
+    let setup = command(&pg, &nats).arg("setup").output().expect("setup runs");
+    assert!(setup.status.success(), "{}", String::from_utf8_lossy(&setup.stderr));
 
     let socket_url = format!(
         "host={} port={} user=trust_user dbname=postgres",
@@ -45,15 +38,9 @@ async fn streams_with_scram_md5_password_and_trust_over_tcp_and_unix_socket() {
         pg.port()
     );
     let logins = [
-        (
-            "scram",
-            pg.url_for("scram_user", Some("s3cret"), "postgres"),
-        ),
+        ("scram", pg.url_for("scram_user", Some("s3cret"), "postgres")),
         ("md5", pg.url_for("md5_user", Some("s3cret"), "postgres")),
-        (
-            "password",
-            pg.url_for("password_user", Some("s3cret"), "postgres"),
-        ),
+        ("password", pg.url_for("password_user", Some("s3cret"), "postgres")),
         ("trust over a Unix socket", socket_url),
     ];
     let js = jetstream(&nats.url()).await;
@@ -64,11 +51,9 @@ async fn streams_with_scram_md5_password_and_trust_over_tcp_and_unix_socket() {
         wait_until_streaming(&pg, &app).await;
         pg.psql(&numbered_rows(i * 10, i * 10 + 10, 10));
         let want = (i as u64 + 1) * 10;
-        eventually(
-            Duration::from_secs(20),
-            &format!("rows streamed with {method}"),
-            || async { (count(&js, "OUTBOX").await == want).then_some(()) },
-        )
+        eventually(Duration::from_secs(20), &format!("rows streamed with {method}"), || async {
+            (count(&js, "OUTBOX").await == want).then_some(())
+        })
         .await;
         app.sigterm();
         drop(app);

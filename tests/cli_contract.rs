@@ -19,25 +19,15 @@ fn run(mut cmd: std::process::Command) -> (Output, Duration) {
     });
     let status = app.wait_exit(Duration::from_secs(20));
     let stderr = app.log();
-    let output = Output {
-        status,
-        stdout: Vec::new(),
-        stderr: stderr.into_bytes(),
-    };
+    let output = Output { status, stdout: Vec::new(), stderr: stderr.into_bytes() };
     (output, started.elapsed())
 }
 
 /// Asserts a clean failure whose `error:` line contains every one of `needles`.
 fn assert_fails_with(output: &Output, needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        !output.status.success(),
-        "expected a failure; log:\n{stderr}"
-    );
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("stack backtrace"),
-        "{stderr}"
-    );
+    assert!(!output.status.success(), "expected a failure; log:\n{stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("stack backtrace"), "{stderr}");
     let line = stderr
         .lines()
         .find(|l| l.starts_with("error: "))
@@ -51,10 +41,9 @@ fn assert_fails_with(output: &Output, needles: &[&str]) {
 fn database_unreachable_fails_fast() {
     let nats = Nats::start();
     let mut cmd = command_without_pg(&nats);
-    cmd.arg("run").arg("--database-url").arg(format!(
-        "postgres://postgres@127.0.0.1:{}/postgres",
-        free_port()
-    ));
+    cmd.arg("run")
+        .arg("--database-url")
+        .arg(format!("postgres://postgres@127.0.0.1:{}/postgres", free_port()));
     let (output, took) = run(cmd);
     assert_fails_with(&output, &["could not connect to Postgres"]);
     assert!(took < Duration::from_secs(10), "took {took:?}");
@@ -62,21 +51,14 @@ fn database_unreachable_fails_fast() {
 
 #[test]
 fn wrong_password_is_named() {
-    let pg = Postgres::builder()
-        .hba("host all app 127.0.0.1/32 scram-sha-256")
-        .start();
+    let pg = Postgres::builder().hba("host all app 127.0.0.1/32 scram-sha-256").start();
     pg.psql("SET password_encryption = 'scram-sha-256'; CREATE ROLE app LOGIN REPLICATION PASSWORD 'right'");
     let nats = Nats::start();
     let mut cmd = command(&pg, &nats);
-    cmd.arg("run")
-        .arg("--database-url")
-        .arg(pg.url_for("app", Some("wrong"), "postgres"));
+    cmd.arg("run").arg("--database-url").arg(pg.url_for("app", Some("wrong"), "postgres"));
     let (output, _) = run(cmd);
     assert_fails_with(&output, &["password authentication failed", "app"]);
-    assert!(
-        !String::from_utf8_lossy(&output.stderr).contains("wrong"),
-        "password leaked"
-    );
+    assert!(!String::from_utf8_lossy(&output.stderr).contains("wrong"), "password leaked");
 }
 
 #[test]
@@ -97,10 +79,7 @@ fn missing_table_is_named() {
     let mut cmd = command(&pg, &nats);
     cmd.arg("run");
     let (output, _) = run(cmd);
-    assert_fails_with(
-        &output,
-        &["public.outbox", "does not exist", "sql/outbox.sql"],
-    );
+    assert_fails_with(&output, &["public.outbox", "does not exist", "sql/outbox.sql"]);
 }
 
 #[test]
@@ -110,9 +89,7 @@ fn role_without_replication_is_told_what_to_grant() {
     pg.psql("CREATE ROLE plain LOGIN; GRANT SELECT ON outbox TO plain");
     let nats = Nats::start();
     let mut cmd = command(&pg, &nats);
-    cmd.arg("run")
-        .arg("--database-url")
-        .arg(pg.url_for("plain", None, "postgres"));
+    cmd.arg("run").arg("--database-url").arg(pg.url_for("plain", None, "postgres"));
     let (output, _) = run(cmd);
     assert_fails_with(&output, &["REPLICATION", "plain"]);
 }
@@ -155,14 +132,10 @@ async fn nats_unreachable_at_start_is_retried_until_it_appears() {
     pg.psql(include_str!("../sql/outbox.sql"));
     let port = free_port();
     let mut cmd = command_without_pg_url(&pg);
-    cmd.arg("run")
-        .arg("--nats-url")
-        .arg(format!("nats://127.0.0.1:{port}"));
+    cmd.arg("run").arg("--nats-url").arg(format!("nats://127.0.0.1:{port}"));
     let app = Pgoutbox::spawn(cmd);
     eventually(Duration::from_secs(15), "a retry logged", || async {
-        app.log()
-            .contains("NATS unreachable; retrying")
-            .then_some(())
+        app.log().contains("NATS unreachable; retrying").then_some(())
     })
     .await;
     let nats = Nats::start_on_port(port);
@@ -197,12 +170,7 @@ async fn status_json_reports_the_slot_and_exits_by_health() {
     let mut status = command(&pg, &nats);
     status.args(["status", "--json"]);
     let output = status.output().expect("status runs");
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_eq!(output.status.code(), Some(0), "{}", String::from_utf8_lossy(&output.stderr));
     let report: serde_json::Value =
         serde_json::from_slice(&output.stdout).expect("status --json prints JSON");
     assert_eq!(report["slot"], "pgoutbox");
@@ -210,10 +178,7 @@ async fn status_json_reports_the_slot_and_exits_by_health() {
     assert_eq!(report["wal_status"], "reserved");
     assert_eq!(report["health"], "healthy");
     for field in ["confirmed_flush_lsn", "current_wal_lsn", "restart_lsn"] {
-        assert!(
-            report[field].as_str().is_some_and(|v| v.contains('/')),
-            "{field}: {report}"
-        );
+        assert!(report[field].as_str().is_some_and(|v| v.contains('/')), "{field}: {report}");
     }
     assert!(report["lag_bytes"].as_i64().is_some(), "{report}");
     assert_eq!(report["stream"]["messages"], 5);
@@ -226,22 +191,14 @@ async fn status_json_reports_the_slot_and_exits_by_health() {
     let mut inactive = command(&pg, &nats);
     inactive.args(["status"]);
     let output = inactive.output().expect("status runs");
-    assert_eq!(
-        output.status.code(),
-        Some(1),
-        "an inactive slot is a warning"
-    );
+    assert_eq!(output.status.code(), Some(1), "an inactive slot is a warning");
     let table = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        table.contains("confirmed_flush_lsn") && table.contains("not active"),
-        "{table}"
-    );
+    assert!(table.contains("confirmed_flush_lsn") && table.contains("not active"), "{table}");
 }
 
 fn command_without_pg(nats: &Nats) -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
-    cmd.env_remove("PGOUTBOX_DATABASE_URL")
-        .env_remove("DATABASE_URL");
+    cmd.env_remove("PGOUTBOX_DATABASE_URL").env_remove("DATABASE_URL");
     cmd.env("PGOUTBOX_NATS_URL", nats.url());
     cmd
 }

@@ -32,23 +32,14 @@ async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     writer.join().expect("writer").expect("inserts");
 
     let app = Pgoutbox::run(&pg, &nats, &[]);
-    eventually(
-        Duration::from_secs(90),
-        "every row stored after the last restart",
-        || async { (count(&js, "OUTBOX").await >= total as u64).then_some(()) },
-    )
+    eventually(Duration::from_secs(90), "every row stored after the last restart", || async {
+        (count(&js, "OUTBOX").await >= total as u64).then_some(())
+    })
     .await;
     let report = audit(&read_all(&js, "OUTBOX").await, total);
     eprintln!("stored after each kill: {kills:?}");
-    assert!(
-        kills.windows(2).any(|w| w[0] < w[1]),
-        "no kill happened mid-stream: {kills:?}"
-    );
+    assert!(kills.windows(2).any(|w| w[0] < w[1]), "no kill happened mid-stream: {kills:?}");
     assert_eq!(report.stored, total, "{report:?}");
-    assert_eq!(
-        (report.duplicates, report.order_violations, report.lost),
-        (0, 0, 0),
-        "{report:?}"
-    );
+    assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0), "{report:?}");
     drop(app);
 }

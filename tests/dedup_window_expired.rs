@@ -30,30 +30,20 @@ async fn replay_after_the_dedup_window_stores_nothing_twice() {
     wait_until_streaming(&pg, &app).await;
     let total = 50_000;
     pg.psql(&numbered_rows(0, total, total));
-    let stored_at_kill = eventually(
-        Duration::from_secs(30),
-        "part of the transaction stored",
-        || async {
+    let stored_at_kill =
+        eventually(Duration::from_secs(30), "part of the transaction stored", || async {
             let n = count(&js, "OUTBOX").await;
             (n > 0).then_some(n)
-        },
-    )
-    .await;
+        })
+        .await;
     app.kill9();
-    assert!(
-        stored_at_kill < total as u64,
-        "the whole transaction was stored before the kill"
-    );
+    assert!(stored_at_kill < total as u64, "the whole transaction was stored before the kill");
     // The slot may move inside the transaction's WAL (keepalives), never to its commit.
     let stored = read_all(&js, "OUTBOX").await;
-    let position = stored[0]
-        .header("Pgoutbox-Position")
-        .expect("position header");
+    let position = stored[0].header("Pgoutbox-Position").expect("position header");
     let commit_lsn = position.split(':').next().expect("commit LSN");
     let confirmed = confirmed_flush(&pg);
-    let before_commit = pg.psql(&format!(
-        "SELECT '{confirmed}'::pg_lsn < '{commit_lsn}'::pg_lsn"
-    ));
+    let before_commit = pg.psql(&format!("SELECT '{confirmed}'::pg_lsn < '{commit_lsn}'::pg_lsn"));
     assert_eq!(
         before_commit, "t",
         "confirmed {confirmed} reached commit {commit_lsn} of a partly stored transaction"
@@ -62,16 +52,11 @@ async fn replay_after_the_dedup_window_stores_nothing_twice() {
     // Let the duplicate window pass: replays are no longer caught by Nats-Msg-Id.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let app = Pgoutbox::run(&pg, &nats, &[]);
-    eventually(
-        Duration::from_secs(60),
-        "the whole transaction stored",
-        || async { (count(&js, "OUTBOX").await >= total as u64).then_some(()) },
-    )
+    eventually(Duration::from_secs(60), "the whole transaction stored", || async {
+        (count(&js, "OUTBOX").await >= total as u64).then_some(())
+    })
     .await;
     let report = audit(&read_all(&js, "OUTBOX").await, total);
     assert_eq!(report.stored, total, "{report:?}\nlog:\n{}", app.log());
-    assert_eq!(
-        (report.duplicates, report.order_violations, report.lost),
-        (0, 0, 0)
-    );
+    assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0));
 }

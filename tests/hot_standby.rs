@@ -17,16 +17,9 @@ async fn standby_takes_over_after_kill_9_of_the_active_instance() {
     let mut active = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &active).await;
     let standby = Pgoutbox::run(&pg, &nats, &[]);
-    eventually(
-        Duration::from_secs(20),
-        "the standby says it waits",
-        || async {
-            standby
-                .log()
-                .contains("waiting as hot standby")
-                .then_some(())
-        },
-    )
+    eventually(Duration::from_secs(20), "the standby says it waits", || async {
+        standby.log().contains("waiting as hot standby").then_some(())
+    })
     .await;
     let active_pid = pg.psql("SELECT active_pid FROM pg_replication_slots");
 
@@ -39,14 +32,10 @@ async fn standby_takes_over_after_kill_9_of_the_active_instance() {
     .await;
     active.kill9();
     let killed_at = Instant::now();
-    eventually(
-        Duration::from_secs(10),
-        "the standby holds the slot",
-        || async {
-            let pid = pg.psql("SELECT coalesce(active_pid::text, '') FROM pg_replication_slots");
-            (!pid.is_empty() && pid != active_pid).then_some(())
-        },
-    )
+    eventually(Duration::from_secs(10), "the standby holds the slot", || async {
+        let pid = pg.psql("SELECT coalesce(active_pid::text, '') FROM pg_replication_slots");
+        (!pid.is_empty() && pid != active_pid).then_some(())
+    })
     .await;
     eprintln!("took over in {:?}", killed_at.elapsed());
     writer.join().expect("writer").expect("inserts");
@@ -55,14 +44,6 @@ async fn standby_takes_over_after_kill_9_of_the_active_instance() {
     })
     .await;
     let report = audit(&read_all(&js, "OUTBOX").await, 6_000);
-    assert_eq!(
-        report.stored,
-        6_000,
-        "{report:?}\nstandby log:\n{}",
-        standby.log()
-    );
-    assert_eq!(
-        (report.duplicates, report.order_violations, report.lost),
-        (0, 0, 0)
-    );
+    assert_eq!(report.stored, 6_000, "{report:?}\nstandby log:\n{}", standby.log());
+    assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0));
 }

@@ -20,11 +20,9 @@ async fn a_million_row_transaction_streams_in_bounded_memory() {
     let total = 1_000_000u64;
     pg.psql(&numbered_rows(0, total as usize, total as usize));
     let js = jetstream(&nats.url()).await;
-    eventually(
-        Duration::from_secs(300),
-        "a million rows stored",
-        || async { (count(&js, "OUTBOX").await >= total).then_some(()) },
-    )
+    eventually(Duration::from_secs(300), "a million rows stored", || async {
+        (count(&js, "OUTBOX").await >= total).then_some(())
+    })
     .await;
     let peak = peak_rss_bytes(app.pid());
     eprintln!("peak RSS: {} MB", peak / 1_000_000);

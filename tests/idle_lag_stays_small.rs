@@ -27,9 +27,7 @@ async fn idle_outbox_does_not_hold_wal_back() {
         pg.psql_db("elsewhere", fill);
     }
     let written: i64 = pg
-        .psql(&format!(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{start}')::bigint"
-        ))
+        .psql(&format!("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{start}')::bigint"))
         .parse()
         .unwrap();
     assert!(written > 200_000_000, "only {written} bytes of WAL written");

@@ -31,10 +31,7 @@ fn assert_exits_explaining(pg: &Postgres, nats: &Nats, needles: &[&str]) {
     let mut app = Pgoutbox::run(pg, nats, &[]);
     let status = app.wait_exit(Duration::from_secs(30));
     let log = app.log();
-    assert!(
-        !status.success(),
-        "pgoutbox kept running on a lost slot:\n{log}"
-    );
+    assert!(!status.success(), "pgoutbox kept running on a lost slot:\n{log}");
     for needle in needles {
         assert!(log.contains(needle), "{needle:?} missing from:\n{log}");
     }
@@ -65,11 +62,9 @@ async fn a_dropped_slot_stops_pgoutbox_until_the_operator_recreates_it() {
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(10, 20, 10));
     let js = jetstream(&nats.url()).await;
-    eventually(
-        Duration::from_secs(20),
-        "rows after the re-created slot",
-        || async { (count(&js, "OUTBOX").await == 20).then_some(()) },
-    )
+    eventually(Duration::from_secs(20), "rows after the re-created slot", || async {
+        (count(&js, "OUTBOX").await == 20).then_some(())
+    })
     .await;
 }
 
@@ -88,9 +83,6 @@ async fn an_invalidated_slot_stops_pgoutbox_with_the_reason() {
         pg.psql("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 20000)");
         pg.psql("SELECT pg_switch_wal(); CHECKPOINT;");
     }
-    assert_eq!(
-        pg.psql("SELECT wal_status FROM pg_replication_slots"),
-        "lost"
-    );
+    assert_eq!(pg.psql("SELECT wal_status FROM pg_replication_slots"), "lost");
     assert_exits_explaining(&pg, &nats, &["invalidated", "--recreate-slot"]);
 }

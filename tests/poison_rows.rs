@@ -53,22 +53,8 @@ async fn poison_rows_become_dead_letters_and_never_block() {
     insert(&pg, 3, "'order'", "'a.b'", "'{\"n\": 3}'", "NULL");
     insert(&pg, 4, "NULL", "'created'", "'{\"n\": 4}'", "NULL");
     insert(&pg, 5, "'order'", "'created'", "'{\"n\": 5}'", "'[1, 2]'");
-    insert(
-        &pg,
-        6,
-        "'order'",
-        "'created'",
-        "'{\"n\": 6}'",
-        "'{\"a\": 1}'",
-    );
-    insert(
-        &pg,
-        7,
-        "'order'",
-        "'created'",
-        "'{\"n\": 7}'",
-        "'{\"Trace\": \"t\"}'",
-    );
+    insert(&pg, 6, "'order'", "'created'", "'{\"n\": 6}'", "'{\"a\": 1}'");
+    insert(&pg, 7, "'order'", "'created'", "'{\"n\": 7}'", "'{\"Trace\": \"t\"}'");
 
     let js = jetstream(&nats.url()).await;
     eventually(Duration::from_secs(20), "8 messages stored", || async {
@@ -79,44 +65,17 @@ async fn poison_rows_become_dead_letters_and_never_block() {
     assert_eq!(messages.len(), 8);
     let subjects: Vec<&str> = messages.iter().map(|m| m.subject.as_str()).collect();
     assert_eq!(subjects[0], "outbox.order.created");
-    assert!(
-        subjects[1..7].iter().all(|s| *s == "outbox.dead_letter"),
-        "{subjects:?}"
-    );
-    assert_eq!(
-        subjects[7], "outbox.order.created",
-        "the row behind the poison was blocked"
-    );
-    let reasons = [
-        "max_payload",
-        "whitespace",
-        "`.`",
-        "is NULL",
-        "JSON object",
-        "JSON object",
-    ];
+    assert!(subjects[1..7].iter().all(|s| *s == "outbox.dead_letter"), "{subjects:?}");
+    assert_eq!(subjects[7], "outbox.order.created", "the row behind the poison was blocked");
+    let reasons = ["max_payload", "whitespace", "`.`", "is NULL", "JSON object", "JSON object"];
     for (m, reason) in messages[1..7].iter().zip(reasons) {
-        let header = m
-            .header("Pgoutbox-Dead-Letter-Reason")
-            .expect("reason header");
-        assert!(
-            header.contains(reason),
-            "{header:?} does not mention {reason:?}"
-        );
+        let header = m.header("Pgoutbox-Dead-Letter-Reason").expect("reason header");
+        assert!(header.contains(reason), "{header:?} does not mention {reason:?}");
         let body = m.json();
-        assert!(
-            body["reason"].as_str().is_some_and(|r| r.contains(reason)),
-            "{body}"
-        );
+        assert!(body["reason"].as_str().is_some_and(|r| r.contains(reason)), "{body}");
         assert_eq!(body["table"], "public.outbox");
-        assert!(
-            body["row"]["id"].as_str().is_some(),
-            "the original row is missing: {body}"
-        );
-        assert!(
-            m.header("Nats-Msg-Id")
-                .is_some_and(|id| id.starts_with("dead-letter:"))
-        );
+        assert!(body["row"]["id"].as_str().is_some(), "the original row is missing: {body}");
+        assert!(m.header("Nats-Msg-Id").is_some_and(|id| id.starts_with("dead-letter:")));
     }
     assert_eq!(messages[3].json()["row"]["event_type"], "a.b");
     assert_eq!(
@@ -125,12 +84,7 @@ async fn poison_rows_become_dead_letters_and_never_block() {
         "oversized payload is left out"
     );
     assert_eq!(messages[1].json()["row"]["aggregate_id"], "1");
-    assert_eq!(
-        app.log()
-            .matches("row sent to the dead-letter subject")
-            .count(),
-        6
-    );
+    assert_eq!(app.log().matches("row sent to the dead-letter subject").count(), 6);
 
     let mut status = command(&pg, &nats);
     status.args(["status", "--json"]);

@@ -47,16 +47,9 @@ async fn rows_before_and_after_alter_table_map_correctly() {
     for (n, m) in messages.iter().enumerate() {
         assert_eq!(m.subject, "outbox.order.created");
         assert_eq!(m.json()["n"], n);
-        assert_eq!(
-            m.header("Outbox-Aggregate-Id"),
-            Some(n.to_string().as_str())
-        );
+        assert_eq!(m.header("Outbox-Aggregate-Id"), Some(n.to_string().as_str()));
         let step = (n < 4).then(|| n.to_string());
         assert_eq!(m.header("Step"), step.as_deref(), "headers of row {n}");
-        assert_eq!(
-            m.header("Outbox-Created-At").is_some(),
-            n < 2,
-            "created_at of row {n}"
-        );
+        assert_eq!(m.header("Outbox-Created-At").is_some(), n < 2, "created_at of row {n}");
     }
 }

@@ -26,35 +26,18 @@ async fn sigterm_mid_stream_then_restart_stores_every_row_once() {
     .await;
     app.sigterm();
     let status = app.wait_exit(Duration::from_secs(30));
-    assert!(
-        status.success(),
-        "exit status {status:?}; log:\n{}",
-        app.log()
-    );
-    assert!(
-        app.log().contains("drained"),
-        "no drain line in the log:\n{}",
-        app.log()
-    );
+    assert!(status.success(), "exit status {status:?}; log:\n{}", app.log());
+    assert!(app.log().contains("drained"), "no drain line in the log:\n{}", app.log());
     writer.join().expect("writer thread").expect("inserts");
 
     let stored_at_stop = count(&js, "OUTBOX").await;
     let app = Pgoutbox::run(&pg, &nats, &[]);
-    eventually(
-        Duration::from_secs(60),
-        "all rows stored after restart",
-        || async { (count(&js, "OUTBOX").await >= total as u64).then_some(()) },
-    )
+    eventually(Duration::from_secs(60), "all rows stored after restart", || async {
+        (count(&js, "OUTBOX").await >= total as u64).then_some(())
+    })
     .await;
     let report = audit(&read_all(&js, "OUTBOX").await, total);
-    assert_eq!(
-        report.stored, total,
-        "{report:?} (stored before restart: {stored_at_stop})"
-    );
-    assert_eq!(
-        (report.duplicates, report.order_violations, report.lost),
-        (0, 0, 0),
-        "{report:?}"
-    );
+    assert_eq!(report.stored, total, "{report:?} (stored before restart: {stored_at_stop})");
+    assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0), "{report:?}");
     drop(app);
 }

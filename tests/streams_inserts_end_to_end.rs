@@ -38,19 +38,14 @@ async fn streams_committed_inserts_in_commit_order_with_headers() {
     pg.psql(&script);
 
     let js = jetstream(&nats.url()).await;
-    eventually(
-        Duration::from_secs(60),
-        "10,000 messages stored",
-        || async { (count(&js, "OUTBOX").await >= 10_000).then_some(()) },
-    )
+    eventually(Duration::from_secs(60), "10,000 messages stored", || async {
+        (count(&js, "OUTBOX").await >= 10_000).then_some(())
+    })
     .await;
     let messages = read_all(&js, "OUTBOX").await;
     let report = audit(&messages, 10_000);
     assert_eq!(report.stored, 10_000, "{report:?}");
-    assert_eq!(
-        (report.duplicates, report.order_violations, report.lost),
-        (0, 0, 0)
-    );
+    assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0));
 
     let ids: Vec<String> = pg
         .psql("SELECT id FROM outbox ORDER BY (payload->>'n')::int")
@@ -63,10 +58,7 @@ async fn streams_committed_inserts_in_commit_order_with_headers() {
         assert_eq!(m.json(), serde_json::json!({ "n": n }));
         assert_eq!(m.header("Nats-Msg-Id"), Some(ids[n].as_str()));
         assert_eq!(m.header("Outbox-Aggregate-Type"), Some("order"));
-        assert_eq!(
-            m.header("Outbox-Aggregate-Id"),
-            Some(format!("agg-{n}").as_str())
-        );
+        assert_eq!(m.header("Outbox-Aggregate-Id"), Some(format!("agg-{n}").as_str()));
         assert_eq!(m.header("Outbox-Event-Type"), Some(kind));
         assert!(m.header("Outbox-Created-At").is_some());
         assert_eq!(m.header("Trace-Id"), Some(format!("t{n}").as_str()));
@@ -82,13 +74,11 @@ async fn interleaved_transactions_arrive_in_commit_order_and_contiguous() {
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
 
-    let (first, first_conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
+    let (first, first_conn) =
+        tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(first_conn);
-    let (second, second_conn) = tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
+    let (second, second_conn) =
+        tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.unwrap();
     tokio::spawn(second_conn);
     let insert = |tx: &'static str, i: i32| {
         format!(
@@ -116,16 +106,11 @@ async fn interleaved_transactions_arrive_in_commit_order_and_contiguous() {
         .iter()
         .map(|m| {
             let v = m.json();
-            (
-                v["tx"].as_str().unwrap().to_owned(),
-                v["i"].as_i64().unwrap(),
-            )
+            (v["tx"].as_str().unwrap().to_owned(), v["i"].as_i64().unwrap())
         })
         .collect();
-    let expected: Vec<(String, i64)> = ["b", "a"]
-        .iter()
-        .flat_map(|tx| (0..50).map(move |i| (tx.to_string(), i)))
-        .collect();
+    let expected: Vec<(String, i64)> =
+        ["b", "a"].iter().flat_map(|tx| (0..50).map(move |i| (tx.to_string(), i))).collect();
     assert_eq!(got, expected);
     drop(app);
 }

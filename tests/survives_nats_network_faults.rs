@@ -46,11 +46,9 @@ async fn cut_and_black_holed_connections_lose_and_duplicate_nothing() {
     let stored_during_cut = count(&js, "OUTBOX").await;
     tokio::time::sleep(Duration::from_secs(3)).await; // the outage itself
     proxy.restore();
-    eventually(
-        Duration::from_secs(60),
-        "streaming again after the cut",
-        || async { (count(&js, "OUTBOX").await > stored_during_cut).then_some(()) },
-    )
+    eventually(Duration::from_secs(60), "streaming again after the cut", || async {
+        (count(&js, "OUTBOX").await > stored_during_cut).then_some(())
+    })
     .await;
 
     writer.join().expect("writer").expect("inserts");
@@ -67,22 +65,12 @@ async fn cut_and_black_holed_connections_lose_and_duplicate_nothing() {
     let messages = read_all(&js, "OUTBOX").await;
     let report = audit(&messages, 6_100);
     assert_eq!(report.stored, 6_100, "{report:?}\nlog:\n{}", app.log());
-    assert_eq!(
-        (report.duplicates, report.order_violations, report.lost),
-        (0, 0, 0)
-    );
-    let position = messages[6_000]
-        .header("Pgoutbox-Position")
-        .expect("position header");
+    assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0));
+    let position = messages[6_000].header("Pgoutbox-Position").expect("position header");
     let commit = position.split(':').next().expect("commit LSN");
     for confirmed in samples {
-        let before = pg.psql(&format!(
-            "SELECT '{confirmed}'::pg_lsn < '{commit}'::pg_lsn"
-        ));
-        assert_eq!(
-            before, "t",
-            "confirmed {confirmed} passed commit {commit} before its acks"
-        );
+        let before = pg.psql(&format!("SELECT '{confirmed}'::pg_lsn < '{commit}'::pg_lsn"));
+        assert_eq!(before, "t", "confirmed {confirmed} passed commit {commit} before its acks");
     }
 }
 
@@ -112,8 +100,5 @@ async fn nats_server_restarted_mid_stream() {
     .await;
     let report = audit(&read_all(&js, "OUTBOX").await, 6_000);
     assert_eq!(report.stored, 6_000, "{report:?}\nlog:\n{}", app.log());
-    assert_eq!(
-        (report.duplicates, report.order_violations, report.lost),
-        (0, 0, 0)
-    );
+    assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0));
 }

@@ -42,28 +42,19 @@ async fn confirmed_lsn_waits_for_nats_and_every_row_arrives_once() {
 
     nats.start_again();
     let js = jetstream(&nats.url()).await;
-    eventually(
-        Duration::from_secs(90),
-        "1,000 rows stored after NATS came back",
-        || async { (count(&js, "OUTBOX").await >= 1_000).then_some(()) },
-    )
+    eventually(Duration::from_secs(90), "1,000 rows stored after NATS came back", || async {
+        (count(&js, "OUTBOX").await >= 1_000).then_some(())
+    })
     .await;
     let report = audit(&read_all(&js, "OUTBOX").await, 1_000);
     assert_eq!(report.stored, 1_000, "{report:?}\nlog:\n{}", app.log());
-    assert_eq!(
-        (report.duplicates, report.order_violations, report.lost),
-        (0, 0, 0)
-    );
-    eventually(
-        Duration::from_secs(10),
-        "the slot confirms the published rows",
-        || async {
-            (pg.psql(&format!(
-                "SELECT confirmed_flush_lsn > '{before}'::pg_lsn FROM pg_replication_slots"
-            )) == "t")
-                .then_some(())
-        },
-    )
+    assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0));
+    eventually(Duration::from_secs(10), "the slot confirms the published rows", || async {
+        (pg.psql(&format!(
+            "SELECT confirmed_flush_lsn > '{before}'::pg_lsn FROM pg_replication_slots"
+        )) == "t")
+            .then_some(())
+    })
     .await;
     drop(app);
 }

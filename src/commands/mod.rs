@@ -16,16 +16,25 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects to NATS once; the client then reconnects by itself for as long as we run.
 pub async fn connect_nats(config: &Config) -> anyhow::Result<async_nats::Client> {
+    let connected_before = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     async_nats::ConnectOptions::new()
         .name("pgoutbox")
         .connection_timeout(Duration::from_secs(5))
         .max_reconnects(None)
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::Connected => tracing::info!("NATS connected"),
-                async_nats::Event::Disconnected => tracing::warn!("NATS disconnected"),
-                async_nats::Event::Closed => tracing::debug!("NATS connection closed"),
-                other => tracing::warn!(event = %other, "NATS"),
+        .event_callback(move |event| {
+            let connected_before = connected_before.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        if connected_before.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            crate::telemetry::Metrics::reconnect("nats");
+                        }
+                        tracing::info!("NATS connected")
+                    }
+                    async_nats::Event::Disconnected => tracing::warn!("NATS disconnected"),
+                    async_nats::Event::Closed => tracing::debug!("NATS connection closed"),
+                    other => tracing::warn!(event = %other, "NATS"),
+                }
             }
         })
         .connect(config.nats_servers.as_slice())
@@ -81,10 +90,7 @@ mod tests {
     fn backoff_doubles_up_to_its_cap_and_resets() {
         let mut b = Backoff::new();
         let delays: Vec<_> = (0..10).map(|_| b.next_delay().as_millis()).collect();
-        assert_eq!(
-            delays,
-            [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000]
-        );
+        assert_eq!(delays, [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000]);
         b.reset();
         assert_eq!(b.next_delay(), Duration::from_millis(200));
     }

@@ -1,6 +1,9 @@
 //! `pgoutbox run`: set up, then stream until SIGINT/SIGTERM, reconnecting on failures.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use anyhow::Context;
 
 use tracing::{info, warn};
 
@@ -14,6 +17,7 @@ use crate::publisher::Publisher;
 use crate::replication::ReplicationConnection;
 use crate::replication::connection::quote_literal;
 use crate::shutdown::Shutdown;
+use crate::telemetry::{self, Metrics, Readiness};
 
 /// A connection that streamed at least this long earns a fresh backoff.
 const HEALTHY_RUN: Duration = Duration::from_secs(10);
@@ -22,12 +26,28 @@ const STANDBY_POLL: Duration = Duration::from_secs(1);
 
 pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     let mut shutdown = Shutdown::listen()?;
+    let prometheus = telemetry::install_recorder()?;
+    let readiness = Arc::new(Readiness::default());
+    match args.http_addr {
+        Some(addr) => {
+            telemetry::serve(addr, prometheus, readiness.clone())
+                .await
+                .with_context(|| format!("listening on --http-addr {addr}"))?;
+        }
+        None => {
+            let addr = telemetry::DEFAULT_HTTP_ADDR;
+            if let Err(err) = telemetry::serve(addr.into(), prometheus, readiness.clone()).await {
+                warn!(%err, "no HTTP endpoints: the default {addr:?} is taken; set --http-addr");
+            }
+        }
+    }
     let client = prepare_database(config).await?;
     let Some(nats) = connect_nats_patiently(config, &mut shutdown).await else {
         return Ok(());
     };
+    readiness.set_nats(nats.clone());
     let publisher = Publisher::new(nats, &config.stream, super::ACK_TIMEOUT);
-    ensure_stream_and_slot(config, &client, &publisher, args.recreate_slot).await?;
+    ensure_stream_and_slot(config, &client, &publisher, args.slot.recreate_slot).await?;
     drop(client);
 
     let mut memory = Memory::default();
@@ -35,7 +55,9 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     let mut standby_announced = false;
     loop {
         let started = Instant::now();
-        let delay = match stream_once(config, &publisher, &mut memory, &mut shutdown).await {
+        let outcome = stream_once(config, &publisher, &mut memory, &mut shutdown, &readiness).await;
+        readiness.set_streaming(false);
+        let delay = match outcome {
             Ok(Ended::Drained { confirmed }) => {
                 info!(
                     confirmed = %tokio_postgres::types::PgLsn::from(confirmed),
@@ -53,6 +75,9 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
                 STANDBY_POLL
             }
             Err(err) if err.is_retryable() => {
+                if let PipelineError::Postgres(_) = err {
+                    Metrics::reconnect("postgres");
+                }
                 if started.elapsed() >= HEALTHY_RUN {
                     backoff.reset();
                 }
@@ -75,6 +100,7 @@ async fn stream_once(
     publisher: &Publisher,
     memory: &mut Memory,
     shutdown: &mut Shutdown,
+    readiness: &Readiness,
 ) -> Result<Ended, PipelineError> {
     let tail = publisher
         .tail()
@@ -94,10 +120,7 @@ async fn stream_once(
     };
     if row.get(1).and_then(Option::as_deref) == Some("lost") {
         let detail = "wal_status = lost".to_owned();
-        return Err(PipelineError::SlotInvalidated {
-            slot: slot.clone(),
-            detail,
-        });
+        return Err(PipelineError::SlotInvalidated { slot: slot.clone(), detail });
     }
     let start: u64 = row
         .first()
@@ -108,15 +131,14 @@ async fn stream_once(
     conn.start_replication(slot, start, &config.publication)
         .await
         .map_err(|err| PipelineError::from_start_replication(slot, err))?;
+    readiness.set_streaming(true);
     info!(
         %slot,
         from = %tokio_postgres::types::PgLsn::from(start),
         stream_sequence = tail.last_sequence,
         "streaming"
     );
-    Pipeline::new(&config.pipeline, conn, publisher, memory, start, tail)
-        .run(shutdown)
-        .await
+    Pipeline::new(&config.pipeline, conn, publisher, memory, start, tail).run(shutdown).await
 }
 
 /// NATS may come up after us: retry with backoff, saying so, until it answers.

@@ -3,13 +3,13 @@
 use anyhow::Context;
 use tracing::{info, warn};
 
-use crate::cli::RunArgs;
+use crate::cli::SlotArgs;
 use crate::config::Config;
 use crate::error::PipelineError;
 use crate::publisher::Publisher;
 use crate::slot;
 
-pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
+pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
     let client = prepare_database(config).await?;
     let nats = super::connect_nats(config).await?;
     let publisher = Publisher::new(nats, &config.stream, super::ACK_TIMEOUT);
@@ -81,10 +81,7 @@ pub async fn ensure_stream_and_slot(
 }
 
 async fn create_slot(client: &tokio_postgres::Client, name: &str) -> anyhow::Result<()> {
-    if slot::create_slot(client, name)
-        .await
-        .with_context(|| format!("creating slot {name}"))?
-    {
+    if slot::create_slot(client, name).await.with_context(|| format!("creating slot {name}"))? {
         info!(slot = %name, "replication slot created");
     }
     Ok(())

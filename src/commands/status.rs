@@ -21,15 +21,11 @@ pub enum Health {
 
 pub async fn run(config: &Config, json_output: bool, max_lag_bytes: i64) -> Health {
     let (report, health) = match slot::connect(&config.database).await {
-        Err(err) => (
-            json!({ "slot": config.slot, "error": err.to_string() }),
-            Health::Critical,
-        ),
+        Err(err) => (json!({ "slot": config.slot, "error": err.to_string() }), Health::Critical),
         Ok(client) => match slot::slot_state(&client, &config.slot).await {
-            Err(err) => (
-                json!({ "slot": config.slot, "error": err.to_string() }),
-                Health::Critical,
-            ),
+            Err(err) => {
+                (json!({ "slot": config.slot, "error": err.to_string() }), Health::Critical)
+            }
             Ok(state) => {
                 let (health, problems) = judge(state.as_ref(), max_lag_bytes);
                 let mut report = slot_report(&config.slot, state.as_ref());
@@ -100,9 +96,7 @@ async fn stream_report(config: &Config) -> serde_json::Value {
         let client = super::connect_nats(config).await?;
         let publisher = Publisher::new(client, &config.stream, Duration::from_secs(2));
         let info = publisher.stream_info().await?;
-        let dead_letters = publisher
-            .count_on_subject(&config.pipeline.dead_letter_subject)
-            .await?;
+        let dead_letters = publisher.count_on_subject(&config.pipeline.dead_letter_subject).await?;
         anyhow::Ok(json!({
             "dead_letters": dead_letters,
             "name": config.stream,
@@ -140,10 +134,7 @@ fn print_table(report: &serde_json::Value) {
     push("stream.", &report["stream"]);
     if let Some(problems) = report["problems"].as_array() {
         for problem in problems {
-            rows.push((
-                "problem".into(),
-                problem.as_str().unwrap_or_default().to_owned(),
-            ));
+            rows.push(("problem".into(), problem.as_str().unwrap_or_default().to_owned()));
         }
     }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);

@@ -13,9 +13,6 @@ pub async fn run(config: &Config, yes: bool) -> anyhow::Result<()> {
     }
     let client = slot::connect(&config.database).await?;
     slot::teardown(&client, &config.slot, &config.publication).await?;
-    println!(
-        "dropped slot {} and publication {}",
-        config.slot, config.publication
-    );
+    println!("dropped slot {} and publication {}", config.slot, config.publication);
     Ok(())
 }

@@ -27,18 +27,12 @@ fn database_url_falls_back_to_the_unprefixed_variable() {
     assert_eq!(c.database.get_dbname(), Some("db"));
     let c = config(
         &[],
-        &[
-            ("DATABASE_URL", "postgres://u@h:1/db"),
-            ("PGOUTBOX_DATABASE_URL", "host=x dbname=mine"),
-        ],
+        &[("DATABASE_URL", "postgres://u@h:1/db"), ("PGOUTBOX_DATABASE_URL", "host=x dbname=mine")],
     )
     .unwrap();
     assert_eq!(c.database.get_dbname(), Some("mine"));
-    let c = config(
-        &["--database-url", "dbname=flag"],
-        &[("PGOUTBOX_DATABASE_URL", "dbname=env")],
-    )
-    .unwrap();
+    let c = config(&["--database-url", "dbname=flag"], &[("PGOUTBOX_DATABASE_URL", "dbname=env")])
+        .unwrap();
     assert_eq!(c.database.get_dbname(), Some("flag"));
 }
 
@@ -50,15 +44,9 @@ fn nats_url_defaults_and_falls_back() {
     assert_eq!(c.nats_servers[0].port(), 4222);
     let c = config(&[], &[base[0], ("NATS_URL", "nats://a:1,nats://b:2")]).unwrap();
     assert_eq!(c.nats_servers.len(), 2);
-    let c = config(
-        &[],
-        &[
-            base[0],
-            ("NATS_URL", "nats://a:1"),
-            ("PGOUTBOX_NATS_URL", "nats://c:3"),
-        ],
-    )
-    .unwrap();
+    let c =
+        config(&[], &[base[0], ("NATS_URL", "nats://a:1"), ("PGOUTBOX_NATS_URL", "nats://c:3")])
+            .unwrap();
     assert_eq!(c.nats_servers[0].port(), 3);
 }
 
@@ -72,20 +60,11 @@ fn missing_database_url_says_how_to_give_one() {
 fn bad_settings_are_refused_with_the_flag_named() {
     let base = [("DATABASE_URL", "dbname=x")];
     for (args, flag) in [
-        (
-            vec!["--subject-template", "outbox.{a"],
-            "--subject-template",
-        ),
+        (vec!["--subject-template", "outbox.{a"], "--subject-template"),
         (vec!["--table", "a.b.c"], "--table"),
         (vec!["--slot", "Bad-Slot"], "--slot"),
-        (
-            vec!["--dead-letter-subject", "a..b"],
-            "--dead-letter-subject",
-        ),
-        (
-            vec!["--database-url", "postgres://x:notaport"],
-            "--database-url",
-        ),
+        (vec!["--dead-letter-subject", "a..b"], "--dead-letter-subject"),
+        (vec!["--database-url", "postgres://x:notaport"], "--database-url"),
     ] {
         let err = format!("{:#}", config(&args, &base).err().unwrap());
         assert!(err.contains(flag), "{args:?}: {err}");

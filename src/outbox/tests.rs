@@ -4,12 +4,7 @@ use super::*;
 use crate::pgoutput::{Column, ColumnValue, Relation};
 
 fn column(name: &str, type_oid: u32) -> Column {
-    Column {
-        flags: 0,
-        name: name.into(),
-        type_oid,
-        type_modifier: -1,
-    }
+    Column { flags: 0, name: name.into(), type_oid, type_modifier: -1 }
 }
 
 /// The shipped table: id uuid, aggregate_type, aggregate_id, event_type, payload jsonb,
@@ -60,33 +55,21 @@ fn header<'a>(event: &'a OutboxEvent, name: &str) -> Option<&'a str> {
 #[test]
 fn maps_a_row_to_subject_body_and_headers() {
     let event = default_mapping()
-        .map(&row(
-            text("order"),
-            "created",
-            text(r#"{"Trace-Id": "abc"}"#),
-        ))
+        .map(&row(text("order"), "created", text(r#"{"Trace-Id": "abc"}"#)))
         .unwrap();
     assert_eq!(event.subject, "outbox.order.created");
     assert_eq!(&event.payload[..], br#"{"total": 10}"#);
-    assert_eq!(
-        header(&event, "Nats-Msg-Id"),
-        Some("6f1c1a52-0000-4000-8000-000000000001")
-    );
+    assert_eq!(header(&event, "Nats-Msg-Id"), Some("6f1c1a52-0000-4000-8000-000000000001"));
     assert_eq!(header(&event, "Outbox-Aggregate-Type"), Some("order"));
     assert_eq!(header(&event, "Outbox-Aggregate-Id"), Some("42"));
     assert_eq!(header(&event, "Outbox-Event-Type"), Some("created"));
-    assert_eq!(
-        header(&event, "Outbox-Created-At"),
-        Some("2026-11-22 10:00:00+00")
-    );
+    assert_eq!(header(&event, "Outbox-Created-At"), Some("2026-11-22 10:00:00+00"));
     assert_eq!(header(&event, "Trace-Id"), Some("abc"));
 }
 
 #[test]
 fn null_headers_column_adds_no_headers() {
-    let event = default_mapping()
-        .map(&row(text("order"), "created", ColumnValue::Null))
-        .unwrap();
+    let event = default_mapping().map(&row(text("order"), "created", ColumnValue::Null)).unwrap();
     assert_eq!(event.headers.len(), 5);
 }
 
@@ -94,31 +77,19 @@ fn null_headers_column_adds_no_headers() {
 fn values_that_would_make_a_wrong_subject_are_rejected_not_rewritten() {
     let mapping = default_mapping();
     for bad in ["a.b", "with space", "", "*", ">", "tab\there"] {
-        let rejection = mapping
-            .map(&row(text(bad), "created", ColumnValue::Null))
-            .unwrap_err();
-        assert!(
-            rejection.0.contains("aggregate_type"),
-            "{bad:?}: {}",
-            rejection.0
-        );
+        let rejection = mapping.map(&row(text(bad), "created", ColumnValue::Null)).unwrap_err();
+        assert!(rejection.0.contains("aggregate_type"), "{bad:?}: {}", rejection.0);
     }
-    let rejection = mapping
-        .map(&row(ColumnValue::Null, "created", ColumnValue::Null))
-        .unwrap_err();
+    let rejection = mapping.map(&row(ColumnValue::Null, "created", ColumnValue::Null)).unwrap_err();
     assert_eq!(rejection.0, "column aggregate_type is NULL");
 }
 
 #[test]
 fn headers_must_be_a_json_object_of_strings_without_reserved_names() {
     let mapping = default_mapping();
-    for bad in [
-        r#"[1,2]"#,
-        r#"{"a": 1}"#,
-        r#"not json"#,
-        r#"{"Nats-Msg-Id": "x"}"#,
-        r#"{"a:b": "x"}"#,
-    ] {
+    for bad in
+        [r#"[1,2]"#, r#"{"a": 1}"#, r#"not json"#, r#"{"Nats-Msg-Id": "x"}"#, r#"{"a:b": "x"}"#]
+    {
         let result = mapping.map(&row(text("order"), "created", text(bad)));
         assert!(result.is_err(), "{bad} was accepted");
     }
@@ -148,13 +119,7 @@ fn debezium_columns_work_through_roles() {
     let template = "outbox.{aggregatetype}.{type}".parse().unwrap();
     let mapping = RowMapping::new(&relation, &roles, &template).unwrap();
     let event = mapping
-        .map(&[
-            text("id-1"),
-            text("customer"),
-            text("7"),
-            text("updated"),
-            text("{}"),
-        ])
+        .map(&[text("id-1"), text("customer"), text("7"), text("updated"), text("{}")])
         .unwrap();
     assert_eq!(event.subject, "outbox.customer.updated");
     assert_eq!(header(&event, "Outbox-Event-Type"), Some("updated"));
@@ -164,9 +129,8 @@ fn debezium_columns_work_through_roles() {
 #[test]
 fn a_missing_role_column_is_a_mapping_error() {
     let template = "outbox.{kind}".parse().unwrap();
-    let err = RowMapping::new(&outbox_relation(), &ColumnRoles::default(), &template)
-        .err()
-        .unwrap();
+    let err =
+        RowMapping::new(&outbox_relation(), &ColumnRoles::default(), &template).err().unwrap();
     assert_eq!(err.column, "kind");
 }
 
@@ -178,10 +142,7 @@ fn bytea_payload_is_sent_raw() {
     let mapping = RowMapping::new(&relation, &ColumnRoles::default(), &template).unwrap();
     let mut tuple = row(text("order"), "created", ColumnValue::Null);
     tuple[4] = text("\\x00ff41");
-    assert_eq!(
-        &mapping.map(&tuple).unwrap().payload[..],
-        &[0x00, 0xff, 0x41]
-    );
+    assert_eq!(&mapping.map(&tuple).unwrap().payload[..], &[0x00, 0xff, 0x41]);
     tuple[4] = text("\\x0");
     assert!(mapping.map(&tuple).is_err());
 }
@@ -190,27 +151,13 @@ fn bytea_payload_is_sent_raw() {
 fn templates_parse_and_yield_their_stream_wildcard() {
     let t: SubjectTemplate = "outbox.{aggregate_type}.{event_type}".parse().unwrap();
     assert_eq!(t.wildcard(), "outbox.*.*");
-    assert_eq!(
-        t.columns().collect::<Vec<_>>(),
-        ["aggregate_type", "event_type"]
-    );
+    assert_eq!(t.columns().collect::<Vec<_>>(), ["aggregate_type", "event_type"]);
     let t: SubjectTemplate = "events.v1_{type}".parse().unwrap();
     assert_eq!(t.wildcard(), "events.*");
     let t: SubjectTemplate = "fixed.subject".parse().unwrap();
     assert_eq!(t.wildcard(), "fixed.subject");
-    for bad in [
-        "outbox.{a",
-        "outbox.}",
-        "outbox..{a}",
-        "outbox.{}",
-        "a b.{x}",
-        "outbox.*",
-        "x.>",
-    ] {
-        assert!(
-            bad.parse::<SubjectTemplate>().is_err(),
-            "{bad} was accepted"
-        );
+    for bad in ["outbox.{a", "outbox.}", "outbox..{a}", "outbox.{}", "a b.{x}", "outbox.*", "x.>"] {
+        assert!(bad.parse::<SubjectTemplate>().is_err(), "{bad} was accepted");
     }
 }
 
@@ -222,8 +169,5 @@ fn the_dead_letter_row_keeps_every_column() {
     assert_eq!(json["table"], "public.outbox");
     assert_eq!(json["row"]["aggregate_type"], "a.b");
     assert_eq!(json["row"]["headers"], serde_json::Value::Null);
-    assert_eq!(
-        mapping.id_of(&tuple).as_deref(),
-        Some("6f1c1a52-0000-4000-8000-000000000001")
-    );
+    assert_eq!(mapping.id_of(&tuple).as_deref(), Some("6f1c1a52-0000-4000-8000-000000000001"));
 }

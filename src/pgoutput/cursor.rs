@@ -28,10 +28,7 @@ impl Cursor {
         let slice = self
             .bytes
             .get(self.pos..end)
-            .ok_or(DecodeError::UnexpectedEof {
-                need: N,
-                at: self.pos,
-            })?;
+            .ok_or(DecodeError::UnexpectedEof { need: N, at: self.pos })?;
         self.pos = end;
         // The slice has exactly N bytes.
         let mut out = [0u8; N];
@@ -66,10 +63,7 @@ impl Cursor {
     /// `n` bytes, sharing the underlying buffer (no copy).
     pub(crate) fn bytes(&mut self, n: usize) -> Result<Bytes, DecodeError> {
         if self.remaining() < n {
-            return Err(DecodeError::UnexpectedEof {
-                need: n,
-                at: self.pos,
-            });
+            return Err(DecodeError::UnexpectedEof { need: n, at: self.pos });
         }
         let out = self.bytes.slice(self.pos..self.pos + n);
         self.pos += n;

@@ -155,10 +155,7 @@ impl LogicalMessage {
                 end_lsn: cur.u64()?,
                 commit_time: cur.i64()?,
             }),
-            b'O' => LogicalMessage::Origin(Origin {
-                commit_lsn: cur.u64()?,
-                name: cur.cstr()?,
-            }),
+            b'O' => LogicalMessage::Origin(Origin { commit_lsn: cur.u64()?, name: cur.cstr()? }),
             b'R' => LogicalMessage::Relation(parse_relation(&mut cur)?),
             b'Y' => LogicalMessage::Type(TypeMessage {
                 type_id: cur.u32()?,
@@ -172,10 +169,7 @@ impl LogicalMessage {
                 if marker != b'N' {
                     return Err(DecodeError::UnexpectedTupleMarker { found: marker, at });
                 }
-                LogicalMessage::Insert(Insert {
-                    rel_id,
-                    tuple: parse_tuple(&mut cur)?,
-                })
+                LogicalMessage::Insert(Insert { rel_id, tuple: parse_tuple(&mut cur)? })
             }
             // The rest of an Update or Delete is not needed: the outbox is insert-only.
             b'U' => return Ok(LogicalMessage::Update { rel_id: cur.u32()? }),
@@ -202,21 +196,13 @@ impl LogicalMessage {
                 let len =
                     usize::try_from(len).map_err(|_| DecodeError::NegativeLength { len, at })?;
                 let content = cur.bytes(len)?;
-                LogicalMessage::Message(DecodingMessage {
-                    transactional,
-                    lsn,
-                    prefix,
-                    content,
-                })
+                LogicalMessage::Message(DecodingMessage { transactional, lsn, prefix, content })
             }
             other => return Err(DecodeError::UnknownMessageTag(other)),
         };
         match cur.remaining() {
             0 => Ok(message),
-            extra => Err(DecodeError::TrailingBytes {
-                message: tag as char,
-                extra,
-            }),
+            extra => Err(DecodeError::TrailingBytes { message: tag as char, extra }),
         }
     }
 }
@@ -236,13 +222,7 @@ fn parse_relation(cur: &mut Cursor) -> Result<Relation, DecodeError> {
             type_modifier: cur.i32()?,
         });
     }
-    Ok(Relation {
-        rel_id,
-        namespace,
-        name,
-        replica_identity,
-        columns,
-    })
+    Ok(Relation { rel_id, namespace, name, replica_identity, columns })
 }
 
 fn parse_tuple(cur: &mut Cursor) -> Result<Vec<ColumnValue>, DecodeError> {
@@ -259,11 +239,7 @@ fn parse_tuple(cur: &mut Cursor) -> Result<Vec<ColumnValue>, DecodeError> {
                 let len = usize::try_from(len)
                     .map_err(|_| DecodeError::NegativeLength { len, at: len_at })?;
                 let bytes = cur.bytes(len)?;
-                if kind == b't' {
-                    ColumnValue::Text(bytes)
-                } else {
-                    ColumnValue::Binary(bytes)
-                }
+                if kind == b't' { ColumnValue::Text(bytes) } else { ColumnValue::Binary(bytes) }
             }
             kind => return Err(DecodeError::UnknownTupleKind { kind, at }),
         };
@@ -277,15 +253,10 @@ fn parse_tuple(cur: &mut Cursor) -> Result<Vec<ColumnValue>, DecodeError> {
 fn column_count(cur: &mut Cursor) -> Result<usize, DecodeError> {
     let at = cur.position();
     let count = cur.i16()?;
-    let count = usize::try_from(count).map_err(|_| DecodeError::NegativeLength {
-        len: i32::from(count),
-        at,
-    })?;
+    let count = usize::try_from(count)
+        .map_err(|_| DecodeError::NegativeLength { len: i32::from(count), at })?;
     if count > cur.remaining() {
-        return Err(DecodeError::UnexpectedEof {
-            need: count,
-            at: cur.position(),
-        });
+        return Err(DecodeError::UnexpectedEof { need: count, at: cur.position() });
     }
     Ok(count)
 }

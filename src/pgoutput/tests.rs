@@ -65,27 +65,12 @@ impl Msg {
 
 #[test]
 fn begin_and_commit() {
-    let begin = Msg::tag(b'B')
-        .u64(0x1_0000_0010)
-        .u64(777)
-        .i32(42)
-        .parse()
-        .unwrap();
+    let begin = Msg::tag(b'B').u64(0x1_0000_0010).u64(777).i32(42).parse().unwrap();
     assert_eq!(
         begin,
-        LogicalMessage::Begin(Begin {
-            final_lsn: 0x1_0000_0010,
-            commit_time: 777,
-            xid: 42
-        })
+        LogicalMessage::Begin(Begin { final_lsn: 0x1_0000_0010, commit_time: 777, xid: 42 })
     );
-    let commit = Msg::tag(b'C')
-        .u8(0)
-        .u64(0x10)
-        .u64(0x38)
-        .u64(777)
-        .parse()
-        .unwrap();
+    let commit = Msg::tag(b'C').u8(0).u64(0x10).u64(0x38).u64(777).parse().unwrap();
     assert_eq!(
         commit,
         LogicalMessage::Commit(Commit {
@@ -115,29 +100,14 @@ fn relation_with_columns() {
         .i32(-1)
         .parse()
         .unwrap();
-    let LogicalMessage::Relation(r) = msg else {
-        panic!("not a relation: {msg:?}")
-    };
-    assert_eq!(
-        (r.rel_id, r.namespace.as_str(), r.name.as_str()),
-        (16384, "public", "outbox")
-    );
+    let LogicalMessage::Relation(r) = msg else { panic!("not a relation: {msg:?}") };
+    assert_eq!((r.rel_id, r.namespace.as_str(), r.name.as_str()), (16384, "public", "outbox"));
     assert_eq!(r.replica_identity, b'd');
     assert_eq!(
         r.columns,
         vec![
-            Column {
-                flags: 1,
-                name: "id".into(),
-                type_oid: 2950,
-                type_modifier: -1
-            },
-            Column {
-                flags: 0,
-                name: "payload".into(),
-                type_oid: 3802,
-                type_modifier: -1
-            },
+            Column { flags: 1, name: "id".into(), type_oid: 2950, type_modifier: -1 },
+            Column { flags: 0, name: "payload".into(), type_oid: 3802, type_modifier: -1 },
         ]
     );
 }
@@ -178,31 +148,14 @@ fn insert_with_every_column_kind() {
 #[test]
 fn insert_with_zero_columns() {
     let msg = Msg::tag(b'I').i32(7).u8(b'N').i16(0).parse().unwrap();
-    assert_eq!(
-        msg,
-        LogicalMessage::Insert(Insert {
-            rel_id: 7,
-            tuple: vec![]
-        })
-    );
+    assert_eq!(msg, LogicalMessage::Insert(Insert { rel_id: 7, tuple: vec![] }));
 }
 
 #[test]
 fn other_messages() {
     let origin = Msg::tag(b'O').u64(5).cstr("node_a").parse().unwrap();
-    assert_eq!(
-        origin,
-        LogicalMessage::Origin(Origin {
-            commit_lsn: 5,
-            name: "node_a".into()
-        })
-    );
-    let ty = Msg::tag(b'Y')
-        .i32(99)
-        .cstr("public")
-        .cstr("mood")
-        .parse()
-        .unwrap();
+    assert_eq!(origin, LogicalMessage::Origin(Origin { commit_lsn: 5, name: "node_a".into() }));
+    let ty = Msg::tag(b'Y').i32(99).cstr("public").cstr("mood").parse().unwrap();
     assert_eq!(
         ty,
         LogicalMessage::Type(TypeMessage {
@@ -212,21 +165,8 @@ fn other_messages() {
         })
     );
     let truncate = Msg::tag(b'T').i32(2).u8(1).i32(10).i32(11).parse().unwrap();
-    assert_eq!(
-        truncate,
-        LogicalMessage::Truncate(Truncate {
-            options: 1,
-            rel_ids: vec![10, 11]
-        })
-    );
-    let message = Msg::tag(b'M')
-        .u8(1)
-        .u64(9)
-        .cstr("p")
-        .i32(2)
-        .raw(b"hi")
-        .parse()
-        .unwrap();
+    assert_eq!(truncate, LogicalMessage::Truncate(Truncate { options: 1, rel_ids: vec![10, 11] }));
+    let message = Msg::tag(b'M').u8(1).u64(9).cstr("p").i32(2).raw(b"hi").parse().unwrap();
     assert_eq!(
         message,
         LogicalMessage::Message(DecodingMessage {
@@ -240,26 +180,14 @@ fn other_messages() {
         Msg::tag(b'U').i32(3).raw(b"whatever").parse(),
         Ok(LogicalMessage::Update { rel_id: 3 })
     );
-    assert_eq!(
-        Msg::tag(b'D').i32(4).parse(),
-        Ok(LogicalMessage::Delete { rel_id: 4 })
-    );
+    assert_eq!(Msg::tag(b'D').i32(4).parse(), Ok(LogicalMessage::Delete { rel_id: 4 }));
 }
 
 #[test]
 fn malformed_messages_are_exact_errors() {
-    assert_eq!(
-        LogicalMessage::parse(&Bytes::new()),
-        Err(DecodeError::Empty)
-    );
-    assert_eq!(
-        Msg::tag(b'Z').parse(),
-        Err(DecodeError::UnknownMessageTag(b'Z'))
-    );
-    assert_eq!(
-        Msg::tag(b'B').u64(1).parse(),
-        Err(DecodeError::UnexpectedEof { need: 8, at: 9 })
-    );
+    assert_eq!(LogicalMessage::parse(&Bytes::new()), Err(DecodeError::Empty));
+    assert_eq!(Msg::tag(b'Z').parse(), Err(DecodeError::UnknownMessageTag(b'Z')));
+    assert_eq!(Msg::tag(b'B').u64(1).parse(), Err(DecodeError::UnexpectedEof { need: 8, at: 9 }));
     assert_eq!(
         Msg::tag(b'I').i32(7).u8(b'N').i16(1).u8(b'x').parse(),
         Err(DecodeError::UnknownTupleKind { kind: b'x', at: 8 })
@@ -269,24 +197,11 @@ fn malformed_messages_are_exact_errors() {
         Err(DecodeError::UnexpectedTupleMarker { found: b'K', at: 5 })
     );
     assert_eq!(
-        Msg::tag(b'I')
-            .i32(7)
-            .u8(b'N')
-            .i16(1)
-            .u8(b't')
-            .i32(-5)
-            .parse(),
+        Msg::tag(b'I').i32(7).u8(b'N').i16(1).u8(b't').i32(-5).parse(),
         Err(DecodeError::NegativeLength { len: -5, at: 9 })
     );
     assert_eq!(
-        Msg::tag(b'I')
-            .i32(7)
-            .u8(b'N')
-            .i16(1)
-            .u8(b't')
-            .i32(10)
-            .raw(b"abc")
-            .parse(),
+        Msg::tag(b'I').i32(7).u8(b'N').i16(1).u8(b't').i32(10).raw(b"abc").parse(),
         Err(DecodeError::UnexpectedEof { need: 10, at: 13 })
     );
     assert_eq!(
@@ -299,10 +214,7 @@ fn malformed_messages_are_exact_errors() {
     );
     assert_eq!(
         Msg::tag(b'C').u8(0).u64(1).u64(2).u64(3).u8(0).parse(),
-        Err(DecodeError::TrailingBytes {
-            message: 'C',
-            extra: 1
-        })
+        Err(DecodeError::TrailingBytes { message: 'C', extra: 1 })
     );
     assert_eq!(
         Msg::tag(b'I').i32(7).u8(b'N').i16(-1).parse(),
@@ -311,10 +223,7 @@ fn malformed_messages_are_exact_errors() {
     // A huge count with no bytes behind it is refused before allocating.
     assert_eq!(
         Msg::tag(b'T').i32(i32::MAX).u8(0).parse(),
-        Err(DecodeError::UnexpectedEof {
-            need: i32::MAX as usize * 4,
-            at: 6
-        })
+        Err(DecodeError::UnexpectedEof { need: i32::MAX as usize * 4, at: 6 })
     );
 }
 
@@ -326,10 +235,7 @@ fn real_fixtures_decode() {
     let LogicalMessage::Commit(commit) = LogicalMessage::parse(&fixture!("commit")).unwrap() else {
         panic!("commit.bin is not a Commit")
     };
-    assert_eq!(
-        begin.final_lsn, commit.commit_lsn,
-        "Begin announces the commit's LSN"
-    );
+    assert_eq!(begin.final_lsn, commit.commit_lsn, "Begin announces the commit's LSN");
     assert!(commit.end_lsn > commit.commit_lsn);
 
     let LogicalMessage::Relation(rel) = LogicalMessage::parse(&fixture!("relation")).unwrap()
@@ -337,10 +243,7 @@ fn real_fixtures_decode() {
         panic!("relation.bin is not a Relation")
     };
     let names: Vec<_> = rel.columns.iter().map(|c| c.name.as_str()).collect();
-    assert_eq!(
-        (rel.namespace.as_str(), rel.name.as_str()),
-        ("public", "fixture")
-    );
+    assert_eq!((rel.namespace.as_str(), rel.name.as_str()), ("public", "fixture"));
     assert_eq!(names, ["id", "note", "doc", "raw", "big", "feeling"]);
     assert_eq!(rel.columns[0].flags, 1, "the primary key is flagged");
     assert_eq!(rel.columns[2].type_oid, 3802);
@@ -356,22 +259,10 @@ fn real_fixtures_decode() {
     assert_eq!(insert.rel_id, rel.rel_id);
     assert_eq!(insert.tuple[0], ColumnValue::Text(Bytes::from_static(b"1")));
     assert_eq!(insert.tuple[1], ColumnValue::Null);
-    assert_eq!(
-        insert.tuple[2],
-        ColumnValue::Text(Bytes::from_static(br#"{"a": 1}"#))
-    );
-    assert_eq!(
-        insert.tuple[3],
-        ColumnValue::Text(Bytes::from_static(br"\x00ff"))
-    );
-    assert_eq!(
-        insert.tuple[4],
-        ColumnValue::Text(Bytes::from("x".repeat(5000)))
-    );
-    assert_eq!(
-        insert.tuple[5],
-        ColumnValue::Text(Bytes::from_static(b"happy"))
-    );
+    assert_eq!(insert.tuple[2], ColumnValue::Text(Bytes::from_static(br#"{"a": 1}"#)));
+    assert_eq!(insert.tuple[3], ColumnValue::Text(Bytes::from_static(br"\x00ff")));
+    assert_eq!(insert.tuple[4], ColumnValue::Text(Bytes::from("x".repeat(5000))));
+    assert_eq!(insert.tuple[5], ColumnValue::Text(Bytes::from_static(b"happy")));
 
     assert_eq!(
         LogicalMessage::parse(&fixture!("update")),
@@ -383,10 +274,7 @@ fn real_fixtures_decode() {
     );
     assert_eq!(
         LogicalMessage::parse(&fixture!("truncate")),
-        Ok(LogicalMessage::Truncate(Truncate {
-            options: 0,
-            rel_ids: vec![rel.rel_id]
-        }))
+        Ok(LogicalMessage::Truncate(Truncate { options: 0, rel_ids: vec![rel.rel_id] }))
     );
     let LogicalMessage::Message(m) = LogicalMessage::parse(&fixture!("message")).unwrap() else {
         panic!("message.bin is not a Message")
@@ -403,9 +291,7 @@ fn values_share_the_input_buffer() {
     let LogicalMessage::Insert(insert) = LogicalMessage::parse(&input).unwrap() else {
         panic!("not an insert")
     };
-    let ColumnValue::Text(big) = &insert.tuple[4] else {
-        panic!("not text")
-    };
+    let ColumnValue::Text(big) = &insert.tuple[4] else { panic!("not text") };
     let range = input.as_ptr_range();
     assert!(range.contains(&big.as_ptr()), "the value was copied");
 }
@@ -420,21 +306,11 @@ fn truncated_or_corrupted_input_never_panics() {
             let cut = bytes.slice(..len);
             let result = LogicalMessage::parse(&cut);
             if !matches!(name, "update" | "delete") || len < 5 {
-                assert!(
-                    result.is_err(),
-                    "{name} cut to {len} bytes decoded: {result:?}"
-                );
+                assert!(result.is_err(), "{name} cut to {len} bytes decoded: {result:?}");
             }
         }
         for i in 0..bytes.len() {
-            for value in [
-                0x00,
-                0xff,
-                0x7f,
-                0x80,
-                bytes[i] ^ 0xff,
-                bytes[i].wrapping_add(1),
-            ] {
+            for value in [0x00, 0xff, 0x7f, 0x80, bytes[i] ^ 0xff, bytes[i].wrapping_add(1)] {
                 let mut corrupted = bytes.to_vec();
                 corrupted[i] = value;
                 let _ = LogicalMessage::parse(&Bytes::from(corrupted));

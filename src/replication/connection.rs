@@ -102,10 +102,7 @@ impl ReplicationConnection {
             ("user", user.as_str()),
             ("database", database.as_str()),
             ("replication", "database"),
-            (
-                "application_name",
-                config.get_application_name().unwrap_or("pgoutbox"),
-            ),
+            ("application_name", config.get_application_name().unwrap_or("pgoutbox")),
         ];
         if let Some(options) = config.get_options() {
             params.push(("options", options));
@@ -167,17 +164,17 @@ impl ReplicationConnection {
         frontend::sasl_initial_response(sasl::SCRAM_SHA_256, scram.message(), &mut self.write_buf)?;
         self.flush().await?;
         match self.next_backend_message().await? {
-            backend::Message::AuthenticationSaslContinue(body) => scram
-                .update(body.data())
-                .map_err(|e| ConnectionError::Auth(e.to_string()))?,
+            backend::Message::AuthenticationSaslContinue(body) => {
+                scram.update(body.data()).map_err(|e| ConnectionError::Auth(e.to_string()))?
+            }
             other => return Err(unexpected(&other)),
         }
         frontend::sasl_response(scram.message(), &mut self.write_buf)?;
         self.flush().await?;
         match self.next_backend_message().await? {
-            backend::Message::AuthenticationSaslFinal(body) => scram
-                .finish(body.data())
-                .map_err(|e| ConnectionError::Auth(e.to_string())),
+            backend::Message::AuthenticationSaslFinal(body) => {
+                scram.finish(body.data()).map_err(|e| ConnectionError::Auth(e.to_string()))
+            }
             other => Err(unexpected(&other)),
         }
     }
@@ -333,10 +330,7 @@ fn frame_len(buf: &[u8]) -> Option<usize> {
 }
 
 async fn open_socket(config: &tokio_postgres::Config) -> Result<Box<dyn Socket>, ConnectionError> {
-    let timeout = config
-        .get_connect_timeout()
-        .copied()
-        .unwrap_or(Duration::from_secs(10));
+    let timeout = config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(10));
     let ports = config.get_ports();
     let localhost = [Host::Tcp("localhost".to_owned())];
     let hosts = match config.get_hosts() {
@@ -345,11 +339,7 @@ async fn open_socket(config: &tokio_postgres::Config) -> Result<Box<dyn Socket>,
     };
     let mut last_error = None;
     for (i, host) in hosts.iter().enumerate() {
-        let port = ports
-            .get(i)
-            .or_else(|| ports.first())
-            .copied()
-            .unwrap_or(5432);
+        let port = ports.get(i).or_else(|| ports.first()).copied().unwrap_or(5432);
         let (target, result) = match host {
             Host::Tcp(name) => {
                 let attempt =
@@ -395,12 +385,8 @@ fn text_row(row: &backend::DataRowBody) -> Result<TextRow, ConnectionError> {
 }
 
 fn server_error(mut fields: backend::ErrorFields<'_>) -> Result<ServerError, ConnectionError> {
-    let mut error = ServerError {
-        code: String::new(),
-        message: String::new(),
-        detail: None,
-        hint: None,
-    };
+    let mut error =
+        ServerError { code: String::new(), message: String::new(), detail: None, hint: None };
     while let Some(field) = fields.next()? {
         let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
         match field.type_() {

@@ -14,11 +14,7 @@ pub const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplicationMessage {
     /// WAL data: `data` is one pgoutput message.
-    XLogData {
-        wal_start: u64,
-        wal_end: u64,
-        data: Bytes,
-    },
+    XLogData { wal_start: u64, wal_end: u64, data: Bytes },
     /// The server's position, and whether it wants an answer right away.
     Keepalive { wal_end: u64, reply_requested: bool },
 }
@@ -47,30 +43,20 @@ impl ReplicationMessage {
             other => return Err(WireError::UnknownTag(other)),
         };
         if payload.len() < need {
-            return Err(WireError::Truncated {
-                tag: tag as char,
-                len: payload.len() + 1,
-            });
+            return Err(WireError::Truncated { tag: tag as char, len: payload.len() + 1 });
         }
         match tag {
             b'w' => {
                 let wal_start = payload.get_u64();
                 let wal_end = payload.get_u64();
                 let _send_time = payload.get_i64();
-                Ok(ReplicationMessage::XLogData {
-                    wal_start,
-                    wal_end,
-                    data: payload,
-                })
+                Ok(ReplicationMessage::XLogData { wal_start, wal_end, data: payload })
             }
             _ => {
                 let wal_end = payload.get_u64();
                 let _send_time = payload.get_i64();
                 let reply_requested = payload.get_u8() == 1;
-                Ok(ReplicationMessage::Keepalive {
-                    wal_end,
-                    reply_requested,
-                })
+                Ok(ReplicationMessage::Keepalive { wal_end, reply_requested })
             }
         }
     }
@@ -140,21 +126,12 @@ mod tests {
         frame.extend_from_slice(&0i64.to_be_bytes());
         frame.push(1);
         let msg = ReplicationMessage::parse(Bytes::from(frame)).unwrap();
-        assert_eq!(
-            msg,
-            ReplicationMessage::Keepalive {
-                wal_end: 0xABCD,
-                reply_requested: true
-            }
-        );
+        assert_eq!(msg, ReplicationMessage::Keepalive { wal_end: 0xABCD, reply_requested: true });
     }
 
     #[test]
     fn rejects_truncated_unknown_and_empty_frames() {
-        assert_eq!(
-            ReplicationMessage::parse(Bytes::new()),
-            Err(WireError::Empty)
-        );
+        assert_eq!(ReplicationMessage::parse(Bytes::new()), Err(WireError::Empty));
         assert_eq!(
             ReplicationMessage::parse(Bytes::from_static(b"x")),
             Err(WireError::UnknownTag(b'x'))
@@ -175,11 +152,7 @@ mod tests {
 
     #[test]
     fn standby_status_reports_the_confirmed_position_three_times() {
-        let status = StandbyStatus {
-            confirmed: 0x1122,
-            now_micros: 5,
-            reply_requested: false,
-        };
+        let status = StandbyStatus { confirmed: 0x1122, now_micros: 5, reply_requested: false };
         let bytes = status.encode();
         assert_eq!(bytes.len(), 34);
         assert_eq!(bytes[0], b'r');

@@ -27,10 +27,7 @@ where
         if let Some(value) = check().await {
             return value;
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -52,11 +49,7 @@ pub async fn wait_until_slot_active(pg: &Postgres, slot: &str, app: &pgoutbox::P
     let query = format!("SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'");
     let deadline = Instant::now() + Duration::from_secs(30);
     while pg.try_psql(&query).as_deref() != Ok("t") {
-        assert!(
-            Instant::now() < deadline,
-            "pgoutbox never started streaming; log:\n{}",
-            app.log()
-        );
+        assert!(Instant::now() < deadline, "pgoutbox never started streaming; log:\n{}", app.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -100,15 +93,8 @@ pub fn mixed_rows(from: usize, to: usize, pause_seconds: f64) -> String {
 /// Peak resident memory of a process, in bytes (VmHWM from /proc).
 pub fn peak_rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .expect("VmHWM line");
-    let kb: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .expect("VmHWM kB");
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM line");
+    let kb: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmHWM kB");
     kb * 1024
 }
 
@@ -127,10 +113,7 @@ impl Lcg {
 
     /// A number in `low..high`.
     pub fn between(&mut self, low: u64, high: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         low + (self.0 >> 33) % (high - low)
     }
 }
@@ -138,4 +121,17 @@ impl Lcg {
 /// The `confirmed_flush_lsn` of the default slot, as text.
 pub fn confirmed_flush(pg: &Postgres) -> String {
     pg.psql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'pgoutbox'")
+}
+
+/// A plain HTTP/1.0 GET on 127.0.0.1: the status code and the body.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
 }

@@ -1,12 +1,10 @@
 //! A throwaway `nats-server -js` on free loopback ports, with its own store directory.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_port;
+use super::{free_port, http_get};
 
 pub struct Nats {
     dir: tempfile::TempDir,
@@ -39,10 +37,7 @@ impl Nats {
     }
 
     fn launch(port: Option<u16>, jetstream: bool, extra: &[&str]) -> Nats {
-        let dir = tempfile::Builder::new()
-            .prefix("pgoutbox-nats-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = tempfile::Builder::new().prefix("pgoutbox-nats-").tempdir().expect("temp dir");
         let mut nats = Nats {
             dir,
             bin: server_binary(),
@@ -81,10 +76,7 @@ impl Nats {
     /// Graceful stop (SIGTERM), waiting for the process to exit.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(child.id().to_string())
-                .status();
+            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
             let _ = child.wait();
         }
     }
@@ -99,11 +91,7 @@ impl Nats {
 
     /// Starts again on the same ports with the same store.
     pub fn start_again(&mut self) {
-        assert!(
-            self.try_start(),
-            "nats-server did not restart; log:\n{}",
-            self.log()
-        );
+        assert!(self.try_start(), "nats-server did not restart; log:\n{}", self.log());
     }
 
     pub fn log(&self) -> String {
@@ -122,12 +110,7 @@ impl Nats {
         }
         let child = cmd
             .args(["-a", "127.0.0.1"])
-            .args([
-                "-p",
-                &self.port.to_string(),
-                "-m",
-                &self.monitor_port.to_string(),
-            ])
+            .args(["-p", &self.port.to_string(), "-m", &self.monitor_port.to_string()])
             .arg("--store_dir")
             .arg(self.dir.path().join("store"))
             .args(&self.extra)
@@ -143,10 +126,9 @@ impl Nats {
                 return false;
             }
             let ready = match self.jetstream {
-                true => {
-                    http_get(self.monitor_port, "/jsz").is_some_and(|b| b.contains("\"config\""))
-                }
-                false => http_get(self.monitor_port, "/varz").is_some(),
+                true => http_get(self.monitor_port, "/jsz")
+                    .is_some_and(|(code, b)| code == 200 && b.contains("\"config\"")),
+                false => http_get(self.monitor_port, "/varz").is_some_and(|(code, _)| code == 200),
             };
             if ready {
                 return true;
@@ -162,19 +144,6 @@ impl Drop for Nats {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// A plain HTTP/1.0 GET on the monitoring port; the body when the status is 200.
-pub fn http_get(port: u16, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200")
-        .then(|| body.to_owned())
-        .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_owned()))
 }
 
 /// $PGOUTBOX_NATS_SERVER, /usr/sbin/nats-server, then PATH.

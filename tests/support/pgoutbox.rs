@@ -10,6 +10,7 @@ use super::{Nats, Postgres};
 /// A running `pgoutbox` process; killed on drop. Its stderr (the log) goes to a file.
 pub struct Pgoutbox {
     child: Child,
+    http_port: u16,
     log: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -24,7 +25,8 @@ pub fn command(pg: &Postgres, nats: &Nats) -> Command {
     }
     cmd.env("PGOUTBOX_DATABASE_URL", pg.url())
         .env("PGOUTBOX_NATS_URL", nats.url())
-        .env("RUST_LOG", "info,pgoutbox=debug");
+        .env("RUST_LOG", "info,pgoutbox=debug")
+        .env("PGOUTBOX_HTTP_ADDR", format!("127.0.0.1:{}", super::free_port()));
     cmd
 }
 
@@ -37,23 +39,26 @@ impl Pgoutbox {
     }
 
     pub fn spawn(mut cmd: Command) -> Pgoutbox {
+        let http_port = cmd
+            .get_envs()
+            .find(|(k, _)| *k == "PGOUTBOX_HTTP_ADDR")
+            .and_then(|(_, v)| v?.to_str()?.rsplit(':').next()?.parse().ok())
+            .unwrap_or(0);
         let dir = tempfile::tempdir().expect("temp dir for the pgoutbox log");
         let log = dir.path().join("pgoutbox.log");
         let file = File::create(&log).expect("create pgoutbox log");
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(file)
-            .spawn()
-            .expect("start the pgoutbox binary");
-        Pgoutbox {
-            child,
-            log,
-            _dir: dir,
-        }
+        let child =
+            cmd.stdout(Stdio::null()).stderr(file).spawn().expect("start the pgoutbox binary");
+        Pgoutbox { child, http_port, log, _dir: dir }
     }
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The port of its HTTP endpoints (from the PGOUTBOX_HTTP_ADDR it was started with).
+    pub fn http_port(&self) -> u16 {
+        self.http_port
     }
 
     pub fn pid(&self) -> u32 {
@@ -99,8 +104,5 @@ impl Drop for Pgoutbox {
 }
 
 fn signal(pid: u32, name: &str) {
-    let _ = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status();
+    let _ = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
 }

@@ -36,10 +36,7 @@ impl PostgresBuilder {
 
     pub fn start(self) -> Postgres {
         let bin = bin_dir();
-        let dir = tempfile::Builder::new()
-            .prefix("pgoutbox-pg-")
-            .tempdir()
-            .expect("temp dir");
+        let dir = tempfile::Builder::new().prefix("pgoutbox-pg-").tempdir().expect("temp dir");
         let owner = postgres_user();
         if let Some((uid, gid)) = owner {
             std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown temp dir");
@@ -50,11 +47,7 @@ impl PostgresBuilder {
             .arg(&data)
             .output()
             .expect("run initdb");
-        assert!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
         let mut conf = vec![
             "wal_level = logical".to_owned(),
             "max_wal_senders = 10".to_owned(),
@@ -74,12 +67,7 @@ impl PostgresBuilder {
             std::fs::write(&path, format!("{}\n{default}", self.hba.join("\n")))
                 .expect("write hba");
         }
-        let mut pg = Postgres {
-            dir,
-            bin,
-            port: 0,
-            running: false,
-        };
+        let mut pg = Postgres { dir, bin, port: 0, running: false };
         // Another process may grab the port between probing and binding: try a few.
         for _ in 0..5 {
             pg.port = free_port();
@@ -129,8 +117,7 @@ impl Postgres {
     }
 
     pub fn psql_db(&self, db: &str, sql: &str) -> String {
-        self.run_psql(db, sql)
-            .unwrap_or_else(|err| panic!("psql failed: {err}\nSQL: {sql}"))
+        self.run_psql(db, sql).unwrap_or_else(|err| panic!("psql failed: {err}\nSQL: {sql}"))
     }
 
     pub fn try_psql(&self, sql: &str) -> Result<String, String> {
@@ -153,21 +140,13 @@ impl Postgres {
     /// `pg_ctl stop -m fast|immediate`.
     pub fn stop(&mut self, mode: &str) {
         let out = self.pg_ctl(&["stop", "-w", "-m", mode]);
-        assert!(
-            out.status.success(),
-            "pg_ctl stop: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "pg_ctl stop: {}", String::from_utf8_lossy(&out.stderr));
         self.running = false;
     }
 
     /// Starts again on the same port with the same data.
     pub fn start_again(&mut self) {
-        assert!(
-            self.try_start(),
-            "PostgreSQL did not restart; log:\n{}",
-            self.log()
-        );
+        assert!(self.try_start(), "PostgreSQL did not restart; log:\n{}", self.log());
     }
 
     pub fn restart(&mut self, mode: &str) {
@@ -182,16 +161,8 @@ impl Postgres {
     fn try_start(&mut self) -> bool {
         let options = format!("-p {}", self.port);
         let log = self.dir.path().join("server.log");
-        let out = self.pg_ctl(&[
-            "start",
-            "-w",
-            "-t",
-            "30",
-            "-o",
-            &options,
-            "-l",
-            &log.to_string_lossy(),
-        ]);
+        let out =
+            self.pg_ctl(&["start", "-w", "-t", "30", "-o", &options, "-l", &log.to_string_lossy()]);
         self.running = out.status.success();
         self.running
     }
@@ -218,28 +189,14 @@ fn run_psql(bin: &Path, port: u16, db: &str, sql: &str) -> Result<String, String
     use std::io::Write;
     use std::process::Stdio;
     let out = Command::new(bin.join("psql"))
-        .args([
-            "-X",
-            "-q",
-            "-At",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-        ])
+        .args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", "postgres"])
         .args(["-p", &port.to_string(), "-d", db, "-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .and_then(|mut child| {
-            child
-                .stdin
-                .take()
-                .expect("stdin")
-                .write_all(sql.as_bytes())?;
+            child.stdin.take().expect("stdin").write_all(sql.as_bytes())?;
             child.wait_with_output()
         })
         .map_err(|e| e.to_string())?;
@@ -252,10 +209,7 @@ fn run_psql(bin: &Path, port: u16, db: &str, sql: &str) -> Result<String, String
 
 fn append(path: &Path, text: &str) {
     use std::io::Write;
-    let mut file = std::fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .expect("open config");
+    let mut file = std::fs::OpenOptions::new().append(true).open(path).expect("open config");
     writeln!(file, "\n{text}").expect("write config");
 }
 
@@ -270,10 +224,7 @@ fn postgres_user() -> Option<(u32, u32)> {
         "no `postgres` system user; install PostgreSQL with `apt-get install -y postgresql`",
     );
     let fields: Vec<&str> = line.split(':').collect();
-    Some((
-        fields[2].parse().expect("uid"),
-        fields[3].parse().expect("gid"),
-    ))
+    Some((fields[2].parse().expect("uid"), fields[3].parse().expect("gid")))
 }
 
 fn as_postgres(mut cmd: Command) -> Command {

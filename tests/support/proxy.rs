@@ -34,16 +34,9 @@ impl FaultProxy {
     pub async fn start(upstream: u16) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy addr").port();
-        let state = Arc::new(Mutex::new(State {
-            mode: Some(Mode::Pass),
-            ..State::default()
-        }));
+        let state = Arc::new(Mutex::new(State { mode: Some(Mode::Pass), ..State::default() }));
         let accept = tokio::spawn(accept_loop(listener, upstream, state.clone())).abort_handle();
-        FaultProxy {
-            port,
-            state,
-            accept,
-        }
+        FaultProxy { port, state, accept }
     }
 
     pub fn url(&self) -> String {
@@ -92,10 +85,7 @@ impl Drop for FaultProxy {
 }
 
 fn mode(state: &Mutex<State>) -> Mode {
-    state
-        .lock()
-        .map(|s| s.mode.unwrap_or(Mode::Pass))
-        .unwrap_or(Mode::Pass)
+    state.lock().map(|s| s.mode.unwrap_or(Mode::Pass)).unwrap_or(Mode::Pass)
 }
 
 async fn accept_loop(listener: TcpListener, upstream: u16, state: Arc<Mutex<State>>) {

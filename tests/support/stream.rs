@@ -16,10 +16,7 @@ pub struct Stored {
 
 impl Stored {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -28,9 +25,7 @@ impl Stored {
 }
 
 pub async fn jetstream(nats_url: &str) -> jetstream::Context {
-    let client = async_nats::connect(nats_url)
-        .await
-        .expect("test client connects to NATS");
+    let client = async_nats::connect(nats_url).await.expect("test client connects to NATS");
     jetstream::new(client)
 }
 
@@ -46,10 +41,8 @@ pub async fn count(js: &jetstream::Context, stream: &str) -> u64 {
 pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
     let stream = js.get_stream(stream).await.expect("stream exists");
     let total = stream.get_info().await.expect("stream info").state.messages as usize;
-    let consumer = stream
-        .create_consumer(OrderedConfig::default())
-        .await
-        .expect("ordered consumer");
+    let consumer =
+        stream.create_consumer(OrderedConfig::default()).await.expect("ordered consumer");
     let mut messages = consumer.messages().await.expect("consume");
     let mut out = Vec::with_capacity(total);
     while out.len() < total {
@@ -88,10 +81,7 @@ pub struct Audit {
 /// Audits messages whose payload carries `"n"`, the row's place in commit order (0..expected).
 pub fn audit(messages: &[Stored], expected: usize) -> Audit {
     let mut seen = HashSet::new();
-    let mut audit = Audit {
-        stored: messages.len(),
-        ..Audit::default()
-    };
+    let mut audit = Audit { stored: messages.len(), ..Audit::default() };
     let mut last = None;
     for m in messages {
         let n = m.json()["n"].as_u64().expect("payload has n") as usize;

@@ -1,0 +1,151 @@
+//! The ops surface over HTTP: `/metrics` (Prometheus text), `/healthz` (alive) and
+//! `/readyz` (streaming from Postgres and connected to NATS, else 503 with the reason).
+//!
+//! Metrics go through the `metrics` facade; [`Metrics`] keeps the handles so the pipeline
+//! updates them with an atomic add, without a registry lookup per row.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+/// Where `/metrics`, `/healthz` and `/readyz` are served unless `--http-addr` says otherwise.
+pub const DEFAULT_HTTP_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], 9717);
+
+/// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream ack
+/// of its last message.
+const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// The pipeline's instruments.
+#[derive(Clone)]
+pub struct Metrics {
+    pub rows_published: Counter,
+    pub bytes_published: Counter,
+    pub transactions: Counter,
+    pub dead_letters: Counter,
+    pub messages_in_flight: Gauge,
+    pub confirmed_lsn: Gauge,
+    pub replication_lag_bytes: Gauge,
+    pub commit_to_ack: Histogram,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Metrics {
+            rows_published: counter!("pgoutbox_rows_published_total"),
+            bytes_published: counter!("pgoutbox_bytes_published_total"),
+            transactions: counter!("pgoutbox_transactions_total"),
+            dead_letters: counter!("pgoutbox_dead_letters_total"),
+            messages_in_flight: gauge!("pgoutbox_messages_in_flight"),
+            confirmed_lsn: gauge!("pgoutbox_confirmed_lsn"),
+            replication_lag_bytes: gauge!("pgoutbox_replication_lag_bytes"),
+            commit_to_ack: histogram!(COMMIT_TO_ACK),
+        }
+    }
+
+    /// A publish that was not acknowledged, by kind (timeout, refused, ...).
+    pub fn publish_error(kind: &str) {
+        counter!("pgoutbox_publish_errors_total", "kind" => kind.to_owned()).increment(1);
+    }
+
+    /// A reconnection after a failure of `target` (postgres or nats).
+    pub fn reconnect(target: &'static str) {
+        counter!("pgoutbox_reconnects_total", "target" => target).increment(1);
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What `/readyz` answers from.
+#[derive(Default)]
+pub struct Readiness {
+    streaming: AtomicBool,
+    nats: Mutex<Option<async_nats::Client>>,
+}
+
+impl Readiness {
+    pub fn set_streaming(&self, streaming: bool) {
+        self.streaming.store(streaming, Ordering::Relaxed);
+        gauge!("pgoutbox_streaming").set(f64::from(u8::from(streaming)));
+    }
+
+    pub fn set_nats(&self, client: async_nats::Client) {
+        if let Ok(mut nats) = self.nats.lock() {
+            *nats = Some(client);
+        }
+    }
+
+    /// `Ok` when ready, else why not.
+    pub fn check(&self) -> Result<(), String> {
+        let nats_connected = self
+            .nats
+            .lock()
+            .ok()
+            .and_then(|n| n.as_ref().map(|c| c.connection_state()))
+            .is_some_and(|s| s == async_nats::connection::State::Connected);
+        let streaming = self.streaming.load(Ordering::Relaxed);
+        match (streaming, nats_connected) {
+            (true, true) => Ok(()),
+            (false, true) => Err("not streaming from Postgres".into()),
+            (true, false) => Err("not connected to NATS".into()),
+            (false, false) => Err("not streaming from Postgres; not connected to NATS".into()),
+        }
+    }
+}
+
+/// Installs the Prometheus recorder; call once, before any metric is touched.
+pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+    Ok(PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(COMMIT_TO_ACK.into()), LATENCY_BUCKETS)?
+        .install_recorder()?)
+}
+
+#[derive(Clone)]
+struct AppState {
+    prometheus: PrometheusHandle,
+    readiness: Arc<Readiness>,
+}
+
+/// Binds `addr` (failing now if it cannot) and serves until the process ends.
+pub async fn serve(
+    addr: SocketAddr,
+    prometheus: PrometheusHandle,
+    readiness: Arc<Readiness>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(AppState { prometheus, readiness });
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    Ok(tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(error = %err, "HTTP server stopped");
+        }
+    }))
+}
+
+async fn metrics_text(State(state): State<AppState>) -> String {
+    state.prometheus.run_upkeep();
+    state.prometheus.render()
+}
+
+async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
+    match state.readiness.check() {
+        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    }
+}

@@ -1,0 +1,72 @@
+//! /healthz, /readyz and /metrics over real HTTP: ready only while streaming with NATS
+//! connected (503 with the reason while NATS is down), and the pipeline's figures.
+
+mod support;
+
+use std::time::Duration;
+
+use support::pgoutbox::Pgoutbox;
+use support::stream::{count, jetstream};
+use support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
+
+/// The value of an unlabelled metric in Prometheus text.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn health_readiness_and_metrics_follow_the_pipeline() {
+    let pg = Postgres::start();
+    let mut nats = Nats::start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let port = app.http_port();
+    wait_until_streaming(&pg, &app).await;
+
+    assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
+    eventually(Duration::from_secs(10), "/readyz 200", || async {
+        (http_get(port, "/readyz")?.0 == 200).then_some(())
+    })
+    .await;
+
+    pg.psql(&numbered_rows(0, 300, 100));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "300 rows stored", || async {
+        (count(&js, "OUTBOX").await == 300).then_some(())
+    })
+    .await;
+    let text = eventually(Duration::from_secs(10), "metrics show 300 rows", || async {
+        let (_, text) = http_get(port, "/metrics")?;
+        (metric(&text, "pgoutbox_rows_published_total")? >= 300.0).then_some(text)
+    })
+    .await;
+    assert!(metric(&text, "pgoutbox_bytes_published_total").unwrap_or(0.0) > 2_000.0, "{text}");
+    assert!(metric(&text, "pgoutbox_transactions_total").unwrap_or(0.0) >= 3.0, "{text}");
+    assert!(metric(&text, "pgoutbox_commit_to_ack_seconds_count").unwrap_or(0.0) >= 3.0, "{text}");
+    assert!(text.contains("pgoutbox_commit_to_ack_seconds_bucket{le=\"0.01\"}"), "{text}");
+    for name in
+        ["pgoutbox_messages_in_flight", "pgoutbox_confirmed_lsn", "pgoutbox_replication_lag_bytes"]
+    {
+        assert!(metric(&text, name).is_some(), "{name} missing:\n{text}");
+    }
+    assert!(metric(&text, "pgoutbox_confirmed_lsn").unwrap_or(0.0) > 0.0);
+
+    nats.stop();
+    let body = eventually(Duration::from_secs(30), "/readyz 503 while NATS is down", || async {
+        let (code, body) = http_get(port, "/readyz")?;
+        (code == 503).then_some(body)
+    })
+    .await;
+    assert!(body.contains("NATS"), "{body}");
+    assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200), "alive even when not ready");
+
+    nats.start_again();
+    eventually(Duration::from_secs(60), "/readyz 200 after NATS is back", || async {
+        (http_get(port, "/readyz")?.0 == 200).then_some(())
+    })
+    .await;
+    let text = http_get(port, "/metrics").map(|r| r.1).unwrap_or_default();
+    assert!(text.contains("pgoutbox_reconnects_total{target=\"nats\"}"), "{text}");
+}
