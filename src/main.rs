@@ -7,10 +7,15 @@ use pgoutbox::cli::{Cli, Command, LogFormat};
 use pgoutbox::commands;
 use pgoutbox::config::{Config, ProcessEnv};
 
+/// mimalloc: glibc's allocator spent a quarter of the drain's CPU in malloc/free and
+/// arena locks (measured with perf; see docs/performance.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.common.log_format);
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("error: cannot start the async runtime: {err}");

@@ -1,0 +1,506 @@
+//! pgoutbox next to the physical limits and next to a polling relay, in one run on one
+//! machine. Run with `cargo bench --bench pgoutbox` (about 10 minutes on 2 cores) or
+//! `cargo bench --bench pgoutbox -- --quick` (under a minute, smaller and one run).
+//!
+//! Every figure is the median of the runs, with min and max. Throwaway PostgreSQL and
+//! nats-server processes are started exactly as the integration tests start them.
+
+#[path = "../tests/support/mod.rs"]
+#[allow(unused_imports)]
+mod support;
+
+use std::collections::VecDeque;
+use std::future::IntoFuture;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer::pull::OrderedConfig, stream};
+use futures_util::StreamExt;
+use support::pgoutbox::{Pgoutbox, command};
+use support::{Nats, Postgres};
+
+/// Payloads of about 250 bytes, 100 rows a transaction, as the issue specifies.
+const PAD: usize = 220;
+const ROWS_PER_TX: usize = 100;
+const IN_FLIGHT: usize = 4096;
+
+type AckFuture = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<jetstream::publish::PublishAck, jetstream::context::PublishError>,
+            > + Send,
+    >,
+>;
+
+struct Settings {
+    rows: usize,
+    runs: usize,
+    latency_seconds: u64,
+}
+
+#[derive(Default)]
+struct Figures {
+    decode: Vec<f64>,
+    publish: Vec<f64>,
+    both: Vec<f64>,
+    drain: Vec<f64>,
+    drain_cpu_us_per_row: Vec<f64>,
+    drain_wal_per_row: Vec<f64>,
+    rss_mb: Vec<f64>,
+    lat_1k: Vec<[f64; 4]>,
+    lat_10k: Vec<[f64; 4]>,
+    relay_drain: Vec<f64>,
+    relay_wal_per_row: Vec<f64>,
+    insert_wal_per_row: Vec<f64>,
+    relay_lat_100ms: Vec<[f64; 4]>,
+    relay_lat_1s: Vec<[f64; 4]>,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if !args.iter().any(|a| a == "--bench") {
+        // `cargo test --all-targets` runs bench targets too; the benchmark is for `cargo bench`.
+        println!("benchmark skipped: run it with `cargo bench --bench pgoutbox [-- --quick]`");
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let settings = if quick {
+        Settings { rows: 20_000, runs: 1, latency_seconds: 3 }
+    } else {
+        Settings { rows: 200_000, runs: 3, latency_seconds: 10 }
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let mut figures = Figures::default();
+    for run in 0..settings.runs {
+        eprintln!("run {} of {}", run + 1, settings.runs);
+        runtime.block_on(one_run(&settings, &mut figures));
+    }
+    print_report(&settings, &figures);
+}
+
+async fn one_run(s: &Settings, f: &mut Figures) {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    let js = jetstream::new(async_nats::connect(nats.url()).await.expect("NATS"));
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let setup = command(&pg, &nats).arg("setup").output().expect("pgoutbox setup");
+    assert!(setup.status.success(), "{}", String::from_utf8_lossy(&setup.stderr));
+    for slot in ["limit_a", "limit_c"] {
+        pg.psql(&format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"));
+    }
+
+    eprintln!("  inserting {} rows", s.rows);
+    let before_insert = wal_lsn(&pg);
+    insert_rows(&pg, "outbox", s.rows);
+    let end_lsn = wal_lsn(&pg);
+    f.insert_wal_per_row.push(wal_bytes(&pg, &before_insert, &end_lsn) / s.rows as f64);
+
+    eprintln!("  limits");
+    let t = decode_with_pg_recvlogical(&pg, "limit_a", &end_lsn);
+    f.decode.push(s.rows as f64 / t);
+    let t = raw_publish(&js, "LIMIT_B", s.rows).await;
+    f.publish.push(s.rows as f64 / t);
+    let pg_ref = &pg;
+    let end = end_lsn.clone();
+    let started = Instant::now();
+    let decode = tokio::task::spawn_blocking({
+        let (bin, port) = (pg_bin(), pg_ref.port());
+        move || recvlogical(&bin, port, "limit_c", &end)
+    });
+    raw_publish(&js, "LIMIT_C", s.rows).await;
+    decode.await.expect("decode task");
+    f.both.push(s.rows as f64 / started.elapsed().as_secs_f64());
+    for slot in ["limit_a", "limit_c"] {
+        pg.psql(&format!("SELECT pg_drop_replication_slot('{slot}')"));
+    }
+    for name in ["LIMIT_B", "LIMIT_C"] {
+        let _ = js.delete_stream(name).await;
+    }
+
+    eprintln!("  pgoutbox drain");
+    let wal_before_drain = wal_lsn(&pg);
+    let started = Instant::now();
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_for_count(&js, "OUTBOX", s.rows as u64, Duration::from_secs(600)).await;
+    let took = started.elapsed().as_secs_f64();
+    f.drain.push(s.rows as f64 / took);
+    f.drain_cpu_us_per_row.push(cpu_seconds(app.pid()) * 1e6 / s.rows as f64);
+    let wal_after_drain = wal_lsn(&pg);
+    f.drain_wal_per_row
+        .push(wal_bytes(&pg, &wal_before_drain, &wal_after_drain).max(0.0) / s.rows as f64);
+
+    eprintln!("  pgoutbox latency");
+    let offset = s.rows as u64;
+    f.lat_1k.push(latency(&pg, &js, "OUTBOX", offset, 1_000, s.latency_seconds).await);
+    let offset = stream_count(&js, "OUTBOX").await;
+    f.lat_10k.push(latency(&pg, &js, "OUTBOX", offset, 10_000, s.latency_seconds).await);
+    f.rss_mb.push(support::peak_rss_bytes(app.pid()) as f64 / 1e6);
+    drop(app);
+
+    eprintln!("  polling relay");
+    pg.psql(
+        "CREATE TABLE outbox_polling (LIKE outbox INCLUDING DEFAULTS, sent boolean NOT NULL \
+         DEFAULT false, sent_at timestamptz); \
+         CREATE INDEX outbox_polling_unsent ON outbox_polling (created_at) WHERE NOT sent",
+    );
+    create_stream(&js, "RELAY", "relay.>").await;
+    insert_rows(&pg, "outbox_polling", s.rows);
+    let before = wal_lsn(&pg);
+    let relay = Relay::start(&pg, &nats, Duration::from_millis(100)).await;
+    let started = Instant::now();
+    wait_for_count(&js, "RELAY", s.rows as u64, Duration::from_secs(600)).await;
+    f.relay_drain.push(s.rows as f64 / started.elapsed().as_secs_f64());
+    relay.wait_idle(&pg).await;
+    f.relay_wal_per_row.push(wal_bytes(&pg, &before, &wal_lsn(&pg)) / s.rows as f64);
+    let offset = stream_count(&js, "RELAY").await;
+    let table = "outbox_polling";
+    f.relay_lat_100ms
+        .push(latency_on(&pg, &js, "RELAY", table, offset, 1_000, s.latency_seconds).await);
+    relay.stop().await;
+    let relay = Relay::start(&pg, &nats, Duration::from_secs(1)).await;
+    let offset = stream_count(&js, "RELAY").await;
+    f.relay_lat_1s
+        .push(latency_on(&pg, &js, "RELAY", table, offset, 1_000, s.latency_seconds).await);
+    relay.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Postgres helpers
+
+fn pg_bin() -> std::path::PathBuf {
+    let out = Command::new("pg_config").arg("--bindir").output().expect("pg_config");
+    std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+fn wal_lsn(pg: &Postgres) -> String {
+    pg.psql("SELECT pg_current_wal_lsn()")
+}
+
+fn wal_bytes(pg: &Postgres, from: &str, to: &str) -> f64 {
+    pg.psql(&format!("SELECT pg_wal_lsn_diff('{to}', '{from}')")).parse().unwrap_or(0.0)
+}
+
+fn insert_rows(pg: &Postgres, table: &str, rows: usize) {
+    let mut sql = String::new();
+    for start in (0..rows).step_by(ROWS_PER_TX) {
+        let end = (start + ROWS_PER_TX).min(rows) - 1;
+        sql.push_str(&format!(
+            "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'order', n::text, 'created', \
+                    jsonb_build_object('n', n, 't', 0, 'pad', repeat('x', {PAD})) \
+             FROM generate_series({start}, {end}) n;\n"
+        ));
+    }
+    pg.psql(&sql);
+}
+
+/// Seconds for pg_recvlogical to drain the slot up to `end` through pgoutput.
+fn decode_with_pg_recvlogical(pg: &Postgres, slot: &str, end: &str) -> f64 {
+    recvlogical(&pg_bin(), pg.port(), slot, end)
+}
+
+fn recvlogical(bin: &std::path::Path, port: u16, slot: &str, end: &str) -> f64 {
+    let started = Instant::now();
+    let status = Command::new(bin.join("pg_recvlogical"))
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres", "-d", "postgres"])
+        .args(["--slot", slot, "--start", "--endpos", end, "-f", "/dev/null", "--no-loop"])
+        .args(["-o", "proto_version=1", "-o", "publication_names=pgoutbox"])
+        .status()
+        .expect("pg_recvlogical");
+    assert!(status.success(), "pg_recvlogical failed");
+    started.elapsed().as_secs_f64()
+}
+
+// ---------------------------------------------------------------------------------------
+// NATS helpers
+
+async fn create_stream(js: &jetstream::Context, name: &str, subject: &str) {
+    js.create_stream(stream::Config {
+        name: name.into(),
+        subjects: vec![subject.into()],
+        ..Default::default()
+    })
+    .await
+    .expect("create stream");
+}
+
+async fn stream_count(js: &jetstream::Context, name: &str) -> u64 {
+    match js.get_stream(name).await {
+        Ok(mut s) => s.info().await.map(|i| i.state.messages).unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+async fn wait_for_count(js: &jetstream::Context, name: &str, want: u64, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while stream_count(js, name).await < want {
+        assert!(Instant::now() < deadline, "{name} never reached {want} messages");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A message shaped like pgoutbox's: same size, same headers.
+fn sample_message(n: usize) -> (HeaderMap, bytes::Bytes) {
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Msg-Id", format!("6f1c1a52-0000-4000-8000-{n:012}").as_str());
+    headers.insert("Outbox-Aggregate-Type", "order");
+    headers.insert("Outbox-Aggregate-Id", n.to_string().as_str());
+    headers.insert("Outbox-Event-Type", "created");
+    headers.insert("Outbox-Created-At", "2026-11-22 10:00:00.000000+00");
+    headers.insert("Pgoutbox-Position", format!("0/1A2B3C4D:{n}").as_str());
+    let body = format!("{{\"n\": {n}, \"t\": 0, \"pad\": \"{}\"}}", "x".repeat(PAD));
+    (headers, bytes::Bytes::from(body))
+}
+
+/// Seconds to publish `rows` messages with IN_FLIGHT acks outstanding, as pgoutbox does.
+async fn raw_publish(js: &jetstream::Context, stream_name: &str, rows: usize) -> f64 {
+    create_stream(js, stream_name, &format!("{}.>", stream_name.to_lowercase())).await;
+    let subject = format!("{}.order.created", stream_name.to_lowercase());
+    let mut acks: VecDeque<AckFuture> = VecDeque::with_capacity(IN_FLIGHT);
+    let started = Instant::now();
+    for n in 0..rows {
+        if acks.len() == IN_FLIGHT {
+            acks.pop_front().expect("ack").await.expect("ack");
+        }
+        let (headers, body) = sample_message(n);
+        let ack = js.publish_with_headers(subject.clone(), headers, body).await.expect("publish");
+        acks.push_back(ack.into_future());
+    }
+    for ack in acks {
+        ack.await.expect("ack");
+    }
+    started.elapsed().as_secs_f64()
+}
+
+// ---------------------------------------------------------------------------------------
+// Latency: single-row transactions at a steady rate; each payload carries the commit-time
+// clock (clock_timestamp() in a one-statement transaction), compared with the time
+// JetStream stored the message.
+
+async fn latency(
+    pg: &Postgres,
+    js: &jetstream::Context,
+    stream_name: &str,
+    skip: u64,
+    rate: u64,
+    seconds: u64,
+) -> [f64; 4] {
+    latency_on(pg, js, stream_name, "outbox", skip, rate, seconds).await
+}
+
+/// Returns p50, p99, p99.9 in milliseconds and the achieved insert rate.
+async fn latency_on(
+    pg: &Postgres,
+    js: &jetstream::Context,
+    stream_name: &str,
+    table: &str,
+    skip: u64,
+    rate: u64,
+    seconds: u64,
+) -> [f64; 4] {
+    let (inserted, elapsed) = steady_writer(pg, table, rate, seconds).await;
+    let want = skip + inserted;
+    wait_for_count(js, stream_name, want, Duration::from_secs(120)).await;
+    let stream = js.get_stream(stream_name).await.expect("stream");
+    let consumer = stream
+        .create_consumer(OrderedConfig {
+            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: skip + 1,
+            },
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut latencies = Vec::with_capacity(inserted as usize);
+    while (latencies.len() as u64) < inserted {
+        let message = messages.next().await.expect("message").expect("message");
+        let info = message.info().expect("message info");
+        let stored = info.published.unix_timestamp_nanos() as f64 / 1e9;
+        let body: serde_json::Value = serde_json::from_slice(&message.payload).expect("JSON");
+        let committed = body["t"].as_f64().unwrap_or(stored);
+        latencies.push(((stored - committed) * 1e3).max(0.0));
+    }
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
+    [at(0.5), at(0.99), at(0.999), inserted as f64 / elapsed]
+}
+
+/// Inserts single-row transactions at `rate` per second for `seconds`, over a few
+/// connections; returns how many rows and how long it really took.
+async fn steady_writer(pg: &Postgres, table: &str, rate: u64, seconds: u64) -> (u64, f64) {
+    let connections = if rate > 2_000 { 8 } else { 2 };
+    let per_connection = rate / connections;
+    let mut tasks = Vec::new();
+    let started = Instant::now();
+    for c in 0..connections {
+        let (client, connection) =
+            tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.expect("connect");
+        tokio::spawn(connection);
+        let sql = format!(
+            "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', $1, 'created', jsonb_build_object('n', $1::text, \
+             't', extract(epoch from clock_timestamp()), 'pad', repeat('x', {PAD})))"
+        );
+        tasks.push(tokio::spawn(async move {
+            let statement = client.prepare(&sql).await.expect("prepare");
+            let interval = Duration::from_secs_f64(1.0 / per_connection as f64);
+            let mut next = tokio::time::Instant::now();
+            let deadline = next + Duration::from_secs(seconds);
+            let mut sent = 0u64;
+            while next < deadline {
+                tokio::time::sleep_until(next).await;
+                let id = format!("{c}-{sent}");
+                client.execute(&statement, &[&id]).await.expect("insert");
+                sent += 1;
+                next += interval;
+            }
+            sent
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("writer");
+    }
+    (total, started.elapsed().as_secs_f64())
+}
+
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_name = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: f64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+// ---------------------------------------------------------------------------------------
+// The baseline: a polling relay as the literature describes it.
+
+struct Relay {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(pg: &Postgres, nats: &Nats, interval: Duration) -> Relay {
+        let (mut client, connection) =
+            tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.expect("connect");
+        tokio::spawn(connection);
+        let js = jetstream::new(async_nats::connect(nats.url()).await.expect("NATS"));
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                let tx = client.transaction().await.expect("begin");
+                let rows = tx
+                    .query(
+                        "SELECT id::text, aggregate_type, aggregate_id, event_type, payload::text \
+                         FROM outbox_polling WHERE NOT sent ORDER BY created_at LIMIT 1000 \
+                         FOR UPDATE SKIP LOCKED",
+                        &[],
+                    )
+                    .await
+                    .expect("select");
+                let mut acks = VecDeque::new();
+                let mut ids = Vec::with_capacity(rows.len());
+                for row in &rows {
+                    let id: String = row.get(0);
+                    let mut headers = HeaderMap::new();
+                    headers.insert("Nats-Msg-Id", id.as_str());
+                    headers.insert("Outbox-Aggregate-Type", row.get::<_, &str>(1));
+                    headers.insert("Outbox-Aggregate-Id", row.get::<_, &str>(2));
+                    headers.insert("Outbox-Event-Type", row.get::<_, &str>(3));
+                    let body = bytes::Bytes::from(row.get::<_, String>(4));
+                    let ack = js
+                        .publish_with_headers("relay.order.created", headers, body)
+                        .await
+                        .expect("publish");
+                    acks.push_back(ack.into_future());
+                    ids.push(id);
+                }
+                for ack in acks {
+                    ack.await.expect("ack");
+                }
+                tx.execute(
+                    "UPDATE outbox_polling SET sent = true, sent_at = now() \
+                     WHERE id = ANY($1::text[]::uuid[])",
+                    &[&ids],
+                )
+                .await
+                .expect("update");
+                tx.commit().await.expect("commit");
+                if rows.len() < 1000 {
+                    tokio::select! {
+                        () = tokio::time::sleep(interval) => {}
+                        _ = stopped.changed() => return,
+                    }
+                }
+            }
+        });
+        Relay { stop, task }
+    }
+
+    /// Waits until every row is marked sent (the UPDATE commits after the publish).
+    async fn wait_idle(&self, pg: &Postgres) {
+        while pg.psql("SELECT count(*) FROM outbox_polling WHERE NOT sent") != "0" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Report
+
+fn stats(values: &[f64]) -> (f64, f64, f64) {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn print_report(s: &Settings, f: &Figures) {
+    let row = |name: &str, values: &[f64], target: String| {
+        let (median, min, max) = stats(values);
+        println!("| {name:<46} | {median:>11.1} | {min:>11.1} | {max:>11.1} | {target} |");
+    };
+    let column = |values: &[[f64; 4]], i: usize| values.iter().map(|v| v[i]).collect::<Vec<_>>();
+    let both = stats(&f.both).0;
+    let drain_ratio: Vec<f64> = f.drain.iter().zip(&f.both).map(|(d, b)| d / b).collect();
+    let relay_ratio: Vec<f64> = f.drain.iter().zip(&f.relay_drain).map(|(d, r)| d / r).collect();
+    println!(
+        "\npgoutbox benchmark: {} rows of ~250-byte payloads, {} rows per transaction, \
+         {} run(s), {} s per latency step\n",
+        s.rows, ROWS_PER_TX, s.runs, s.latency_seconds
+    );
+    println!("| figure | median | min | max | target |");
+    println!("| --- | ---: | ---: | ---: | --- |");
+    row("limit (a): Postgres decode, pg_recvlogical rows/s", &f.decode, "-".into());
+    row("limit (b): JetStream publish, 4096 in flight, msgs/s", &f.publish, "-".into());
+    row("limit (c): both at once, rows/s", &f.both, "-".into());
+    row("pgoutbox drain, rows/s", &f.drain, format!("≥ {:.0} (0.85 × c)", 0.85 * both));
+    row("pgoutbox drain / limit (c)", &drain_ratio, "≥ 0.85".into());
+    row("pgoutbox CPU per row at full drain, µs", &f.drain_cpu_us_per_row, "≤ 5".into());
+    row("pgoutbox peak RSS, MB", &f.rss_mb, "≤ 32".into());
+    row("pgoutbox latency @1,000/s p50, ms", &column(&f.lat_1k, 0), "-".into());
+    row("pgoutbox latency @1,000/s p99, ms", &column(&f.lat_1k, 1), "≤ 10".into());
+    row("pgoutbox latency @1,000/s p99.9, ms", &column(&f.lat_1k, 2), "-".into());
+    row("  achieved insert rate, rows/s", &column(&f.lat_1k, 3), "1,000".into());
+    row("pgoutbox latency @10,000/s p50, ms", &column(&f.lat_10k, 0), "-".into());
+    row("pgoutbox latency @10,000/s p99, ms", &column(&f.lat_10k, 1), "-".into());
+    row("pgoutbox latency @10,000/s p99.9, ms", &column(&f.lat_10k, 2), "-".into());
+    row("  achieved insert rate, rows/s", &column(&f.lat_10k, 3), "10,000".into());
+    row("polling relay drain (100 ms), rows/s", &f.relay_drain, "-".into());
+    row("pgoutbox drain / relay drain", &relay_ratio, "≥ 5".into());
+    row("relay latency @1,000/s, 100 ms poll, p50, ms", &column(&f.relay_lat_100ms, 0), "-".into());
+    row("relay latency @1,000/s, 100 ms poll, p99, ms", &column(&f.relay_lat_100ms, 1), "-".into());
+    row("relay latency @1,000/s, 1 s poll, p50, ms", &column(&f.relay_lat_1s, 0), "-".into());
+    row("relay latency @1,000/s, 1 s poll, p99, ms", &column(&f.relay_lat_1s, 1), "-".into());
+    row("WAL per row: the insert itself, bytes", &f.insert_wal_per_row, "-".into());
+    row("extra WAL per row: pgoutbox, bytes", &f.drain_wal_per_row, "0".into());
+    row("extra WAL per row: polling relay, bytes", &f.relay_wal_per_row, "-".into());
+}
