@@ -7,3 +7,5 @@ CREATE ROLE pgoutbox LOGIN REPLICATION PASSWORD :password;
 GRANT USAGE ON SCHEMA public TO pgoutbox;
 GRANT SELECT ON public.outbox TO pgoutbox;
 CREATE PUBLICATION pgoutbox FOR TABLE public.outbox WITH (publish = 'insert');
+-- Only with `pgoutbox run --retention`: let it delete published rows.
+-- GRANT DELETE ON public.outbox TO pgoutbox;

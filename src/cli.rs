@@ -46,6 +46,10 @@ pub struct RunArgs {
     /// default is taken, e.g. by a standby on the same host, HTTP is skipped with a warning]
     #[arg(long, env = "PGOUTBOX_HTTP_ADDR")]
     pub http_addr: Option<std::net::SocketAddr>,
+    /// Delete outbox rows this long after they were published (e.g. 24h, 7d), in batches
+    /// of 1,000; needs the created-at column and DELETE on the table [default: keep all]
+    #[arg(long, env = "PGOUTBOX_RETENTION", value_parser = crate::retention::parse_duration)]
+    pub retention: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -69,9 +73,25 @@ pub struct CommonArgs {
     /// Postgres connection string, URL or key=value [env: PGOUTBOX_DATABASE_URL, DATABASE_URL]
     #[arg(long, global = true, hide_env_values = true)]
     pub database_url: Option<String>,
-    /// NATS server URL(s), comma-separated [env: PGOUTBOX_NATS_URL, NATS_URL] [default: nats://127.0.0.1:4222]
+    /// NATS server URL(s), comma-separated; nats://user:password@host or nats://token@host
+    /// for those methods [env: PGOUTBOX_NATS_URL, NATS_URL] [default: nats://127.0.0.1:4222]
     #[arg(long, global = true, hide_env_values = true)]
     pub nats_url: Option<String>,
+    /// NATS credentials file (JWT and NKey seed, as issued by nsc)
+    #[arg(long, global = true, env = "PGOUTBOX_NATS_CREDS")]
+    pub nats_creds: Option<std::path::PathBuf>,
+    /// File holding an NKey user seed (SU...) for NATS
+    #[arg(long, global = true, env = "PGOUTBOX_NATS_NKEY")]
+    pub nats_nkey: Option<std::path::PathBuf>,
+    /// CA certificate (PEM) to verify the NATS server with; requires TLS
+    #[arg(long, global = true, env = "PGOUTBOX_NATS_TLS_CA")]
+    pub nats_tls_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for NATS mutual TLS, with --nats-tls-key
+    #[arg(long, global = true, env = "PGOUTBOX_NATS_TLS_CERT", requires = "nats_tls_key")]
+    pub nats_tls_cert: Option<std::path::PathBuf>,
+    /// Client key (PEM) for NATS mutual TLS, with --nats-tls-cert
+    #[arg(long, global = true, env = "PGOUTBOX_NATS_TLS_KEY", requires = "nats_tls_cert")]
+    pub nats_tls_key: Option<std::path::PathBuf>,
     /// The outbox table, schema-qualified or in `public`.
     #[arg(long, global = true, env = "PGOUTBOX_TABLE", default_value = "public.outbox")]
     pub table: String,

@@ -14,6 +14,7 @@ pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 pub struct Config {
     pub database: tokio_postgres::Config,
     pub nats_servers: Vec<async_nats::ServerAddr>,
+    pub nats_auth: NatsAuth,
     pub table: TableName,
     pub slot: String,
     pub publication: String,
@@ -63,6 +64,7 @@ impl Config {
         if nats_servers.is_empty() {
             return Err(anyhow!("--nats-url names no server"));
         }
+        let nats_auth = NatsAuth::from_args(args, &nats_servers[0]);
         let table: TableName = args.table.parse().map_err(|e: String| anyhow!("--table: {e}"))?;
         let template: SubjectTemplate =
             args.subject_template.parse().context("--subject-template")?;
@@ -83,6 +85,7 @@ impl Config {
         Ok(Config {
             database,
             nats_servers,
+            nats_auth,
             pipeline: PipelineConfig {
                 schema: table.schema.clone(),
                 table: table.name.clone(),
@@ -116,6 +119,57 @@ impl Config {
         columns.extend(self.pipeline.template.columns().map(|c| ("subject placeholder", c)));
         columns
     }
+}
+
+/// How to authenticate to NATS. async-nats ignores credentials embedded in a URL, so they
+/// are taken out of the first server's URL here: `user:password@` or a lone `token@`.
+#[derive(Default)]
+pub struct NatsAuth {
+    pub user_password: Option<(String, String)>,
+    pub token: Option<String>,
+    pub creds_file: Option<std::path::PathBuf>,
+    pub nkey_file: Option<std::path::PathBuf>,
+    pub tls_ca: Option<std::path::PathBuf>,
+    pub tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl NatsAuth {
+    fn from_args(args: &CommonArgs, first: &async_nats::ServerAddr) -> NatsAuth {
+        let (user_password, token) = match (first.username(), first.password()) {
+            (Some(user), Some(pass)) => (Some((percent_decode(user), percent_decode(pass))), None),
+            (Some(token), None) => (None, Some(percent_decode(token))),
+            _ => (None, None),
+        };
+        NatsAuth {
+            user_password,
+            token,
+            creds_file: args.nats_creds.clone(),
+            nkey_file: args.nats_nkey.clone(),
+            tls_ca: args.nats_tls_ca.clone(),
+            tls_client: args.nats_tls_cert.clone().zip(args.nats_tls_key.clone()),
+        }
+    }
+}
+
+/// Decodes `%XX` escapes in URL user info.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn check_name(flag: &str, value: &str, allowed: impl Fn(char) -> bool) -> anyhow::Result<()> {

@@ -25,6 +25,7 @@ pub mod pipeline;
 pub mod progress;
 pub mod publisher;
 pub mod replication;
+pub mod retention;
 pub mod shutdown;
 pub mod slot;
 pub mod telemetry;

@@ -27,7 +27,9 @@ use crate::outbox::{ColumnRoles, OutboxEvent, Rejection, RowMapping, SubjectTemp
 use crate::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::progress::{LsnTracker, Position};
 use crate::publisher::{MAX_IN_FLIGHT, POSITION_HEADER, Publisher, StreamTail};
+use crate::replication::wire::pg_now_micros;
 use crate::replication::{ReplicationConnection, ReplicationMessage, StandbyStatus};
+use crate::retention::PublishedUpTo;
 use crate::shutdown::Shutdown;
 use crate::telemetry::Metrics;
 
@@ -56,6 +58,8 @@ pub struct Memory {
     pub duplicates: HashSet<Position>,
     pub published: u64,
     pub dead_letters: u64,
+    /// Shared with `--retention`: the commit time of the newest confirmed transaction.
+    pub published_up_to: PublishedUpTo,
 }
 
 type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
@@ -215,10 +219,11 @@ impl<'a> Pipeline<'a> {
 
     /// Records commit-to-ack latency for the transactions that just became confirmable.
     fn observe_confirmed(&mut self) {
-        let now = crate::replication::wire::pg_now_micros();
+        let now = pg_now_micros();
         for commit_time in self.tracker.take_confirmed_commit_times() {
             let seconds = (now - commit_time).max(0) as f64 / 1e6;
             self.metrics.commit_to_ack.record(seconds);
+            self.memory.published_up_to.advance(commit_time);
         }
     }
 
@@ -356,11 +361,7 @@ impl<'a> Pipeline<'a> {
     async fn send_status(&mut self, reply_requested: bool) -> Result<(), PipelineError> {
         let confirmed = self.tracker.confirmed();
         self.conn
-            .send_status(StandbyStatus {
-                confirmed,
-                now_micros: crate::replication::wire::pg_now_micros(),
-                reply_requested,
-            })
+            .send_status(StandbyStatus { confirmed, now_micros: pg_now_micros(), reply_requested })
             .await?;
         if confirmed != self.reported {
             debug!(confirmed = %lsn(confirmed), in_flight = self.tracker.in_flight(), "confirmed");

@@ -17,7 +17,8 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connects to NATS once; the client then reconnects by itself for as long as we run.
 pub async fn connect_nats(config: &Config) -> anyhow::Result<async_nats::Client> {
     let connected_before = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    async_nats::ConnectOptions::new()
+    auth_options(config)
+        .await?
         .name("pgoutbox")
         .connection_timeout(Duration::from_secs(5))
         .max_reconnects(None)
@@ -40,6 +41,36 @@ pub async fn connect_nats(config: &Config) -> anyhow::Result<async_nats::Client>
         .connect(config.nats_servers.as_slice())
         .await
         .with_context(|| format!("connecting to NATS at {}", servers(config)))
+}
+
+/// Connect options carrying the configured NATS authentication and TLS.
+async fn auth_options(config: &Config) -> anyhow::Result<async_nats::ConnectOptions> {
+    let auth = &config.nats_auth;
+    let mut options = async_nats::ConnectOptions::new();
+    if let Some(path) = &auth.creds_file {
+        options = options
+            .credentials_file(path)
+            .await
+            .with_context(|| format!("reading --nats-creds {}", path.display()))?;
+    }
+    if let Some(path) = &auth.nkey_file {
+        let seed = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --nats-nkey {}", path.display()))?;
+        options = options.nkey(seed.trim().to_owned());
+    }
+    if let Some((user, password)) = &auth.user_password {
+        options = options.user_and_password(user.clone(), password.clone());
+    }
+    if let Some(token) = &auth.token {
+        options = options.token(token.clone());
+    }
+    if let Some(ca) = &auth.tls_ca {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let Some((cert, key)) = &auth.tls_client {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    Ok(options)
 }
 
 /// The server list for messages, without credentials.

@@ -42,6 +42,15 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         }
     }
     let client = prepare_database(config).await?;
+    if args.retention.is_some() {
+        let column = &config.pipeline.roles.created_at;
+        crate::slot::check_prerequisites(
+            &client,
+            &config.table,
+            &[("created-at column (for --retention)", column)],
+        )
+        .await?;
+    }
     let Some(nats) = connect_nats_patiently(config, &mut shutdown).await else {
         return Ok(());
     };
@@ -51,6 +60,17 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     drop(client);
 
     let mut memory = Memory::default();
+    if let Some(keep) = args.retention {
+        let column = config.pipeline.roles.created_at.clone();
+        tokio::spawn(crate::retention::run(
+            config.database.clone(),
+            config.table.clone(),
+            column,
+            keep,
+            memory.published_up_to.clone(),
+            shutdown.clone(),
+        ));
+    }
     let mut backoff = Backoff::new();
     let mut standby_announced = false;
     loop {

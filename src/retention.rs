@@ -1,0 +1,143 @@
+//! `--retention`: deleting outbox rows that are old *and* already published, in small
+//! batches, so the table does not grow forever.
+//!
+//! "Published" is known from the pipeline: it records the commit time of the newest
+//! transaction confirmed to Postgres; transactions are published in commit order, so every
+//! row committed before it is in JetStream. A row is deleted only when its created-at
+//! column is older than that commit time minus the retention. (A keepalive confirmed while
+//! idle says nothing about *when* the rows behind it committed, so it does not count: on an
+//! idle outbox the last rows wait for the next transaction.) This assumes no transaction writing the outbox stays open longer than the
+//! retention (its rows could carry an older created_at than their commit). Logical
+//! decoding reads the WAL, not the table, so even then no event would be lost: only the
+//! copy kept in the table for manual recovery.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::replication::connection::quote_ident;
+use crate::replication::wire::PG_EPOCH_OFFSET_MICROS;
+use crate::shutdown::Shutdown;
+use crate::slot::{self, TableName};
+
+/// Rows deleted per statement: short transactions, short locks.
+const BATCH: i64 = 1_000;
+
+/// The commit time of the newest transaction confirmed to Postgres, in µs since
+/// 2000-01-01; 0 until the pipeline confirmed something.
+#[derive(Clone, Default)]
+pub struct PublishedUpTo(Arc<AtomicI64>);
+
+impl PublishedUpTo {
+    pub fn advance(&self, pg_micros: i64) {
+        self.0.fetch_max(pg_micros, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<i64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|t| *t > 0)
+    }
+}
+
+/// Parses `90s`, `15m`, `24h`, `7d`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 24h"))?;
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: use a number with s, m, h or d, like 24h")),
+    };
+    if number == 0 {
+        return Err("a retention of 0 would delete rows as soon as they are published".into());
+    }
+    Ok(Duration::from_secs(number * seconds))
+}
+
+/// Deletes published rows older than `keep` until shutdown; errors are logged and retried.
+pub async fn run(
+    database: tokio_postgres::Config,
+    table: TableName,
+    created_at: String,
+    keep: Duration,
+    published: PublishedUpTo,
+    mut shutdown: Shutdown,
+) {
+    let every = (keep / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let deleted_total = metrics::counter!("pgoutbox_retention_deleted_total");
+    let sql = format!(
+        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
+         WHERE {column} < to_timestamp($1::float8) LIMIT {BATCH}))",
+        table = table.quoted(),
+        column = quote_ident(&created_at),
+    );
+    let mut client = None;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = shutdown.requested() => return,
+        }
+        let Some(published_at) = published.get() else { continue };
+        let cutoff_unix = (published_at + PG_EPOCH_OFFSET_MICROS) as f64 / 1e6 - keep.as_secs_f64();
+        if client.is_none() {
+            match slot::connect(&database).await {
+                Ok(c) => client = Some(c),
+                Err(err) => {
+                    warn!(error = %err, "retention: cannot connect; will retry");
+                    continue;
+                }
+            }
+        }
+        let Some(db) = client.as_ref() else { continue };
+        let mut deleted = 0;
+        loop {
+            match db.execute(&sql, &[&cutoff_unix]).await {
+                Ok(n) => {
+                    deleted += n;
+                    if n < BATCH as u64 {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    warn!(error = %err, "retention: delete failed; will retry");
+                    client = None;
+                    break;
+                }
+            }
+        }
+        if deleted > 0 {
+            deleted_total.increment(deleted);
+            info!(deleted, table = %table, "retention: deleted published rows");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_units_and_refuse_nonsense() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
+        for bad in ["", "h", "10", "10w", "-1h", "0h", "1.5h"] {
+            assert!(parse_duration(bad).is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn published_time_only_moves_forward() {
+        let p = PublishedUpTo::default();
+        assert_eq!(p.get(), None);
+        p.advance(10);
+        p.advance(5);
+        assert_eq!(p.get(), Some(10));
+    }
+}

@@ -1,0 +1,140 @@
+//! pgoutbox authenticates to nats-server configured for each method: user and password,
+//! token (both in the URL), an NKey seed file, and TLS verified with a CA.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use support::pgoutbox::{Pgoutbox, command};
+use support::{Nats, Postgres, numbered_rows, wait_until_streaming};
+
+/// Starts pgoutbox with `url` and extra args, and proves a row reaches the stream by
+/// reading it back with the same credentials through `pgoutbox status --json`.
+async fn streams_with(pg: &Postgres, nats: &Nats, url: &str, args: &[&str]) {
+    let mut cmd = command(pg, nats);
+    cmd.env("PGOUTBOX_NATS_URL", url).args(args).arg("run");
+    let app = Pgoutbox::spawn(cmd);
+    wait_until_streaming(pg, &app).await;
+    pg.psql(&numbered_rows(0, 3, 3));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut status = command(pg, nats);
+        status.env("PGOUTBOX_NATS_URL", url).args(args).args(["status", "--json"]);
+        let output = status.output().expect("status runs");
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+        if report["stream"]["messages"] == 3 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no messages: {report}\n{}", app.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn nats_with_config(dir: &Path, config: &str) -> Nats {
+    let path = dir.join("nats.conf");
+    std::fs::write(&path, config).expect("write nats.conf");
+    Nats::start_with_args(&["-c", path.to_str().expect("UTF-8 path")])
+}
+
+fn fresh_pg() -> Postgres {
+    let pg = Postgres::start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    pg
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn user_and_password_in_the_url() {
+    let dir = tempfile::tempdir().expect("dir");
+    let nats = nats_with_config(dir.path(), "authorization { user: app, password: \"p%ss w\" }\n");
+    let pg = fresh_pg();
+    let url = format!("nats://app:p%25ss%20w@127.0.0.1:{}", nats.port());
+    streams_with(&pg, &nats, &url, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn token_in_the_url() {
+    let dir = tempfile::tempdir().expect("dir");
+    let nats = nats_with_config(dir.path(), "authorization { token: s3cr3t-t0ken }\n");
+    let pg = fresh_pg();
+    streams_with(&pg, &nats, &format!("nats://s3cr3t-t0ken@127.0.0.1:{}", nats.port()), &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nkey_seed_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let user = nkeys::KeyPair::new_user();
+    let seed = dir.path().join("user.nk");
+    std::fs::write(&seed, user.seed().expect("seed")).expect("write seed");
+    let config = format!("authorization {{ users = [ {{ nkey: {} }} ] }}\n", user.public_key());
+    let nats = nats_with_config(dir.path(), &config);
+    let pg = fresh_pg();
+    let seed = seed.to_str().expect("UTF-8 path");
+    streams_with(&pg, &nats, &nats.url(), &["--nats-nkey", seed]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tls_verified_with_a_ca() {
+    let dir = tempfile::tempdir().expect("dir");
+    let d = dir.path();
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").current_dir(d).args(args).output().expect("openssl");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(d.join("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    ]);
+    let config = format!(
+        "tls {{ cert_file: \"{}\", key_file: \"{}\" }}\n",
+        d.join("server.pem").display(),
+        d.join("server.key").display()
+    );
+    let nats = nats_with_config(d, &config);
+    let pg = fresh_pg();
+    let ca = d.join("ca.pem");
+    let url = format!("tls://127.0.0.1:{}", nats.port());
+    streams_with(&pg, &nats, &url, &["--nats-tls-ca", ca.to_str().expect("UTF-8 path")]).await;
+}
