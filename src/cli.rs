@@ -70,7 +70,9 @@ pub enum LogFormat {
 /// fallbacks in `config`, since clap reads one environment variable per argument.
 #[derive(Args)]
 pub struct CommonArgs {
-    /// Postgres connection string, URL or key=value [env: PGOUTBOX_DATABASE_URL, DATABASE_URL]
+    /// Postgres connection string, URL or key=value; sslmode (disable, prefer, require,
+    /// verify-ca, verify-full) and sslrootcert work as in libpq
+    /// [env: PGOUTBOX_DATABASE_URL, DATABASE_URL]
     #[arg(long, global = true, hide_env_values = true)]
     pub database_url: Option<String>,
     /// NATS server URL(s), comma-separated; nats://user:password@host or nats://token@host

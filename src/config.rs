@@ -13,6 +13,7 @@ pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 /// Validated settings. Holds no raw URL: the Postgres config's `Debug` hides the password.
 pub struct Config {
     pub database: tokio_postgres::Config,
+    pub pg_tls: crate::tls::PgTls,
     pub nats_servers: Vec<async_nats::ServerAddr>,
     pub nats_auth: NatsAuth,
     pub table: TableName,
@@ -45,9 +46,12 @@ impl Config {
             .ok_or_else(|| {
                 anyhow!("no database given: pass --database-url or set PGOUTBOX_DATABASE_URL")
             })?;
-        let database: tokio_postgres::Config = database_url.parse().map_err(|err| {
+        let (database_url, pg_tls) = crate::tls::split_connection_string(&database_url)
+            .map_err(|err| anyhow!("--database-url: {err}"))?;
+        let mut database: tokio_postgres::Config = database_url.parse().map_err(|err| {
             anyhow!("--database-url is not a valid Postgres connection string: {err}")
         })?;
+        database.ssl_mode(pg_tls.tokio_postgres_mode());
         let nats_url = args
             .nats_url
             .clone()
@@ -84,6 +88,7 @@ impl Config {
         };
         Ok(Config {
             database,
+            pg_tls,
             nats_servers,
             nats_auth,
             pipeline: PipelineConfig {
@@ -152,7 +157,7 @@ impl NatsAuth {
 }
 
 /// Decodes `%XX` escapes in URL user info.
-fn percent_decode(text: &str) -> String {
+pub(crate) fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -29,3 +29,4 @@ pub mod retention;
 pub mod shutdown;
 pub mod slot;
 pub mod telemetry;
+pub mod tls;

@@ -62,6 +62,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// Deletes published rows older than `keep` until shutdown; errors are logged and retried.
 pub async fn run(
     database: tokio_postgres::Config,
+    tls: crate::tls::PgTls,
     table: TableName,
     created_at: String,
     keep: Duration,
@@ -85,7 +86,7 @@ pub async fn run(
         let Some(published_at) = published.get() else { continue };
         let cutoff_unix = (published_at + PG_EPOCH_OFFSET_MICROS) as f64 / 1e6 - keep.as_secs_f64();
         if client.is_none() {
-            match slot::connect(&database).await {
+            match slot::connect(&database, &tls).await {
                 Ok(c) => client = Some(c),
                 Err(err) => {
                     warn!(error = %err, "retention: cannot connect; will retry");

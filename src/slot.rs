@@ -4,6 +4,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
 use crate::replication::connection::{quote_ident, user_name};
+use crate::tls::PgTls;
 
 /// A schema-qualified table name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,18 +63,34 @@ pub enum SetupError {
     Sql(#[from] tokio_postgres::Error),
 }
 
-/// Opens a normal SQL session; its connection task runs in the background.
-pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, SetupError> {
-    let (client, connection) = config.connect(NoTls).await.map_err(|err| {
-        let user = user_name(config);
-        SetupError::Connect(describe_connect_error(&err, &user))
-    })?;
-    tokio::spawn(async move {
-        if let Err(err) = connection.await {
-            tracing::debug!(error = %err, "SQL connection closed");
+/// Opens a normal SQL session, over TLS as `tls` says; its connection task runs in the
+/// background.
+pub async fn connect(config: &tokio_postgres::Config, tls: &PgTls) -> Result<Client, SetupError> {
+    let describe = |err: tokio_postgres::Error| {
+        SetupError::Connect(describe_connect_error(&err, &user_name(config)))
+    };
+    let client = match tls.client_config().map_err(SetupError::Connect)? {
+        None => {
+            let (client, connection) = config.connect(NoTls).await.map_err(describe)?;
+            tokio::spawn(log_close(connection));
+            client
         }
-    });
+        Some(rustls) => {
+            let tls = tokio_postgres_rustls::MakeRustlsConnect::new(rustls);
+            let (client, connection) = config.connect(tls).await.map_err(describe)?;
+            tokio::spawn(log_close(connection));
+            client
+        }
+    };
     Ok(client)
+}
+
+async fn log_close<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(
+    connection: F,
+) {
+    if let Err(err) = connection.await {
+        tracing::debug!(error = %err, "SQL connection closed");
+    }
 }
 
 fn describe_connect_error(err: &tokio_postgres::Error, user: &str) -> String {
@@ -180,7 +197,7 @@ pub async fn ensure_publication(
 }
 
 /// What Postgres says about the slot.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SlotState {
     pub plugin: Option<String>,
     pub active: bool,
@@ -192,6 +209,9 @@ pub struct SlotState {
     pub current_wal_lsn: String,
     pub lag_bytes: Option<i64>,
     pub retained_wal_bytes: Option<i64>,
+    /// How far the streamer's confirmations trail the server in time (pg_stat_replication's
+    /// flush_lag), while it is connected and the server has measured it.
+    pub lag_seconds: Option<f64>,
 }
 
 pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>, SetupError> {
@@ -200,8 +220,10 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
             "SELECT plugin::text, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, \
                     wal_status, safe_wal_size, pg_current_wal_lsn()::text, \
                     pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, \
-                    pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint \
-             FROM pg_replication_slots WHERE slot_name = $1",
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, \
+                    (SELECT extract(epoch FROM r.flush_lag)::float8 FROM pg_stat_replication r \
+                      WHERE r.pid = s.active_pid) \
+             FROM pg_replication_slots s WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
@@ -216,6 +238,7 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
         current_wal_lsn: r.get(7),
         lag_bytes: r.get(8),
         retained_wal_bytes: r.get(9),
+        lag_seconds: r.get(10),
     }))
 }
 

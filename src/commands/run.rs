@@ -64,6 +64,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         let column = config.pipeline.roles.created_at.clone();
         tokio::spawn(crate::retention::run(
             config.database.clone(),
+            config.pg_tls.clone(),
             config.table.clone(),
             column,
             keep,
@@ -126,7 +127,7 @@ async fn stream_once(
         .tail()
         .await
         .map_err(|err| PipelineError::Nats(format!("reading the end of the stream: {err}")))?;
-    let mut conn = ReplicationConnection::connect(&config.database).await?;
+    let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
     let slot = &config.slot;
     let rows = conn
         .simple_query(&format!(

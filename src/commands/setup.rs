@@ -23,7 +23,7 @@ pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
 
 /// Connects, checks prerequisites and makes sure the publication exists.
 pub async fn prepare_database(config: &Config) -> anyhow::Result<tokio_postgres::Client> {
-    let client = slot::connect(&config.database).await?;
+    let client = slot::connect(&config.database, &config.pg_tls).await?;
     slot::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
     if slot::ensure_publication(&client, &config.publication, &config.table).await? {
         info!(publication = %config.publication, table = %config.table, "publication created");

@@ -20,7 +20,7 @@ pub enum Health {
 }
 
 pub async fn run(config: &Config, json_output: bool, max_lag_bytes: i64) -> Health {
-    let (report, health) = match slot::connect(&config.database).await {
+    let (report, health) = match slot::connect(&config.database, &config.pg_tls).await {
         Err(err) => (json!({ "slot": config.slot, "error": err.to_string() }), Health::Critical),
         Ok(client) => match slot::slot_state(&client, &config.slot).await {
             Err(err) => {
@@ -85,6 +85,7 @@ fn slot_report(name: &str, state: Option<&SlotState>) -> serde_json::Value {
             "restart_lsn": s.restart_lsn,
             "current_wal_lsn": s.current_wal_lsn,
             "lag_bytes": s.lag_bytes,
+            "lag_seconds": s.lag_seconds,
             "retained_wal_bytes": s.retained_wal_bytes,
         }),
     }

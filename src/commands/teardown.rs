@@ -11,7 +11,7 @@ pub async fn run(config: &Config, yes: bool) -> anyhow::Result<()> {
             config.publication
         );
     }
-    let client = slot::connect(&config.database).await?;
+    let client = slot::connect(&config.database, &config.pg_tls).await?;
     slot::teardown(&client, &config.slot, &config.publication).await?;
     println!("dropped slot {} and publication {}", config.slot, config.publication);
     Ok(())

@@ -18,9 +18,12 @@ use bytes::{Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::{md5_hash, sasl};
 use postgres_protocol::message::{backend, frontend};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::Host;
+
+use crate::tls::PgTls;
 use tracing::debug;
 
 use super::wire::{ReplicationMessage, StandbyStatus, WireError};
@@ -68,6 +71,8 @@ pub enum ConnectionError {
     Wire(#[from] WireError),
     #[error("the server ended the replication stream")]
     StreamEnded,
+    #[error("Postgres TLS: {0}")]
+    Tls(String),
 }
 
 /// One row of a simple query's result, as text.
@@ -83,14 +88,11 @@ const READ_CHUNK: usize = 64 * 1024;
 
 impl ReplicationConnection {
     /// Opens a `replication=database` session with the same settings as the SQL connection.
-    pub async fn connect(config: &tokio_postgres::Config) -> Result<Self, ConnectionError> {
-        if config.get_ssl_mode() == SslMode::Require {
-            return Err(ConnectionError::Auth(
-                "sslmode=require is not supported by this build; use sslmode=disable or prefer"
-                    .into(),
-            ));
-        }
-        let socket = open_socket(config).await?;
+    pub async fn connect(
+        config: &tokio_postgres::Config,
+        tls: &PgTls,
+    ) -> Result<Self, ConnectionError> {
+        let socket = open_socket(config, tls).await?;
         let mut conn = ReplicationConnection {
             socket,
             read_buf: BytesMut::with_capacity(READ_CHUNK),
@@ -329,7 +331,10 @@ fn frame_len(buf: &[u8]) -> Option<usize> {
     Some(1 + u32::from_be_bytes(header) as usize)
 }
 
-async fn open_socket(config: &tokio_postgres::Config) -> Result<Box<dyn Socket>, ConnectionError> {
+async fn open_socket(
+    config: &tokio_postgres::Config,
+    tls: &PgTls,
+) -> Result<Box<dyn Socket>, ConnectionError> {
     let timeout = config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(10));
     let ports = config.get_ports();
     let localhost = [Host::Tcp("localhost".to_owned())];
@@ -344,12 +349,15 @@ async fn open_socket(config: &tokio_postgres::Config) -> Result<Box<dyn Socket>,
             Host::Tcp(name) => {
                 let attempt =
                     tokio::time::timeout(timeout, TcpStream::connect((name.as_str(), port)));
-                let result = match attempt.await {
-                    Ok(Ok(stream)) => stream.set_nodelay(true).map(|()| Box::new(stream) as _),
+                let stream = match attempt.await {
+                    Ok(Ok(stream)) => stream.set_nodelay(true).map(|()| stream),
                     Ok(Err(err)) => Err(err),
                     Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
                 };
-                (format!("{name}:{port}"), result)
+                match stream {
+                    Ok(stream) => return negotiate_tls(stream, name, tls).await,
+                    Err(source) => (format!("{name}:{port}"), Err(source)),
+                }
             }
             Host::Unix(dir) => {
                 let path = dir.join(format!(".s.PGSQL.{port}"));
@@ -363,6 +371,36 @@ async fn open_socket(config: &tokio_postgres::Config) -> Result<Box<dyn Socket>,
         }
     }
     Err(last_error.unwrap_or_else(|| ConnectionError::Protocol("no host to connect to".into())))
+}
+
+/// Asks the server for TLS (SSLRequest) unless `sslmode=disable`, and upgrades the socket
+/// when it agrees. Unix sockets never use TLS, as with libpq.
+async fn negotiate_tls(
+    mut stream: TcpStream,
+    host: &str,
+    tls: &PgTls,
+) -> Result<Box<dyn Socket>, ConnectionError> {
+    let Some(client_config) = tls.client_config().map_err(ConnectionError::Tls)? else {
+        return Ok(Box::new(stream));
+    };
+    let mut request = BytesMut::new();
+    frontend::ssl_request(&mut request);
+    stream.write_all(&request).await?;
+    match stream.read_u8().await? {
+        b'S' => {
+            let name = ServerName::try_from(host.to_owned())
+                .map_err(|e| ConnectionError::Tls(format!("host {host:?}: {e}")))?;
+            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client_config));
+            let stream = connector
+                .connect(name, stream)
+                .await
+                .map_err(|e| ConnectionError::Tls(format!("TLS handshake with {host}: {e}")))?;
+            Ok(Box::new(stream))
+        }
+        b'N' if !tls.required() => Ok(Box::new(stream)),
+        b'N' => Err(ConnectionError::Tls(format!("{host} does not accept TLS connections"))),
+        other => Err(ConnectionError::Protocol(format!("answer {other:#04x} to SSLRequest"))),
+    }
 }
 
 /// The role to log in as: the one in the URL, else the OS user, as libpq does.

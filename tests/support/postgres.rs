@@ -213,6 +213,13 @@ fn append(path: &Path, text: &str) {
     writeln!(file, "\n{text}").expect("write config");
 }
 
+/// Hands `path` to the user the cluster runs as (when the tests run as root).
+pub fn give_to_postgres(path: &Path) {
+    if let Some((uid, gid)) = postgres_user() {
+        std::os::unix::fs::chown(path, Some(uid), Some(gid)).expect("chown to postgres");
+    }
+}
+
 /// The `postgres` user's uid and gid when we run as root (so must switch), else `None`.
 fn postgres_user() -> Option<(u32, u32)> {
     let euid = Command::new("id").arg("-u").output().ok()?;

@@ -1,0 +1,132 @@
+//! TLS to Postgres on both connections: the server only accepts TLS (hostssl), and pgoutbox
+//! streams with sslmode=verify-full and a CA the test generated; a wrong CA and
+//! sslmode=disable are refused with a clear error.
+
+mod support;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use support::pgoutbox::{Pgoutbox, command};
+use support::postgres::give_to_postgres;
+use support::stream::{count, jetstream};
+use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A CA, a server certificate for 127.0.0.1 signed by it, and an unrelated CA.
+fn certificates(dir: &Path) {
+    for ca in ["ca", "other-ca"] {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN={ca}"),
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.pem"),
+            ],
+        );
+    }
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+    );
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("ext");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.pem",
+        ],
+    );
+    for file in ["server.pem", "server.key"] {
+        let path = dir.join(file);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        give_to_postgres(&path);
+    }
+    give_to_postgres(dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streams_over_verified_tls_and_refuses_what_it_cannot_verify() {
+    let dir = tempfile::tempdir().expect("dir");
+    certificates(dir.path());
+    let pg = Postgres::builder()
+        .conf("ssl = on")
+        .conf(&format!("ssl_cert_file = '{}'", dir.path().join("server.pem").display()))
+        .conf(&format!("ssl_key_file = '{}'", dir.path().join("server.key").display()))
+        .hba("hostssl all all 127.0.0.1/32 trust")
+        .hba("hostnossl all all 127.0.0.1/32 reject")
+        .start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let nats = Nats::start();
+    let with_tls = |query: &str| format!("{}?{query}", pg.url());
+    let ca = dir.path().join("ca.pem");
+    let other = dir.path().join("other-ca.pem");
+
+    let mut cmd = command(&pg, &nats);
+    let url = with_tls(&format!("sslmode=verify-full&sslrootcert={}", ca.display()));
+    cmd.env("PGOUTBOX_DATABASE_URL", &url).arg("run");
+    let app = Pgoutbox::spawn(cmd);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 5, 5));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "rows streamed over TLS", || async {
+        (count(&js, "OUTBOX").await == 5).then_some(())
+    })
+    .await;
+    let ssl_sessions = pg.psql("SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) WHERE ssl AND backend_type = 'walsender'");
+    assert_eq!(ssl_sessions, "1", "the replication connection is not encrypted");
+    drop(app);
+
+    for (query, needle) in [
+        (format!("sslmode=verify-ca&sslrootcert={}", other.display()), "certificate"),
+        ("sslmode=disable".to_owned(), "pg_hba.conf"),
+        ("sslmode=verify-full".to_owned(), "sslrootcert"),
+    ] {
+        let mut cmd = command(&pg, &nats);
+        cmd.env("PGOUTBOX_DATABASE_URL", with_tls(&query)).arg("status");
+        let output = cmd.output().expect("status runs");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(output.status.code(), Some(2), "{query}: {stdout}");
+        assert!(stdout.contains(needle), "{query}: {needle:?} not in {stdout}");
+    }
+}
