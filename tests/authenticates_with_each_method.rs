@@ -55,11 +55,6 @@ async fn streams_with_scram_md5_password_and_trust_over_tcp_and_unix_socket() {
             (count(&js, "OUTBOX").await == want).then_some(())
         })
         .await;
-        app.sigterm();
-        drop(app);
-        eventually(Duration::from_secs(10), "slot released", || async {
-            (pg.psql("SELECT active FROM pg_replication_slots") == "f").then_some(())
-        })
-        .await;
+        support::stop_and_wait_released(&pg, app).await;
     }
 }

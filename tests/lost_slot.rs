@@ -19,12 +19,7 @@ async fn stream_some_rows(pg: &Postgres, nats: &Nats) {
         (count(&js, "OUTBOX").await == 10).then_some(())
     })
     .await;
-    app.sigterm();
-    drop(app);
-    eventually(Duration::from_secs(10), "slot released", || async {
-        (pg.psql("SELECT active FROM pg_replication_slots") == "f").then_some(())
-    })
-    .await;
+    support::stop_and_wait_released(pg, app).await;
 }
 
 fn assert_exits_explaining(pg: &Postgres, nats: &Nats, needles: &[&str]) {

@@ -4,7 +4,6 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use support::pgoutbox::{Pgoutbox, command};
@@ -78,55 +77,7 @@ async fn nkey_seed_file() {
 async fn tls_verified_with_a_ca() {
     let dir = tempfile::tempdir().expect("dir");
     let d = dir.path();
-    let openssl = |args: &[&str]| {
-        let out = Command::new("openssl").current_dir(d).args(args).output().expect("openssl");
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(d.join("san.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("ext");
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "san.ext",
-        "-out",
-        "server.pem",
-    ]);
+    support::certs::ca_and_server(d, "IP:127.0.0.1,DNS:localhost");
     let config = format!(
         "tls {{ cert_file: \"{}\", key_file: \"{}\" }}\n",
         d.join("server.pem").display(),

@@ -6,7 +6,6 @@ mod support;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use support::pgoutbox::{Pgoutbox, command};
@@ -14,69 +13,11 @@ use support::postgres::give_to_postgres;
 use support::stream::{count, jetstream};
 use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").current_dir(dir).args(args).output().expect("openssl");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-/// A CA, a server certificate for 127.0.0.1 signed by it, and an unrelated CA.
+/// A CA, a server certificate for 127.0.0.1 signed by it, and an unrelated CA; the server's
+/// files owned by the user Postgres runs as, its key private.
 fn certificates(dir: &Path) {
-    for ca in ["ca", "other-ca"] {
-        openssl(
-            dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-days",
-                "2",
-                "-subj",
-                &format!("/CN={ca}"),
-                "-keyout",
-                &format!("{ca}.key"),
-                "-out",
-                &format!("{ca}.pem"),
-            ],
-        );
-    }
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-    );
-    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("ext");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.pem",
-        ],
-    );
+    support::certs::ca_and_server(dir, "IP:127.0.0.1");
+    support::certs::ca(dir, "other-ca");
     for file in ["server.pem", "server.key"] {
         let path = dir.join(file);
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");

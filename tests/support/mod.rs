@@ -3,6 +3,7 @@
 //! and uses a subset, hence the `dead_code` allowance.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod nats;
 pub mod pgoutbox;
 pub mod postgres;
@@ -134,4 +135,14 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let (head, body) = response.split_once("\r\n\r\n")?;
     let code = head.split_whitespace().nth(1)?.parse().ok()?;
     Some((code, body.to_owned()))
+}
+
+/// Stops `app` gracefully and waits until Postgres shows its slot released.
+pub async fn stop_and_wait_released(pg: &Postgres, app: pgoutbox::Pgoutbox) {
+    app.sigterm();
+    drop(app);
+    eventually(Duration::from_secs(10), "slot released", || async {
+        (pg.psql("SELECT active FROM pg_replication_slots") == "f").then_some(())
+    })
+    .await;
 }
