@@ -89,3 +89,85 @@ async fn tls_verified_with_a_ca() {
     let url = format!("tls://127.0.0.1:{}", nats.port());
     streams_with(&pg, &nats, &url, &["--nats-tls-ca", ca.to_str().expect("UTF-8 path")]).await;
 }
+
+/// A JWT as nats-server's operator mode reads it (nats-io/jwt v2): ed25519-nkey signed.
+fn jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let header = b64.encode(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let claims = serde_json::json!({
+        "jti": format!("{:X}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)),
+        "iat": 1_700_000_000,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let claims = b64.encode(claims.to_string());
+    let signed = format!("{header}.{claims}");
+    let signature = issuer.sign(signed.as_bytes()).expect("sign");
+    format!("{signed}.{}", b64.encode(signature))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn creds_file_in_operator_mode() {
+    let dir = tempfile::tempdir().expect("dir");
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let system = nkeys::KeyPair::new_account();
+    let operator_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "op",
+        serde_json::json!({
+            "system_account": system.public_key(), "type": "operator", "version": 2
+        }),
+    );
+    let system_jwt = jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        serde_json::json!({ "type": "account", "version": 2 }),
+    );
+    let unlimited = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1,
+        "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1
+    });
+    let account_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "app",
+        serde_json::json!({ "limits": unlimited, "type": "account", "version": 2 }),
+    );
+    let user_jwt = jwt(
+        &account,
+        &user.public_key(),
+        "pgoutbox",
+        serde_json::json!({
+            "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1,
+            "type": "user", "version": 2
+        }),
+    );
+    let creds = dir.path().join("pgoutbox.creds");
+    std::fs::write(
+        &creds,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().expect("seed")
+        ),
+    )
+    .expect("write creds");
+    let config = format!(
+        "operator: \"{operator_jwt}\"\nsystem_account: {sys}\nresolver: MEMORY\n\
+         resolver_preload: {{\n  {sys}: \"{system_jwt}\"\n  {app}: \"{account_jwt}\"\n}}\n",
+        sys = system.public_key(),
+        app = account.public_key()
+    );
+    let nats = nats_with_config(dir.path(), &config);
+    let pg = fresh_pg();
+    let creds = creds.to_str().expect("UTF-8 path");
+    streams_with(&pg, &nats, &nats.url(), &["--nats-creds", creds]).await;
+}
