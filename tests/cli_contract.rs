@@ -209,3 +209,25 @@ fn command_without_pg_url(pg: &Postgres) -> std::process::Command {
     cmd.env("PGOUTBOX_DATABASE_URL", pg.url());
     cmd
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn json_logs_are_one_object_per_line() {
+    let pg = Postgres::start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let nats = Nats::start();
+    let mut cmd = command(&pg, &nats);
+    cmd.env("PGOUTBOX_LOG_FORMAT", "json").env("RUST_LOG", "info").arg("run");
+    let app = Pgoutbox::spawn(cmd);
+    wait_until_streaming(&pg, &app).await;
+    eventually(Duration::from_secs(10), "the streaming line", || async {
+        app.log().contains("streaming").then_some(())
+    })
+    .await;
+    let log = app.log();
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let object: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(object["level"].is_string() && object["fields"].is_object(), "{line}");
+    }
+    assert!(log.contains("\"message\":\"streaming\""), "{log}");
+}
