@@ -50,6 +50,10 @@ pub struct RunArgs {
     /// of 1,000; needs the created-at column and DELETE on the table [default: keep all]
     #[arg(long, env = "PGOUTBOX_RETENTION", value_parser = crate::retention::parse_duration)]
     pub retention: Option<std::time::Duration>,
+    /// Report a stall (/readyz 503, pgoutbox_stalled 1, a warning) when messages wait for
+    /// acks and nothing was confirmed for this long
+    #[arg(long, env = "PGOUTBOX_STALL_TIMEOUT", default_value = "60s", value_parser = crate::retention::parse_duration)]
+    pub stall_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Args)]
@@ -103,6 +107,9 @@ pub struct CommonArgs {
     /// Publication name.
     #[arg(long, global = true, env = "PGOUTBOX_PUBLICATION", default_value = "pgoutbox")]
     pub publication: String,
+    /// Replicas of the stream when pgoutbox creates it (an existing stream is never changed)
+    #[arg(long, global = true, env = "PGOUTBOX_STREAM_REPLICAS", default_value_t = 1)]
+    pub stream_replicas: usize,
     /// JetStream stream name.
     #[arg(long, global = true, env = "PGOUTBOX_STREAM", default_value = "OUTBOX")]
     pub stream: String,

@@ -20,6 +20,7 @@ pub struct Config {
     pub slot: String,
     pub publication: String,
     pub stream: String,
+    pub stream_replicas: usize,
     pub pipeline: PipelineConfig,
 }
 
@@ -102,6 +103,7 @@ impl Config {
             slot: args.slot.clone(),
             publication: args.publication.clone(),
             stream: args.stream.clone(),
+            stream_replicas: args.stream_replicas.max(1),
         })
     }
 

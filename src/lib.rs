@@ -28,5 +28,6 @@ pub mod replication;
 pub mod retention;
 pub mod shutdown;
 pub mod slot;
+pub mod stall;
 pub mod telemetry;
 pub mod tls;

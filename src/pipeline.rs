@@ -14,6 +14,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -31,7 +32,8 @@ use crate::replication::wire::pg_now_micros;
 use crate::replication::{ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::retention::PublishedUpTo;
 use crate::shutdown::Shutdown;
-use crate::telemetry::Metrics;
+use crate::stall::StallDetector;
+use crate::telemetry::{Metrics, Readiness};
 
 /// How often the confirmed position is reported when it moved, and at most how long
 /// between two reports when it did not (well inside `wal_sender_timeout`).
@@ -51,8 +53,10 @@ pub struct PipelineConfig {
 }
 
 /// State that outlives one connection attempt.
-#[derive(Default)]
 pub struct Memory {
+    /// Watches for acks that stop coming; reports to `/readyz` and `pgoutbox_stalled`.
+    pub stall: StallDetector,
+    pub readiness: Arc<Readiness>,
     /// Rows whose publish JetStream answered as a duplicate of an older message with the same
     /// id: they are not stored again, and skipping them keeps the sequence guard in step.
     pub duplicates: HashSet<Position>,
@@ -60,6 +64,19 @@ pub struct Memory {
     pub dead_letters: u64,
     /// Shared with `--retention`: the commit time of the newest confirmed transaction.
     pub published_up_to: PublishedUpTo,
+}
+
+impl Memory {
+    pub fn new(readiness: Arc<Readiness>, stall_timeout: Duration) -> Self {
+        Memory {
+            stall: StallDetector::new(stall_timeout, Instant::now()),
+            readiness,
+            duplicates: HashSet::new(),
+            published: 0,
+            dead_letters: 0,
+            published_up_to: PublishedUpTo::default(),
+        }
+    }
 }
 
 type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
@@ -227,8 +244,11 @@ impl<'a> Pipeline<'a> {
         }
     }
 
-    fn update_gauges(&self) {
+    fn update_gauges(&mut self) {
         let confirmed = self.tracker.confirmed();
+        let waiting = self.tracker.in_flight() > 0;
+        let stalled = self.memory.stall.observe(confirmed, waiting, Instant::now());
+        self.memory.readiness.set_stalled(stalled);
         self.metrics.messages_in_flight.set(self.tracker.in_flight() as f64);
         self.metrics.confirmed_lsn.set(confirmed as f64);
         let lag = self.server_wal_end.saturating_sub(confirmed);

@@ -58,10 +58,18 @@ impl Publisher {
     }
 
     /// Creates the stream if it is missing; an existing stream is only checked, never changed.
-    pub async fn ensure_stream(&self, subjects: &[String]) -> Result<(), PublisherError> {
+    pub async fn ensure_stream(
+        &self,
+        subjects: &[String],
+        replicas: usize,
+    ) -> Result<(), PublisherError> {
         match self.js.get_stream(&self.stream).await {
             Ok(mut existing) => {
                 let info = existing.info().await.map_err(request_error)?;
+                if info.config.num_replicas != replicas {
+                    tracing::warn!(stream = %self.stream, replicas = info.config.num_replicas,
+                        asked = replicas, "the existing stream keeps its replica count");
+                }
                 let have = &info.config.subjects;
                 match subjects.iter().find(|want| !have.iter().any(|h| subject_covers(h, want))) {
                     Some(wanted) => Err(PublisherError::SubjectsNotCovered {
@@ -77,6 +85,7 @@ impl Publisher {
                     name: self.stream.clone(),
                     subjects: subjects.to_vec(),
                     storage: stream::StorageType::File,
+                    num_replicas: replicas,
                     ..Default::default()
                 };
                 match self.js.create_stream(config).await {
@@ -86,7 +95,7 @@ impl Publisher {
                     }
                     // Another instance created it first: check it like any existing stream.
                     Err(err) if err.to_string().contains("already in use") => {
-                        Box::pin(self.ensure_stream(subjects)).await
+                        Box::pin(self.ensure_stream(subjects, replicas)).await
                     }
                     Err(err) => Err(classify(err.to_string())),
                 }

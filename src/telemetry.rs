@@ -73,6 +73,7 @@ impl Default for Metrics {
 pub struct Readiness {
     streaming: AtomicBool,
     nats: Mutex<Option<async_nats::Client>>,
+    stalled: Mutex<Option<String>>,
 }
 
 impl Readiness {
@@ -87,8 +88,19 @@ impl Readiness {
         }
     }
 
+    /// Records the stall detector's verdict: `Some(reason)` while stalled.
+    pub fn set_stalled(&self, reason: Option<String>) {
+        gauge!("pgoutbox_stalled").set(f64::from(u8::from(reason.is_some())));
+        if let Ok(mut stalled) = self.stalled.lock() {
+            *stalled = reason;
+        }
+    }
+
     /// `Ok` when ready, else why not.
     pub fn check(&self) -> Result<(), String> {
+        if let Some(reason) = self.stalled.lock().ok().and_then(|s| s.clone()) {
+            return Err(reason);
+        }
         let nats_connected = self
             .nats
             .lock()

@@ -59,7 +59,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     ensure_stream_and_slot(config, &client, &publisher, args.slot.recreate_slot).await?;
     drop(client);
 
-    let mut memory = Memory::default();
+    let mut memory = Memory::new(readiness.clone(), args.stall_timeout);
     if let Some(keep) = args.retention {
         let column = config.pipeline.roles.created_at.clone();
         tokio::spawn(crate::retention::run(

@@ -41,7 +41,7 @@ pub async fn ensure_stream_and_slot(
     recreate: bool,
 ) -> anyhow::Result<()> {
     publisher
-        .ensure_stream(&config.stream_subjects())
+        .ensure_stream(&config.stream_subjects(), config.stream_replicas)
         .await
         .with_context(|| format!("preparing stream {}", config.stream))?;
     let name = &config.slot;
