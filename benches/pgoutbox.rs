@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig, stream};
 use futures_util::StreamExt;
+use support::cluster::NatsCluster;
 use support::pgoutbox::{Pgoutbox, command};
 use support::{Nats, Postgres};
 
@@ -37,6 +38,8 @@ struct Settings {
     rows: usize,
     runs: usize,
     latency_seconds: u64,
+    /// How long rows are written at 1,000/s while the R3 stream's leader is killed.
+    election_seconds: u64,
 }
 
 #[derive(Default)]
@@ -55,6 +58,11 @@ struct Figures {
     insert_wal_per_row: Vec<f64>,
     relay_lat_100ms: Vec<[f64; 4]>,
     relay_lat_1s: Vec<[f64; 4]>,
+    r3_publish: Vec<f64>,
+    r3_drain: Vec<f64>,
+    election_ms: Vec<f64>,
+    election_gap_ms: Vec<f64>,
+    election_max_latency_ms: Vec<f64>,
 }
 
 fn main() {
@@ -66,9 +74,9 @@ fn main() {
     }
     let quick = args.iter().any(|a| a == "--quick");
     let settings = if quick {
-        Settings { rows: 20_000, runs: 1, latency_seconds: 3 }
+        Settings { rows: 20_000, runs: 1, latency_seconds: 3, election_seconds: 8 }
     } else {
-        Settings { rows: 200_000, runs: 3, latency_seconds: 10 }
+        Settings { rows: 200_000, runs: 3, latency_seconds: 10, election_seconds: 12 }
     };
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let mut figures = Figures::default();
@@ -99,7 +107,7 @@ async fn one_run(s: &Settings, f: &mut Figures) {
     eprintln!("  limits");
     let t = decode_with_pg_recvlogical(&pg, "limit_a", &end_lsn);
     f.decode.push(s.rows as f64 / t);
-    let t = raw_publish(&js, "LIMIT_B", s.rows).await;
+    let t = raw_publish(&js, "LIMIT_B", 1, s.rows).await;
     f.publish.push(s.rows as f64 / t);
     let pg_ref = &pg;
     let end = end_lsn.clone();
@@ -108,7 +116,7 @@ async fn one_run(s: &Settings, f: &mut Figures) {
         let (bin, port) = (pg_bin(), pg_ref.port());
         move || recvlogical(&bin, port, "limit_c", &end)
     });
-    raw_publish(&js, "LIMIT_C", s.rows).await;
+    raw_publish(&js, "LIMIT_C", 1, s.rows).await;
     decode.await.expect("decode task");
     f.both.push(s.rows as f64 / started.elapsed().as_secs_f64());
     for slot in ["limit_a", "limit_c"] {
@@ -144,7 +152,7 @@ async fn one_run(s: &Settings, f: &mut Figures) {
          DEFAULT false, sent_at timestamptz); \
          CREATE INDEX outbox_polling_unsent ON outbox_polling (created_at) WHERE NOT sent",
     );
-    create_stream(&js, "RELAY", "relay.>").await;
+    create_stream(&js, "RELAY", "relay.>", 1).await;
     insert_rows(&pg, "outbox_polling", s.rows);
     let before = wal_lsn(&pg);
     let relay = Relay::start(&pg, &nats, Duration::from_millis(100)).await;
@@ -163,6 +171,63 @@ async fn one_run(s: &Settings, f: &mut Figures) {
     f.relay_lat_1s
         .push(latency_on(&pg, &js, "RELAY", table, offset, 1_000, s.latency_seconds).await);
     relay.stop().await;
+
+    r3_cluster(&pg, s, f).await;
+}
+
+/// The drain into an R3 stream on a three-server cluster, then the longest pause in stored
+/// messages while rows arrive at 1,000/s and the stream's leader is killed (kill -9).
+async fn r3_cluster(pg: &Postgres, s: &Settings, f: &mut Figures) {
+    eprintln!("  R3 stream on a three-server cluster: drain");
+    let mut cluster = NatsCluster::start();
+    let js = support::stream::jetstream(&cluster.urls()).await;
+    let t = raw_publish(&js, "LIMIT_R3", 3, s.rows).await;
+    f.r3_publish.push(s.rows as f64 / t);
+    let _ = js.delete_stream("LIMIT_R3").await;
+    let urls = cluster.urls();
+    let on_cluster = |cmd: &mut Command| {
+        cmd.env("PGOUTBOX_NATS_URL", &urls)
+            .env("PGOUTBOX_STREAM_REPLICAS", "3")
+            .env("PGOUTBOX_SLOT", "pgoutbox_r3");
+    };
+    let mut setup = command(pg, cluster.node(0));
+    on_cluster(&mut setup);
+    let setup = setup.arg("setup").output().expect("pgoutbox setup");
+    assert!(setup.status.success(), "{}", String::from_utf8_lossy(&setup.stderr));
+    insert_rows(pg, "outbox", s.rows);
+    let mut run = command(pg, cluster.node(0));
+    on_cluster(&mut run);
+    run.arg("run");
+    let started = Instant::now();
+    let app = Pgoutbox::spawn(run);
+    wait_for_count(&js, "OUTBOX", s.rows as u64, Duration::from_secs(600)).await;
+    f.r3_drain.push(s.rows as f64 / started.elapsed().as_secs_f64());
+
+    eprintln!("  R3 stream on a three-server cluster: leader election");
+    let leader = cluster.wait_until_stream_healthy("OUTBOX", Duration::from_secs(60));
+    let skip = stream_count(&js, "OUTBOX").await;
+    let writer = tokio::spawn({
+        let pg_url = pg.url();
+        let seconds = s.election_seconds;
+        async move { steady_writer_at(&pg_url, "outbox", 1_000, seconds).await }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.node(leader).kill();
+    let killed = Instant::now();
+    while cluster.stream_leader("OUTBOX").is_none() {
+        assert!(killed.elapsed() < Duration::from_secs(60), "no new leader in 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f.election_ms.push(killed.elapsed().as_secs_f64() * 1e3);
+    let (inserted, _) = writer.await.expect("writer");
+    cluster.node(leader).start_again();
+    wait_for_count(&js, "OUTBOX", skip + inserted, Duration::from_secs(120)).await;
+    let times = stored_and_committed(&js, "OUTBOX", skip, inserted).await;
+    let gap = times.windows(2).map(|w| w[1].0 - w[0].0).fold(0.0, f64::max);
+    let worst = times.iter().map(|(stored, committed)| stored - committed).fold(0.0, f64::max);
+    f.election_gap_ms.push(gap * 1e3);
+    f.election_max_latency_ms.push(worst * 1e3);
+    drop(app);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -215,10 +280,11 @@ fn recvlogical(bin: &std::path::Path, port: u16, slot: &str, end: &str) -> f64 {
 // ---------------------------------------------------------------------------------------
 // NATS helpers
 
-async fn create_stream(js: &jetstream::Context, name: &str, subject: &str) {
+async fn create_stream(js: &jetstream::Context, name: &str, subject: &str, replicas: usize) {
     js.create_stream(stream::Config {
         name: name.into(),
         subjects: vec![subject.into()],
+        num_replicas: replicas,
         ..Default::default()
     })
     .await
@@ -254,8 +320,14 @@ fn sample_message(n: usize) -> (HeaderMap, bytes::Bytes) {
 }
 
 /// Seconds to publish `rows` messages with IN_FLIGHT acks outstanding, as pgoutbox does.
-async fn raw_publish(js: &jetstream::Context, stream_name: &str, rows: usize) -> f64 {
-    create_stream(js, stream_name, &format!("{}.>", stream_name.to_lowercase())).await;
+async fn raw_publish(
+    js: &jetstream::Context,
+    stream_name: &str,
+    replicas: usize,
+    rows: usize,
+) -> f64 {
+    let subjects = format!("{}.>", stream_name.to_lowercase());
+    create_stream(js, stream_name, &subjects, replicas).await;
     let subject = format!("{}.order.created", stream_name.to_lowercase());
     let mut acks: VecDeque<AckFuture> = VecDeque::with_capacity(IN_FLIGHT);
     let started = Instant::now();
@@ -299,9 +371,25 @@ async fn latency_on(
     rate: u64,
     seconds: u64,
 ) -> [f64; 4] {
-    let (inserted, elapsed) = steady_writer(pg, table, rate, seconds).await;
+    let (inserted, elapsed) = steady_writer_at(&pg.url(), table, rate, seconds).await;
     let want = skip + inserted;
     wait_for_count(js, stream_name, want, Duration::from_secs(120)).await;
+    let times = stored_and_committed(js, stream_name, skip, inserted).await;
+    let mut latencies: Vec<f64> =
+        times.iter().map(|(stored, committed)| ((stored - committed) * 1e3).max(0.0)).collect();
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
+    [at(0.5), at(0.99), at(0.999), inserted as f64 / elapsed]
+}
+
+/// For `count` messages after sequence `skip`: when JetStream stored each, and when its row
+/// committed (the payload's `t`), in seconds since the Unix epoch, in stream order.
+async fn stored_and_committed(
+    js: &jetstream::Context,
+    stream_name: &str,
+    skip: u64,
+    count: u64,
+) -> Vec<(f64, f64)> {
     let stream = js.get_stream(stream_name).await.expect("stream");
     let consumer = stream
         .create_consumer(OrderedConfig {
@@ -313,30 +401,27 @@ async fn latency_on(
         .await
         .expect("consumer");
     let mut messages = consumer.messages().await.expect("messages");
-    let mut latencies = Vec::with_capacity(inserted as usize);
-    while (latencies.len() as u64) < inserted {
+    let mut times = Vec::with_capacity(count as usize);
+    while (times.len() as u64) < count {
         let message = messages.next().await.expect("message").expect("message");
         let info = message.info().expect("message info");
         let stored = info.published.unix_timestamp_nanos() as f64 / 1e9;
         let body: serde_json::Value = serde_json::from_slice(&message.payload).expect("JSON");
-        let committed = body["t"].as_f64().unwrap_or(stored);
-        latencies.push(((stored - committed) * 1e3).max(0.0));
+        times.push((stored, body["t"].as_f64().unwrap_or(stored)));
     }
-    latencies.sort_by(|a, b| a.total_cmp(b));
-    let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
-    [at(0.5), at(0.99), at(0.999), inserted as f64 / elapsed]
+    times
 }
 
 /// Inserts single-row transactions at `rate` per second for `seconds`, over a few
 /// connections; returns how many rows and how long it really took.
-async fn steady_writer(pg: &Postgres, table: &str, rate: u64, seconds: u64) -> (u64, f64) {
+async fn steady_writer_at(pg_url: &str, table: &str, rate: u64, seconds: u64) -> (u64, f64) {
     let connections = if rate > 2_000 { 8 } else { 2 };
     let per_connection = rate / connections;
     let mut tasks = Vec::new();
     let started = Instant::now();
     for c in 0..connections {
         let (client, connection) =
-            tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.expect("connect");
+            tokio_postgres::connect(pg_url, tokio_postgres::NoTls).await.expect("connect");
         tokio::spawn(connection);
         let sql = format!(
             "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) \
@@ -503,4 +588,13 @@ fn print_report(s: &Settings, f: &Figures) {
     row("WAL per row: the insert itself, bytes", &f.insert_wal_per_row, "-".into());
     row("extra WAL per row: pgoutbox, bytes", &f.drain_wal_per_row, "0".into());
     row("extra WAL per row: polling relay, bytes", &f.relay_wal_per_row, "-".into());
+    row("R3 on 3 servers: JetStream publish, msgs/s", &f.r3_publish, "-".into());
+    row("R3 on 3 servers: pgoutbox drain, rows/s", &f.r3_drain, "-".into());
+    let r3_ratio: Vec<f64> = f.r3_drain.iter().zip(&f.drain).map(|(r, d)| r / d).collect();
+    row("  R3 drain / single-server drain", &r3_ratio, "-".into());
+    let r3_limit: Vec<f64> = f.r3_drain.iter().zip(&f.r3_publish).map(|(r, p)| r / p).collect();
+    row("  R3 drain / R3 publish", &r3_limit, "-".into());
+    row("leader killed: election (kill → new leader), ms", &f.election_ms, "-".into());
+    row("leader killed @1,000/s: longest gap stored, ms", &f.election_gap_ms, "-".into());
+    row("leader killed @1,000/s: worst latency, ms", &f.election_max_latency_ms, "-".into());
 }

@@ -29,6 +29,11 @@ pub enum Command {
         /// Lag above this many bytes is a warning (exit 1).
         #[arg(long, env = "PGOUTBOX_MAX_LAG_BYTES", default_value_t = 1 << 30)]
         max_lag_bytes: i64,
+        /// Where the running pgoutbox serves /metrics, read for the age of its last
+        /// confirmation and whether it is stalled [default: the address the slot's holder
+        /// advertises in its application_name, else 127.0.0.1:9717]
+        #[arg(long, env = "PGOUTBOX_HTTP_ADDR")]
+        http_addr: Option<std::net::SocketAddr>,
     },
     /// Drop the replication slot and the publication (the stream is kept).
     Teardown {

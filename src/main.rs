@@ -34,8 +34,8 @@ async fn dispatch(cli: Cli) -> ExitCode {
         Command::Run(args) => commands::run::run(&config, &args).await,
         Command::Setup(args) => commands::setup::run(&config, &args).await,
         Command::Teardown { yes } => commands::teardown::run(&config, yes).await,
-        Command::Status { json, max_lag_bytes } => {
-            let health = commands::status::run(&config, json, max_lag_bytes).await;
+        Command::Status { json, max_lag_bytes, http_addr } => {
+            let health = commands::status::run(&config, json, max_lag_bytes, http_addr).await;
             return ExitCode::from(health as u8);
         }
     };

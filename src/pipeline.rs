@@ -32,8 +32,8 @@ use crate::replication::wire::pg_now_micros;
 use crate::replication::{ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::retention::PublishedUpTo;
 use crate::shutdown::Shutdown;
-use crate::stall::StallDetector;
-use crate::telemetry::{Metrics, Readiness};
+use crate::stall::Progress;
+use crate::telemetry::Metrics;
 
 /// How often the confirmed position is reported when it moved, and at most how long
 /// between two reports when it did not (well inside `wal_sender_timeout`).
@@ -54,9 +54,10 @@ pub struct PipelineConfig {
 
 /// State that outlives one connection attempt.
 pub struct Memory {
-    /// Watches for acks that stop coming; reports to `/readyz` and `pgoutbox_stalled`.
-    pub stall: StallDetector,
-    pub readiness: Arc<Readiness>,
+    /// What the stall detector watches.
+    pub progress: Arc<Progress>,
+    /// Counts lost NATS connections (see `commands::connect_nats_watched`).
+    pub nats_disconnects: tokio::sync::watch::Receiver<u64>,
     /// Rows whose publish JetStream answered as a duplicate of an older message with the same
     /// id: they are not stored again, and skipping them keeps the sequence guard in step.
     pub duplicates: HashSet<Position>,
@@ -67,10 +68,13 @@ pub struct Memory {
 }
 
 impl Memory {
-    pub fn new(readiness: Arc<Readiness>, stall_timeout: Duration) -> Self {
+    pub fn new(
+        progress: Arc<Progress>,
+        nats_disconnects: tokio::sync::watch::Receiver<u64>,
+    ) -> Self {
         Memory {
-            stall: StallDetector::new(stall_timeout, Instant::now()),
-            readiness,
+            progress,
+            nats_disconnects,
             duplicates: HashSet::new(),
             published: 0,
             dead_letters: 0,
@@ -83,6 +87,8 @@ type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> +
 
 struct InFlight {
     ack: AckFuture,
+    /// The ack, when it was found ready before its turn (see `check_newest_ack`).
+    early: Option<Result<PublishAck, PublishError>>,
     position: Position,
     bytes: usize,
 }
@@ -108,6 +114,10 @@ pub struct Pipeline<'a> {
     reported_at: Instant,
     /// The furthest WAL position the server reported: lag is measured against it.
     server_wal_end: u64,
+    /// Changes when the NATS connection is lost: the acks awaited on it will never come.
+    nats_disconnects: tokio::sync::watch::Receiver<u64>,
+    /// A decoded row could not be handed to NATS: it waits for the next attempt.
+    unsent_row: bool,
     metrics: Metrics,
 }
 
@@ -127,7 +137,11 @@ impl<'a> Pipeline<'a> {
         start_lsn: u64,
         tail: StreamTail,
     ) -> Self {
+        let mut nats_disconnects = memory.nats_disconnects.clone();
+        nats_disconnects.mark_unchanged();
         Pipeline {
+            nats_disconnects,
+            unsent_row: false,
             config,
             conn,
             publisher,
@@ -150,6 +164,10 @@ impl<'a> Pipeline<'a> {
         let result = self.stream(shutdown).await;
         // Best effort: report what is safe, whatever happened.
         let _ = self.send_status(false).await;
+        // Messages sent and not acknowledged, or a row that could not even be sent, wait for
+        // the next attempt; a lost connection with nothing in flight leaves nothing waiting.
+        let waiting = self.unsent_row || self.tracker.in_flight() > 0;
+        self.memory.progress.record(self.tracker.confirmed(), waiting);
         match result {
             Ok(()) => {
                 let confirmed = self.tracker.confirmed();
@@ -169,6 +187,12 @@ impl<'a> Pipeline<'a> {
                 biased;
                 () = shutdown.requested() => return self.drain().await,
                 ack = oldest_ack(&mut self.in_flight) => self.on_ack(ack)?,
+                Ok(()) = self.nats_disconnects.changed() => {
+                    Metrics::publish_error("connection");
+                    return Err(PipelineError::Nats(
+                        "the connection to NATS was lost, and with it the acks awaited".into(),
+                    ));
+                }
                 message = self.conn.next_message(), if room => match message? {
                     ReplicationMessage::XLogData { data, wal_end, .. } => {
                         self.server_wal_end = self.server_wal_end.max(wal_end);
@@ -185,6 +209,7 @@ impl<'a> Pipeline<'a> {
                     }
                 },
                 _ = tick.tick() => {
+                    self.check_newest_ack()?;
                     self.update_gauges();
                     let moved = self.tracker.confirmed() != self.reported;
                     if moved || self.reported_at.elapsed() >= STATUS_KEEPALIVE {
@@ -220,8 +245,7 @@ impl<'a> Pipeline<'a> {
         let Some(done) = self.in_flight.pop_front() else {
             return Ok(());
         };
-        let ack =
-            ack.map_err(|err| PipelineError::Nats(format!("publish not acknowledged: {err}")))?;
+        let ack = ack.map_err(|err| PipelineError::Nats(unacknowledged(&err)))?;
         if ack.duplicate {
             warn!(position = %done.position, sequence = ack.sequence,
                 "JetStream already had a message with this row's id; not stored again");
@@ -232,6 +256,27 @@ impl<'a> Pipeline<'a> {
         self.tracker.on_acked();
         self.observe_confirmed();
         Ok(())
+    }
+
+    /// Acks are consumed oldest first, but when the oldest waits for its timeout (it went to
+    /// a stream leader that died), the ones after it are refused at once (no leader yet).
+    /// Looking at the newest ack every tick ends such an attempt within 100 ms instead of
+    /// after the ack timeout; any refused ack means the attempt must restart anyway.
+    fn check_newest_ack(&mut self) -> Result<(), PipelineError> {
+        use futures_util::FutureExt;
+        if self.in_flight.len() < 2 {
+            return Ok(());
+        }
+        let Some(newest) = self.in_flight.back_mut().filter(|n| n.early.is_none()) else {
+            return Ok(());
+        };
+        match (&mut newest.ack).now_or_never() {
+            Some(Err(err)) => Err(PipelineError::Nats(unacknowledged(&err))),
+            ready => {
+                newest.early = ready;
+                Ok(())
+            }
+        }
     }
 
     /// Records commit-to-ack latency for the transactions that just became confirmable.
@@ -246,9 +291,7 @@ impl<'a> Pipeline<'a> {
 
     fn update_gauges(&mut self) {
         let confirmed = self.tracker.confirmed();
-        let waiting = self.tracker.in_flight() > 0;
-        let stalled = self.memory.stall.observe(confirmed, waiting, Instant::now());
-        self.memory.readiness.set_stalled(stalled);
+        self.memory.progress.record(confirmed, self.tracker.in_flight() > 0);
         self.metrics.messages_in_flight.set(self.tracker.in_flight() as f64);
         self.metrics.confirmed_lsn.set(confirmed as f64);
         let lag = self.server_wal_end.saturating_sub(confirmed);
@@ -337,7 +380,10 @@ impl<'a> Pipeline<'a> {
                 let letter = dead_letter(config, mapping, &insert.tuple, position, reason, true)?;
                 self.publish_dead_letter(letter, position).await
             }
-            Err(err) => Err(PipelineError::Nats(err.to_string())),
+            Err(err) => {
+                self.unsent_row = true;
+                Err(PipelineError::Nats(err.to_string()))
+            }
         }
     }
 
@@ -349,9 +395,10 @@ impl<'a> Pipeline<'a> {
         let reason = event.headers.get(DEAD_LETTER_REASON_HEADER).map(|v| v.to_string());
         warn!(position = %position, id = %event.id, reason = reason.as_deref().unwrap_or(""),
             subject = %event.subject, "row sent to the dead-letter subject");
-        self.publish(event, position)
-            .await
-            .map_err(|err| PipelineError::DeadLetter(err.to_string()))?;
+        self.publish(event, position).await.map_err(|err| {
+            self.unsent_row = true;
+            PipelineError::DeadLetter(err.to_string())
+        })?;
         self.memory.dead_letters += 1;
         self.metrics.dead_letters.increment(1);
         Ok(())
@@ -373,7 +420,8 @@ impl<'a> Pipeline<'a> {
         let ack = self.publisher.publish(subject, headers, payload).await?;
         self.expected_last_sequence += 1;
         self.tracker.on_sent();
-        self.in_flight.push_back(InFlight { ack: ack.into_future(), position, bytes });
+        let ack = ack.into_future();
+        self.in_flight.push_back(InFlight { ack, early: None, position, bytes });
         Ok(())
     }
 
@@ -430,11 +478,34 @@ fn dead_letter(
     })
 }
 
+/// Why a publish was not acknowledged, in the words an operator needs; also counted in
+/// `pgoutbox_publish_errors_total` by kind.
+fn unacknowledged(err: &PublishError) -> String {
+    Metrics::publish_error(match err.kind() {
+        PublishErrorKind::TimedOut => "timeout",
+        PublishErrorKind::StreamNotFound => "no_leader",
+        PublishErrorKind::WrongLastSequence => "out_of_order",
+        PublishErrorKind::BrokenPipe => "connection",
+        _ => "other",
+    });
+    match err.kind() {
+        // Nothing subscribes to the subject: on a cluster, the stream has no leader yet.
+        PublishErrorKind::StreamNotFound => "publish not acknowledged: no JetStream server \
+            answers for the stream (a leader election under way, quorum lost, or the stream \
+            was deleted)"
+            .to_owned(),
+        _ => format!("publish not acknowledged: {err}"),
+    }
+}
+
 /// Waits for the oldest ack; never resolves when nothing is in flight. Cancel-safe: the
 /// boxed future keeps its state across polls.
 async fn oldest_ack(in_flight: &mut VecDeque<InFlight>) -> Result<PublishAck, PublishError> {
     match in_flight.front_mut() {
-        Some(oldest) => (&mut oldest.ack).await,
+        Some(oldest) => match oldest.early.take() {
+            Some(ack) => ack,
+            None => (&mut oldest.ack).await,
+        },
         None => std::future::pending().await,
     }
 }

@@ -31,6 +31,8 @@ pub enum PublisherError {
     SubjectsNotCovered { stream: String, existing: Vec<String>, wanted: String },
     #[error("JetStream request failed: {0}")]
     Request(String),
+    #[error("stream {0} has no leader (an election is under way, or quorum is lost)")]
+    NoLeader(String),
 }
 
 /// The end of the stream when pgoutbox starts or resumes.
@@ -44,7 +46,9 @@ pub struct StreamTail {
 #[derive(Clone)]
 pub struct Publisher {
     js: jetstream::Context,
+    client: async_nats::Client,
     stream: String,
+    ack_timeout: Duration,
 }
 
 impl Publisher {
@@ -53,8 +57,16 @@ impl Publisher {
             .timeout(ack_timeout)
             .max_ack_inflight(MAX_IN_FLIGHT)
             .backpressure_on_inflight(true)
-            .build(client);
-        Publisher { js, stream: stream.to_owned() }
+            .build(client.clone());
+        Publisher { js, client, stream: stream.to_owned(), ack_timeout }
+    }
+
+    /// The same stream with a window of [`MAX_IN_FLIGHT`] acks of its own. A failed attempt
+    /// abandons its unacknowledged publishes, and async-nats keeps each one's slot in the
+    /// window until its ack times out: the next attempt must not wait behind them (it did,
+    /// for 20 s after a leader election, before each attempt got its own window).
+    pub fn with_fresh_ack_window(&self) -> Publisher {
+        Publisher::new(self.client.clone(), &self.stream, self.ack_timeout)
     }
 
     /// Creates the stream if it is missing; an existing stream is only checked, never changed.
@@ -104,10 +116,19 @@ impl Publisher {
         }
     }
 
-    /// Reads the stream's last sequence and the position of its last message.
+    /// Reads the stream's last sequence and the position of its last message. On a cluster,
+    /// a server without the stream's leader may still answer from its own copy: that answer
+    /// is refused, since publishing cannot succeed without a leader and may be stale.
     pub async fn tail(&self) -> Result<StreamTail, PublisherError> {
         let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
-        let last_sequence = stream.info().await.map_err(request_error)?.state.last_sequence;
+        let info = stream.info().await.map_err(request_error)?;
+        if let Some(cluster) = &info.cluster
+            && cluster.name.is_some()
+            && cluster.leader.as_deref().is_none_or(str::is_empty)
+        {
+            return Err(PublisherError::NoLeader(self.stream.clone()));
+        }
+        let last_sequence = info.state.last_sequence;
         if last_sequence == 0 {
             return Ok(StreamTail::default());
         }

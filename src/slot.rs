@@ -212,6 +212,9 @@ pub struct SlotState {
     /// How far the streamer's confirmations trail the server in time (pg_stat_replication's
     /// flush_lag), while it is connected and the server has measured it.
     pub lag_seconds: Option<f64>,
+    /// The streamer's `application_name` and client address, while it is connected.
+    pub holder_application_name: Option<String>,
+    pub holder_client_addr: Option<String>,
 }
 
 pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>, SetupError> {
@@ -221,9 +224,11 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
                     wal_status, safe_wal_size, pg_current_wal_lsn()::text, \
                     pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, \
                     pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, \
-                    (SELECT extract(epoch FROM r.flush_lag)::float8 FROM pg_stat_replication r \
-                      WHERE r.pid = s.active_pid) \
-             FROM pg_replication_slots s WHERE slot_name = $1",
+                    extract(epoch FROM r.flush_lag)::float8, r.application_name, \
+                    r.client_addr::text \
+             FROM pg_replication_slots s \
+             LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid \
+             WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
@@ -239,6 +244,8 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
         lag_bytes: r.get(8),
         retained_wal_bytes: r.get(9),
         lag_seconds: r.get(10),
+        holder_application_name: r.get(11),
+        holder_client_addr: r.get(12),
     }))
 }
 

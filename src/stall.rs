@@ -1,13 +1,54 @@
 //! The stall detector: connected, healthy-looking, and nothing moves.
 //!
-//! Stalled means something is waiting (publishes sent and not acknowledged) while the
-//! confirmed position has not advanced for `--stall-timeout`. An idle outbox is never
-//! stalled: with nothing waiting, the clock restarts. Pure apart from the log lines; the
-//! caller feeds it the time so tests need no sleeps.
+//! Stalled means something is waiting (publishes sent and not acknowledged, or a row that
+//! could not be published) while the confirmed position has not advanced for
+//! `--stall-timeout`. An idle outbox is never stalled: with nothing waiting, the clock
+//! restarts. The pipeline records its state in [`Progress`]; [`watch`] judges it on its own
+//! clock, so a pipeline blocked on NATS or between reconnections is still watched.
+//! [`StallDetector`] is pure apart from the log lines: tests feed it the time.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tracing::warn;
+
+use crate::telemetry::Readiness;
+
+/// How often [`watch`] looks at [`Progress`].
+const WATCH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// What the pipeline last reported: its confirmed position and whether anything waits.
+/// It outlives each connection attempt, so rows left unacknowledged by a failed attempt
+/// keep counting as waiting until a later attempt confirms past them.
+#[derive(Default)]
+pub struct Progress {
+    confirmed: AtomicU64,
+    waiting: AtomicBool,
+}
+
+impl Progress {
+    pub fn record(&self, confirmed: u64, waiting: bool) {
+        self.confirmed.store(confirmed, Ordering::Relaxed);
+        self.waiting.store(waiting, Ordering::Relaxed);
+    }
+}
+
+/// Judges `progress` every 250 ms for as long as the process runs; reports to `/readyz`,
+/// `pgoutbox_stalled` and `pgoutbox_last_confirmation_age_seconds`.
+pub async fn watch(progress: Arc<Progress>, readiness: Arc<Readiness>, timeout: Duration) {
+    let mut detector = StallDetector::new(timeout, Instant::now());
+    let age = metrics::gauge!("pgoutbox_last_confirmation_age_seconds");
+    let mut tick = tokio::time::interval(WATCH_INTERVAL);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let confirmed = progress.confirmed.load(Ordering::Relaxed);
+        let waiting = progress.waiting.load(Ordering::Relaxed);
+        readiness.set_stalled(detector.observe(confirmed, waiting, now));
+        age.set(detector.age(now).as_secs_f64());
+    }
+}
 
 pub struct StallDetector {
     timeout: Duration,

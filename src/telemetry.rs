@@ -18,6 +18,27 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 /// Where `/metrics`, `/healthz` and `/readyz` are served unless `--http-addr` says otherwise.
 pub const DEFAULT_HTTP_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], 9717);
 
+/// The replication connection's `application_name` names where its process serves HTTP,
+/// e.g. `pgoutbox@127.0.0.1:9717`: `status` finds the slot holder's `/metrics` through
+/// `pg_stat_replication`, and a DBA sees where to look.
+pub const ADVERTISED_PREFIX: &str = "pgoutbox@";
+
+/// The HTTP address a slot holder advertised in its `application_name`; an unspecified
+/// IP (it listens everywhere) is replaced by the address it connected to Postgres from.
+pub fn advertised_http_addr(
+    application_name: &str,
+    client_addr: Option<&str>,
+) -> Option<SocketAddr> {
+    let addr: SocketAddr = application_name.strip_prefix(ADVERTISED_PREFIX)?.parse().ok()?;
+    if !addr.ip().is_unspecified() {
+        return Some(addr);
+    }
+    let ip = client_addr
+        .and_then(|c| c.split('/').next()?.parse().ok())
+        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
+    Some(SocketAddr::new(ip, addr.port()))
+}
+
 /// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream ack
 /// of its last message.
 const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
@@ -74,10 +95,15 @@ pub struct Readiness {
     streaming: AtomicBool,
     nats: Mutex<Option<async_nats::Client>>,
     stalled: Mutex<Option<String>>,
+    /// Why the last connection attempt ended, while pgoutbox waits to reconnect.
+    retrying_after: Mutex<Option<String>>,
 }
 
 impl Readiness {
     pub fn set_streaming(&self, streaming: bool) {
+        if streaming && let Ok(mut reason) = self.retrying_after.lock() {
+            *reason = None;
+        }
         self.streaming.store(streaming, Ordering::Relaxed);
         gauge!("pgoutbox_streaming").set(f64::from(u8::from(streaming)));
     }
@@ -85,6 +111,13 @@ impl Readiness {
     pub fn set_nats(&self, client: async_nats::Client) {
         if let Ok(mut nats) = self.nats.lock() {
             *nats = Some(client);
+        }
+    }
+
+    /// Records why streaming stopped, for `/readyz` to say until it resumes.
+    pub fn set_retrying_after(&self, error: String) {
+        if let Ok(mut reason) = self.retrying_after.lock() {
+            *reason = Some(error);
         }
     }
 
@@ -108,11 +141,15 @@ impl Readiness {
             .and_then(|n| n.as_ref().map(|c| c.connection_state()))
             .is_some_and(|s| s == async_nats::connection::State::Connected);
         let streaming = self.streaming.load(Ordering::Relaxed);
+        let not_streaming = match self.retrying_after.lock().ok().and_then(|r| r.clone()) {
+            Some(error) => format!("not streaming, reconnecting after: {error}"),
+            None => "not streaming from Postgres".to_owned(),
+        };
         match (streaming, nats_connected) {
             (true, true) => Ok(()),
-            (false, true) => Err("not streaming from Postgres".into()),
+            (false, true) => Err(not_streaming),
             (true, false) => Err("not connected to NATS".into()),
-            (false, false) => Err("not streaming from Postgres; not connected to NATS".into()),
+            (false, false) => Err(format!("{not_streaming}; not connected to NATS")),
         }
     }
 }
@@ -124,30 +161,52 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
         .install_recorder()?)
 }
 
+#[cfg(test)]
+mod tests {
+    use super::advertised_http_addr;
+
+    #[test]
+    fn the_advertised_address_is_read_back_from_application_name() {
+        let addr = |name, client| advertised_http_addr(name, client).map(|a| a.to_string());
+        assert_eq!(addr("pgoutbox@127.0.0.1:9717", None).as_deref(), Some("127.0.0.1:9717"));
+        assert_eq!(addr("pgoutbox@[::1]:80", None).as_deref(), Some("[::1]:80"));
+        assert_eq!(
+            addr("pgoutbox@0.0.0.0:9717", Some("10.1.2.3/32")).as_deref(),
+            Some("10.1.2.3:9717")
+        );
+        assert_eq!(addr("pgoutbox@0.0.0.0:9717", None).as_deref(), Some("127.0.0.1:9717"));
+        assert_eq!(addr("pgoutbox", None), None);
+        assert_eq!(addr("psql", Some("10.1.2.3")), None);
+    }
+}
+
 #[derive(Clone)]
 struct AppState {
     prometheus: PrometheusHandle,
     readiness: Arc<Readiness>,
 }
 
-/// Binds `addr` (failing now if it cannot) and serves until the process ends.
+/// Binds `addr` (failing now if it cannot) and serves until the process ends; returns the
+/// address bound.
 pub async fn serve(
     addr: SocketAddr,
     prometheus: PrometheusHandle,
     readiness: Arc<Readiness>,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
+) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
     let app = Router::new()
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .with_state(AppState { prometheus, readiness });
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-    Ok(tokio::spawn(async move {
+    tokio::spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::error!(error = %err, "HTTP server stopped");
         }
-    }))
+    });
+    Ok(addr)
 }
 
 async fn metrics_text(State(state): State<AppState>) -> String {

@@ -19,7 +19,7 @@ async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     drop(first);
 
     let total = 20_000;
-    let writer = pg.psql_in_background(mixed_rows(0, total, 0.2));
+    let writer = pg.psql_in_background(mixed_rows(0, total, 1_000, 0.2));
     let js = jetstream(&nats.url()).await;
     let mut random = Lcg::from_time();
     let mut kills = Vec::new();

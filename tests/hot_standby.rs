@@ -24,7 +24,7 @@ async fn standby_takes_over_after_kill_9_of_the_active_instance() {
     let active_pid = pg.psql("SELECT active_pid FROM pg_replication_slots");
 
     pg.psql(&numbered_rows(0, 1_000, 100));
-    let writer = pg.psql_in_background(mixed_rows(1_000, 6_000, 0.1));
+    let writer = pg.psql_in_background(mixed_rows(1_000, 6_000, 1_000, 0.1));
     let js = jetstream(&nats.url()).await;
     eventually(Duration::from_secs(20), "rows streaming", || async {
         (count(&js, "OUTBOX").await >= 1_000).then_some(())

@@ -37,7 +37,7 @@ async fn cut_and_black_holed_connections_lose_and_duplicate_nothing() {
     wait_until_streaming(&pg, &app).await;
     let js = jetstream(&nats.url()).await;
 
-    let writer = pg.psql_in_background(mixed_rows(0, 6_000, 0.1));
+    let writer = pg.psql_in_background(mixed_rows(0, 6_000, 1_000, 0.1));
     eventually(Duration::from_secs(20), "rows streaming", || async {
         (count(&js, "OUTBOX").await >= 500).then_some(())
     })
@@ -81,7 +81,7 @@ async fn nats_server_restarted_mid_stream() {
     pg.psql(include_str!("../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
-    let writer = pg.psql_in_background(mixed_rows(0, 6_000, 0.1));
+    let writer = pg.psql_in_background(mixed_rows(0, 6_000, 1_000, 0.1));
     {
         let js = jetstream(&nats.url()).await;
         eventually(Duration::from_secs(20), "rows streaming", || async {

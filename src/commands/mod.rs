@@ -16,6 +16,15 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects to NATS once; the client then reconnects by itself for as long as we run.
 pub async fn connect_nats(config: &Config) -> anyhow::Result<async_nats::Client> {
+    connect_nats_watched(config, std::sync::Arc::new(tokio::sync::watch::channel(0).0)).await
+}
+
+/// Like [`connect_nats`], counting each lost connection in `disconnects`: acks awaited on
+/// a lost connection never come, and the pipeline need not wait out their timeout.
+pub async fn connect_nats_watched(
+    config: &Config,
+    disconnects: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+) -> anyhow::Result<async_nats::Client> {
     let connected_before = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     auth_options(config)
         .await?
@@ -24,6 +33,7 @@ pub async fn connect_nats(config: &Config) -> anyhow::Result<async_nats::Client>
         .max_reconnects(None)
         .event_callback(move |event| {
             let connected_before = connected_before.clone();
+            let disconnects = disconnects.clone();
             async move {
                 match event {
                     async_nats::Event::Connected => {
@@ -32,7 +42,10 @@ pub async fn connect_nats(config: &Config) -> anyhow::Result<async_nats::Client>
                         }
                         tracing::info!("NATS connected")
                     }
-                    async_nats::Event::Disconnected => tracing::warn!("NATS disconnected"),
+                    async_nats::Event::Disconnected => {
+                        disconnects.send_modify(|count| *count += 1);
+                        tracing::warn!("NATS disconnected")
+                    }
                     async_nats::Event::Closed => tracing::debug!("NATS connection closed"),
                     other => tracing::warn!(event = %other, "NATS"),
                 }

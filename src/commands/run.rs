@@ -17,10 +17,18 @@ use crate::publisher::Publisher;
 use crate::replication::ReplicationConnection;
 use crate::replication::connection::quote_literal;
 use crate::shutdown::Shutdown;
+use crate::stall::Progress;
 use crate::telemetry::{self, Metrics, Readiness};
 
 /// A connection that streamed at least this long earns a fresh backoff.
 const HEALTHY_RUN: Duration = Duration::from_secs(10);
+/// The longest wait before retrying after a NATS failure. A retry costs Postgres nothing until
+/// JetStream answers again, and a cluster that has just elected a leader should not wait
+/// out a long backoff.
+const NATS_RETRY_CAP: Duration = Duration::from_millis(500);
+/// Reading the stream's end takes milliseconds; no answer means no stream leader yet (an
+/// election), and retrying soon beats waiting out the ack timeout.
+const TAIL_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often a standby checks whether the slot became free.
 const STANDBY_POLL: Duration = Duration::from_secs(1);
 
@@ -28,18 +36,28 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     let mut shutdown = Shutdown::listen()?;
     let prometheus = telemetry::install_recorder()?;
     let readiness = Arc::new(Readiness::default());
-    match args.http_addr {
-        Some(addr) => {
+    let http_addr = match args.http_addr {
+        Some(addr) => Some(
             telemetry::serve(addr, prometheus, readiness.clone())
                 .await
-                .with_context(|| format!("listening on --http-addr {addr}"))?;
-        }
+                .with_context(|| format!("listening on --http-addr {addr}"))?,
+        ),
         None => {
             let addr = telemetry::DEFAULT_HTTP_ADDR;
-            if let Err(err) = telemetry::serve(addr.into(), prometheus, readiness.clone()).await {
-                warn!(%err, "no HTTP endpoints: the default {addr:?} is taken; set --http-addr");
+            match telemetry::serve(addr.into(), prometheus, readiness.clone()).await {
+                Ok(bound) => Some(bound),
+                Err(err) => {
+                    warn!(%err, "no HTTP endpoints: the default {addr:?} is taken; set --http-addr");
+                    None
+                }
             }
         }
+    };
+    let mut database = config.database.clone();
+    if let Some(addr) = http_addr
+        && database.get_application_name().is_none()
+    {
+        database.application_name(format!("{}{addr}", telemetry::ADVERTISED_PREFIX));
     }
     let client = prepare_database(config).await?;
     if args.retention.is_some() {
@@ -51,7 +69,9 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         )
         .await?;
     }
-    let Some(nats) = connect_nats_patiently(config, &mut shutdown).await else {
+    let (disconnects, nats_disconnects) = tokio::sync::watch::channel(0);
+    let Some(nats) = connect_nats_patiently(config, Arc::new(disconnects), &mut shutdown).await
+    else {
         return Ok(());
     };
     readiness.set_nats(nats.clone());
@@ -59,7 +79,9 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     ensure_stream_and_slot(config, &client, &publisher, args.slot.recreate_slot).await?;
     drop(client);
 
-    let mut memory = Memory::new(readiness.clone(), args.stall_timeout);
+    let progress = Arc::new(Progress::default());
+    tokio::spawn(crate::stall::watch(progress.clone(), readiness.clone(), args.stall_timeout));
+    let mut memory = Memory::new(progress, nats_disconnects);
     if let Some(keep) = args.retention {
         let column = config.pipeline.roles.created_at.clone();
         tokio::spawn(crate::retention::run(
@@ -74,9 +96,13 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     }
     let mut backoff = Backoff::new();
     let mut standby_announced = false;
+    let mut repeats = RepeatedError::default();
     loop {
         let started = Instant::now();
-        let outcome = stream_once(config, &publisher, &mut memory, &mut shutdown, &readiness).await;
+        let published_before = memory.published;
+        let outcome =
+            stream_once(config, &database, &publisher, &mut memory, &mut shutdown, &readiness)
+                .await;
         readiness.set_streaming(false);
         let delay = match outcome {
             Ok(Ended::Drained { confirmed }) => {
@@ -96,14 +122,25 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
                 STANDBY_POLL
             }
             Err(err) if err.is_retryable() => {
+                if memory.published > published_before {
+                    repeats = RepeatedError::default(); // it recovered in between
+                }
                 if let PipelineError::Postgres(_) = err {
                     Metrics::reconnect("postgres");
                 }
                 if started.elapsed() >= HEALTHY_RUN {
                     backoff.reset();
                 }
-                let delay = backoff.next_delay();
-                warn!(error = %err, retry_in = ?delay, "reconnecting");
+                let delay = match err {
+                    PipelineError::Nats(_) => backoff.next_delay().min(NATS_RETRY_CAP),
+                    _ => backoff.next_delay(),
+                };
+                let error = err.to_string();
+                match repeats.note(&error) {
+                    Some(repeated) => warn!(%error, retry_in = ?delay, repeated, "reconnecting"),
+                    None => tracing::debug!(%error, retry_in = ?delay, "reconnecting"),
+                }
+                readiness.set_retrying_after(error);
                 delay
             }
             Err(err) => return Err(err.into()),
@@ -115,19 +152,55 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     }
 }
 
+/// Keeps a failure that repeats every half second (quorum lost for minutes) from flooding
+/// the log: a new error is a warning at once, the same one again every 30 s, with a count.
+#[derive(Default)]
+struct RepeatedError {
+    last: String,
+    warned_at: Option<Instant>,
+    since_warned: u32,
+}
+
+impl RepeatedError {
+    /// `Some(times seen since the last warning)` when this one should be a warning.
+    fn note(&mut self, error: &str) -> Option<u32> {
+        const EVERY: Duration = Duration::from_secs(30);
+        self.since_warned += 1;
+        let same = self.last == error;
+        if same && self.warned_at.is_some_and(|at| at.elapsed() < EVERY) {
+            return None;
+        }
+        if !same {
+            self.last = error.to_owned();
+            self.since_warned = 1;
+        }
+        self.warned_at = Some(Instant::now());
+        Some(std::mem::take(&mut self.since_warned))
+    }
+}
+
 /// One connection attempt: read where the stream ends, start replication, stream.
+/// `database` is the configured connection with the advertised `application_name`.
 async fn stream_once(
     config: &Config,
+    database: &tokio_postgres::Config,
     publisher: &Publisher,
     memory: &mut Memory,
     shutdown: &mut Shutdown,
     readiness: &Readiness,
 ) -> Result<Ended, PipelineError> {
-    let tail = publisher
-        .tail()
-        .await
-        .map_err(|err| PipelineError::Nats(format!("reading the end of the stream: {err}")))?;
-    let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
+    let publisher = &publisher.with_fresh_ack_window();
+    let tail = match tokio::time::timeout(TAIL_TIMEOUT, publisher.tail()).await {
+        Ok(tail) => tail
+            .map_err(|err| PipelineError::Nats(format!("reading the end of the stream: {err}")))?,
+        Err(_) => {
+            let waited = TAIL_TIMEOUT.as_secs();
+            return Err(PipelineError::Nats(format!(
+                "reading the end of the stream: no answer in {waited} s (no stream leader?)"
+            )));
+        }
+    };
+    let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
     let slot = &config.slot;
     let rows = conn
         .simple_query(&format!(
@@ -165,11 +238,12 @@ async fn stream_once(
 /// NATS may come up after us: retry with backoff, saying so, until it answers.
 async fn connect_nats_patiently(
     config: &Config,
+    disconnects: Arc<tokio::sync::watch::Sender<u64>>,
     shutdown: &mut Shutdown,
 ) -> Option<async_nats::Client> {
     let mut backoff = Backoff::new();
     loop {
-        match super::connect_nats(config).await {
+        match super::connect_nats_watched(config, disconnects.clone()).await {
             Ok(client) => return Some(client),
             Err(err) => {
                 let delay = backoff.next_delay();
@@ -180,5 +254,20 @@ async fn connect_nats_patiently(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RepeatedError;
+
+    #[test]
+    fn a_repeated_error_is_warned_once_then_counted() {
+        let mut repeats = RepeatedError::default();
+        assert_eq!(repeats.note("no leader"), Some(1));
+        assert_eq!(repeats.note("no leader"), None);
+        assert_eq!(repeats.note("no leader"), None);
+        assert_eq!(repeats.note("timed out"), Some(1), "a different error is warned at once");
+        assert_eq!(repeats.note("timed out"), None);
     }
 }

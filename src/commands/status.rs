@@ -1,15 +1,22 @@
 //! `pgoutbox status [--json]`: what an operator alerts on.
 //!
-//! Exit codes: 0 healthy; 1 warning (slot inactive, lag above `--max-lag-bytes`);
-//! 2 critical (slot missing or lost, database unreachable).
+//! Exit codes: 0 healthy; 1 warning (slot inactive, lag above `--max-lag-bytes`, the
+//! running pgoutbox stalled); 2 critical (slot missing or lost, database unreachable).
+//!
+//! The slot comes from Postgres and the stream from NATS; the age of the last confirmation
+//! is known only to the running process, so it is read from its `/metrics`.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use anyhow::Context;
 use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::Config;
 use crate::publisher::Publisher;
 use crate::slot::{self, SlotState};
+use crate::telemetry;
 
 /// The health verdict, which is also the exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -19,7 +26,12 @@ pub enum Health {
     Critical = 2,
 }
 
-pub async fn run(config: &Config, json_output: bool, max_lag_bytes: i64) -> Health {
+pub async fn run(
+    config: &Config,
+    json_output: bool,
+    max_lag_bytes: i64,
+    http_addr: Option<SocketAddr>,
+) -> Health {
     let (report, health) = match slot::connect(&config.database, &config.pg_tls).await {
         Err(err) => (json!({ "slot": config.slot, "error": err.to_string() }), Health::Critical),
         Ok(client) => match slot::slot_state(&client, &config.slot).await {
@@ -27,10 +39,26 @@ pub async fn run(config: &Config, json_output: bool, max_lag_bytes: i64) -> Heal
                 (json!({ "slot": config.slot, "error": err.to_string() }), Health::Critical)
             }
             Ok(state) => {
-                let (health, problems) = judge(state.as_ref(), max_lag_bytes);
+                let (mut health, mut problems) = judge(state.as_ref(), max_lag_bytes);
                 let mut report = slot_report(&config.slot, state.as_ref());
+                // Where the running pgoutbox serves: as told, else as the slot's holder
+                // advertises it, else the default.
+                let advertised = state.as_ref().and_then(|s| {
+                    let name = s.holder_application_name.as_deref()?;
+                    telemetry::advertised_http_addr(name, s.holder_client_addr.as_deref())
+                });
+                let default = SocketAddr::from(telemetry::DEFAULT_HTTP_ADDR);
+                let process = process_report(http_addr.or(advertised).unwrap_or(default)).await;
+                if process["stalled"] == json!(true) {
+                    problems.push(format!(
+                        "pgoutbox is stalled: nothing confirmed for {} s while messages wait",
+                        process["last_confirmation_age_seconds"]
+                    ));
+                    health = health.max(Health::Warning);
+                }
                 report["problems"] = json!(problems);
                 report["stream"] = stream_report(config).await;
+                report["pgoutbox"] = process;
                 (report, health)
             }
         },
@@ -114,6 +142,51 @@ async fn stream_report(config: &Config) -> serde_json::Value {
     }
 }
 
+/// The running process's view, from its `/metrics`; never fails the command.
+async fn process_report(addr: SocketAddr) -> serde_json::Value {
+    // A process listening on every interface is reached on loopback.
+    let addr = match addr.ip().is_unspecified() {
+        true => SocketAddr::from((Ipv4Addr::LOCALHOST, addr.port())),
+        false => addr,
+    };
+    let gauges = async {
+        let text = scrape_metrics(addr).await?;
+        let gauge = |name: &str| {
+            text.lines()
+                .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|value| value.trim().parse::<f64>().ok())
+        };
+        let age = gauge("pgoutbox_last_confirmation_age_seconds")
+            .context("its /metrics has no pgoutbox_last_confirmation_age_seconds")?;
+        anyhow::Ok(json!({
+            "http_addr": addr.to_string(),
+            "last_confirmation_age_seconds": (age * 10.0).round() / 10.0,
+            "stalled": gauge("pgoutbox_stalled") == Some(1.0),
+        }))
+    };
+    match tokio::time::timeout(Duration::from_secs(3), gauges).await {
+        Ok(Ok(report)) => report,
+        Ok(Err(err)) => json!({
+            "http_addr": addr.to_string(),
+            "error": format!("no running pgoutbox read at {addr}: {err:#} (set --http-addr)"),
+        }),
+        Err(_) => json!({ "http_addr": addr.to_string(), "error": "no answer within 3 s" }),
+    }
+}
+
+/// One plain HTTP/1.0 GET of `/metrics`: the body, if the answer is 200.
+async fn scrape_metrics(addr: SocketAddr) -> anyhow::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.context("connect")?;
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.context("send")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.context("read")?;
+    let (head, body) = response.split_once("\r\n\r\n").context("not an HTTP response")?;
+    let code = head.split_whitespace().nth(1).unwrap_or_default();
+    anyhow::ensure!(code == "200", "HTTP status {code}");
+    Ok(body.to_owned())
+}
+
 fn print_table(report: &serde_json::Value) {
     let mut rows: Vec<(String, String)> = Vec::new();
     let mut push = |prefix: &str, value: &serde_json::Value| {
@@ -133,6 +206,7 @@ fn print_table(report: &serde_json::Value) {
     };
     push("", report);
     push("stream.", &report["stream"]);
+    push("pgoutbox.", &report["pgoutbox"]);
     if let Some(problems) = report["problems"].as_array() {
         for problem in problems {
             rows.push(("problem".into(), problem.as_str().unwrap_or_default().to_owned()));

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod cluster;
 pub mod nats;
 pub mod pgoutbox;
 pub mod postgres;
@@ -72,14 +73,14 @@ pub fn numbered_rows(from: usize, to: usize, per_tx: usize) -> String {
     sql
 }
 
-/// Like [`numbered_rows`], alternating 1-row and 1,000-row transactions, with a short pause
+/// Like [`numbered_rows`], alternating 1-row and `big`-row transactions, with a short pause
 /// between transactions so the rows keep arriving while a test injects faults.
-pub fn mixed_rows(from: usize, to: usize, pause_seconds: f64) -> String {
+pub fn mixed_rows(from: usize, to: usize, big_tx: usize, pause_seconds: f64) -> String {
     let mut sql = String::new();
     let mut start = from;
     let mut big = false;
     while start < to {
-        let size = if big { 1_000 } else { 1 };
+        let size = if big { big_tx } else { 1 };
         let end = (start + size).min(to);
         sql.push_str(&numbered_rows(start, end, size));
         if pause_seconds > 0.0 {
@@ -145,4 +146,57 @@ pub async fn stop_and_wait_released(pg: &Postgres, app: pgoutbox::Pgoutbox) {
         (pg.psql("SELECT active FROM pg_replication_slots") == "f").then_some(())
     })
     .await;
+}
+
+/// `X/Y` as Postgres prints an LSN, as a number.
+pub fn parse_lsn(text: &str) -> u64 {
+    let (high, low) = text.split_once('/').expect("an LSN looks like X/Y");
+    let high = u64::from_str_radix(high, 16).expect("LSN high half is hex");
+    let low = u64::from_str_radix(low, 16).expect("LSN low half is hex");
+    (high << 32) | low
+}
+
+/// One reading of the slot's `confirmed_flush_lsn` and when it was read.
+#[derive(Debug, Clone, Copy)]
+pub struct ConfirmedSample {
+    pub confirmed: u64,
+    /// Taken after the query returned, in nanoseconds since the Unix epoch.
+    pub taken_at_nanos: i128,
+}
+
+/// Reads the default slot's `confirmed_flush_lsn` every 100 ms on a thread, until
+/// [`ConfirmedSampler::finish`]; see [`stream::confirmed_ahead_of_stored`].
+pub struct ConfirmedSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<Vec<ConfirmedSample>>,
+}
+
+impl ConfirmedSampler {
+    pub fn start(pg: &Postgres) -> ConfirmedSampler {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let pg = pg.client_handle();
+        let handle = std::thread::spawn(move || {
+            let mut samples = Vec::new();
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let query = "SELECT confirmed_flush_lsn FROM pg_replication_slots \
+                             WHERE slot_name = 'pgoutbox'";
+                if let Ok(lsn) = pg.try_psql(query) {
+                    let taken_at_nanos = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_nanos() as i128)
+                        .unwrap_or_default();
+                    samples.push(ConfirmedSample { confirmed: parse_lsn(&lsn), taken_at_nanos });
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            samples
+        });
+        ConfirmedSampler { stop, handle }
+    }
+
+    pub fn finish(self) -> Vec<ConfirmedSample> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.handle.join().expect("sampler thread")
+    }
 }

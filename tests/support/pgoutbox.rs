@@ -65,6 +65,11 @@ impl Pgoutbox {
         self.child.id()
     }
 
+    /// Whether the process is still running (it has not exited or crashed).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Asks for a graceful stop.
     pub fn sigterm(&self) {
         signal(self.child.id(), "TERM");

@@ -137,6 +137,29 @@ impl Postgres {
         std::thread::spawn(move || run_psql(&bin, port, "postgres", &sql))
     }
 
+    /// A psql runner that a thread can own.
+    pub fn client_handle(&self) -> Psql {
+        Psql { bin: self.bin.clone(), port: self.port }
+    }
+
+    /// Commits numbered rows (see [`super::numbered_rows`]) from `from` on, alternating 1-row
+    /// and 100-row transactions with `pause_seconds` after each, until [`Writer::finish`].
+    pub fn start_writer(&self, from: usize, pause_seconds: f64) -> Writer {
+        let psql = self.client_handle();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut next = from;
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let sql = super::mixed_rows(next, next + 101, 100, pause_seconds);
+                psql.try_psql(&sql)?;
+                next += 101;
+            }
+            Ok(next)
+        });
+        Writer { stop, handle }
+    }
+
     /// `pg_ctl stop -m fast|immediate`.
     pub fn stop(&mut self, mode: &str) {
         let out = self.pg_ctl(&["stop", "-w", "-m", mode]);
@@ -181,6 +204,36 @@ impl Drop for Postgres {
     fn drop(&mut self) {
         if self.running {
             let _ = self.pg_ctl(&["stop", "-w", "-m", "immediate"]);
+        }
+    }
+}
+
+/// Runs psql against one server, from any thread.
+pub struct Psql {
+    bin: PathBuf,
+    port: u16,
+}
+
+impl Psql {
+    pub fn try_psql(&self, sql: &str) -> Result<String, String> {
+        run_psql(&self.bin, self.port, "postgres", sql)
+    }
+}
+
+/// A background writer of numbered rows; see [`Postgres::start_writer`].
+pub struct Writer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: std::thread::JoinHandle<Result<usize, String>>,
+}
+
+impl Writer {
+    /// Stops after the transactions under way; returns the number after the last row written.
+    pub fn finish(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        match self.handle.join() {
+            Ok(Ok(next)) => next,
+            Ok(Err(err)) => panic!("the writer's inserts failed: {err}"),
+            Err(_) => panic!("the writer thread panicked"),
         }
     }
 }

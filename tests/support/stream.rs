@@ -12,6 +12,8 @@ pub struct Stored {
     pub subject: String,
     pub headers: Vec<(String, String)>,
     pub payload: Vec<u8>,
+    /// When JetStream stored it, in nanoseconds since the Unix epoch.
+    pub stored_at_nanos: i128,
 }
 
 impl Stored {
@@ -24,8 +26,11 @@ impl Stored {
     }
 }
 
+/// A client of the server (or comma-separated servers) at `nats_url`.
 pub async fn jetstream(nats_url: &str) -> jetstream::Context {
-    let client = async_nats::connect(nats_url).await.expect("test client connects to NATS");
+    let servers: Vec<async_nats::ServerAddr> =
+        nats_url.split(',').map(|url| url.parse().expect("a NATS URL")).collect();
+    let client = async_nats::connect(servers).await.expect("test client connects to NATS");
     jetstream::new(client)
 }
 
@@ -60,10 +65,13 @@ pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
                     .collect()
             })
             .unwrap_or_default();
+        let stored_at_nanos =
+            next.info().expect("message metadata").published.unix_timestamp_nanos();
         out.push(Stored {
             subject: next.subject.to_string(),
             headers,
             payload: next.payload.to_vec(),
+            stored_at_nanos,
         });
     }
     out
@@ -96,4 +104,40 @@ pub fn audit(messages: &[Stored], expected: usize) -> Audit {
     }
     audit.lost = (0..expected).filter(|n| !seen.contains(n)).count();
     audit
+}
+
+/// Checks the rule that the slot is never confirmed past a row JetStream has not stored:
+/// for each sample of `confirmed_flush_lsn` taken at time t, every message whose commit LSN
+/// is below it must have been stored before t. Returns the violations found.
+pub fn confirmed_ahead_of_stored(
+    samples: &[super::ConfirmedSample],
+    messages: &[Stored],
+) -> Vec<String> {
+    let mut by_commit: Vec<(u64, i128)> = messages
+        .iter()
+        .filter_map(|m| {
+            let position = m.header("Pgoutbox-Position")?;
+            Some((super::parse_lsn(position.split(':').next()?), m.stored_at_nanos))
+        })
+        .collect();
+    by_commit.sort_unstable();
+    let mut latest_store = Vec::with_capacity(by_commit.len());
+    let mut latest = i128::MIN;
+    for (_, stored_at) in &by_commit {
+        latest = latest.max(*stored_at);
+        latest_store.push(latest);
+    }
+    samples
+        .iter()
+        .filter_map(|sample| {
+            let below = by_commit.partition_point(|(commit, _)| *commit < sample.confirmed);
+            let stored_by = *latest_store.get(below.checked_sub(1)?)?;
+            (stored_by > sample.taken_at_nanos).then(|| {
+                format!(
+                    "confirmed {:X} at {} ns, but a message below it was stored at {stored_by} ns",
+                    sample.confirmed, sample.taken_at_nanos
+                )
+            })
+        })
+        .collect()
 }
