@@ -188,7 +188,9 @@ impl<'a> Pipeline<'a> {
                 () = shutdown.requested() => return self.drain().await,
                 ack = oldest_ack(&mut self.in_flight) => self.on_ack(ack)?,
                 Ok(()) = self.nats_disconnects.changed() => {
-                    Metrics::publish_error("connection");
+                    if !self.in_flight.is_empty() {
+                        Metrics::publish_error("connection");
+                    }
                     return Err(PipelineError::Nats(
                         "the connection to NATS was lost, and with it the acks awaited".into(),
                     ));

@@ -79,6 +79,15 @@ async fn a_frozen_nats_is_reported_as_a_stall_and_recovers() {
     assert!(age.is_some_and(|a| a >= 15.0), "status: {report:#}");
     assert_eq!(report["pgoutbox"]["stalled"], true, "status: {report:#}");
     assert_eq!(code, Some(1), "a stall is a warning: {report:#}");
+    let timeouts = eventually(Duration::from_secs(15), "ack timeouts counted", || async {
+        let (_, text) = http_get(port, "/metrics")?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("pgoutbox_publish_errors_total{kind=\"timeout\"}"))?;
+        line.rsplit(' ').next()?.parse::<f64>().ok().filter(|n| *n >= 1.0)
+    })
+    .await;
+    eprintln!("publish errors of kind timeout: {timeouts}");
 
     proxy.restore();
     eventually(Duration::from_secs(60), "/readyz 200 after the thaw", || async {

@@ -11,7 +11,7 @@ use support::cluster::NatsCluster;
 use support::pgoutbox::{Pgoutbox, command};
 use support::postgres::Writer;
 use support::stream::{audit, confirmed_ahead_of_stored, count, jetstream, read_all};
-use support::{ConfirmedSampler, Lcg, Postgres, eventually, http_get, wait_until_streaming};
+use support::{ConfirmedSampler, Lcg, Postgres, eventually, wait_until_streaming};
 
 const STREAM: &str = "OUTBOX";
 
@@ -109,13 +109,6 @@ async fn stream_leader_killed_twice() {
         c.nats.wait_until_stream_healthy(STREAM, Duration::from_secs(60));
     }
     c.wait_for_progress(500, "rows flowing after both elections").await;
-    let (_, metrics) = http_get(c.app.http_port(), "/metrics").expect("/metrics answers");
-    let publish_errors: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("pgoutbox_publish_errors_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
-    assert!(publish_errors >= 2.0, "elections not counted as publish errors:\n{metrics}");
     c.finish().await;
 }
 

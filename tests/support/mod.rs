@@ -34,12 +34,27 @@ where
     }
 }
 
-/// A port nothing listens on right now.
+/// A port nothing listens on right now, below the kernel's ephemeral range. A server
+/// restarted on its port must find it free; an ephemeral port may meanwhile be the source
+/// port of an outgoing connection, even of a client retrying that very server on loopback
+/// (TCP then connects the socket to itself), which made cluster restarts fail.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral port")
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u64>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000, ephemeral_low.max(10_100));
+    let seed = u64::from(std::process::id()) << 32;
+    for _ in 0..1_000 {
+        let draw = DRAWS.fetch_add(1, Ordering::Relaxed);
+        let port = Lcg(seed ^ draw.wrapping_mul(0x9E37_79B9_7F4A_7C15)).between(low, high) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between {low} and {high}")
 }
 
 /// Waits until `app` holds the slot and streams (the slot is active).
