@@ -23,20 +23,26 @@ pub const DEFAULT_HTTP_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], 9717);
 /// `pg_stat_replication`, and a DBA sees where to look.
 pub const ADVERTISED_PREFIX: &str = "pgoutbox@";
 
-/// The HTTP address a slot holder advertised in its `application_name`; an unspecified
-/// IP (it listens everywhere) is replaced by the address it connected to Postgres from.
+/// The HTTP address a slot holder advertised in its `application_name`, made reachable
+/// (see [`reachable`]) from the address it connected to Postgres from.
 pub fn advertised_http_addr(
     application_name: &str,
     client_addr: Option<&str>,
 ) -> Option<SocketAddr> {
     let addr: SocketAddr = application_name.strip_prefix(ADVERTISED_PREFIX)?.parse().ok()?;
-    if !addr.ip().is_unspecified() {
-        return Some(addr);
+    let host = client_addr.and_then(|c| c.split('/').next()?.parse().ok());
+    Some(reachable(addr, host))
+}
+
+/// Where to reach a listen address: one that listens on every interface is reached on
+/// `host` (its machine), or on loopback when that is unknown.
+pub fn reachable(addr: SocketAddr, host: Option<std::net::IpAddr>) -> SocketAddr {
+    match addr.ip().is_unspecified() {
+        true => {
+            SocketAddr::new(host.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])), addr.port())
+        }
+        false => addr,
     }
-    let ip = client_addr
-        .and_then(|c| c.split('/').next()?.parse().ok())
-        .unwrap_or(std::net::IpAddr::from([127, 0, 0, 1]));
-    Some(SocketAddr::new(ip, addr.port()))
 }
 
 /// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream ack
@@ -161,25 +167,6 @@ pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
         .install_recorder()?)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::advertised_http_addr;
-
-    #[test]
-    fn the_advertised_address_is_read_back_from_application_name() {
-        let addr = |name, client| advertised_http_addr(name, client).map(|a| a.to_string());
-        assert_eq!(addr("pgoutbox@127.0.0.1:9717", None).as_deref(), Some("127.0.0.1:9717"));
-        assert_eq!(addr("pgoutbox@[::1]:80", None).as_deref(), Some("[::1]:80"));
-        assert_eq!(
-            addr("pgoutbox@0.0.0.0:9717", Some("10.1.2.3/32")).as_deref(),
-            Some("10.1.2.3:9717")
-        );
-        assert_eq!(addr("pgoutbox@0.0.0.0:9717", None).as_deref(), Some("127.0.0.1:9717"));
-        assert_eq!(addr("pgoutbox", None), None);
-        assert_eq!(addr("psql", Some("10.1.2.3")), None);
-    }
-}
-
 #[derive(Clone)]
 struct AppState {
     prometheus: PrometheusHandle,
@@ -218,5 +205,24 @@ async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
     match state.readiness.check() {
         Ok(()) => (StatusCode::OK, "ready\n".into()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertised_http_addr;
+
+    #[test]
+    fn the_advertised_address_is_read_back_from_application_name() {
+        let addr = |name, client| advertised_http_addr(name, client).map(|a| a.to_string());
+        assert_eq!(addr("pgoutbox@127.0.0.1:9717", None).as_deref(), Some("127.0.0.1:9717"));
+        assert_eq!(addr("pgoutbox@[::1]:80", None).as_deref(), Some("[::1]:80"));
+        assert_eq!(
+            addr("pgoutbox@0.0.0.0:9717", Some("10.1.2.3/32")).as_deref(),
+            Some("10.1.2.3:9717")
+        );
+        assert_eq!(addr("pgoutbox@0.0.0.0:9717", None).as_deref(), Some("127.0.0.1:9717"));
+        assert_eq!(addr("pgoutbox", None), None);
+        assert_eq!(addr("psql", Some("10.1.2.3")), None);
     }
 }

@@ -50,6 +50,19 @@ impl Cluster {
         .await;
     }
 
+    /// Kills `node` (kill -9) and waits until rows flow again without it.
+    async fn kill_and_wait_for_progress(&mut self, node: usize, what: &str) {
+        self.nats.node(node).kill();
+        self.wait_for_progress(500, what).await;
+        self.assert_running();
+    }
+
+    /// Starts `node` again and waits until the stream's replicas are all current.
+    fn restart(&mut self, node: usize) {
+        self.nats.node(node).start_again();
+        self.nats.wait_until_stream_healthy(STREAM, Duration::from_secs(60));
+    }
+
     fn assert_running(&mut self) {
         assert!(self.app.is_running(), "pgoutbox exited; log:\n{}", self.app.log());
     }
@@ -100,13 +113,10 @@ async fn stream_leader_killed_twice() {
         c.wait_for_progress(500, "rows flowing before the leader is killed").await;
         let leader = c.nats.wait_until_stream_healthy(STREAM, Duration::from_secs(60));
         eprintln!("round {round}: killing stream leader n{leader}");
-        c.nats.node(leader).kill();
-        c.wait_for_progress(500, "rows flowing under a new leader").await;
+        c.kill_and_wait_for_progress(leader, "rows flowing under a new leader").await;
         let new_leader = c.nats.stream_leader(STREAM);
         assert!(new_leader.is_some_and(|l| l != leader), "no new leader: {new_leader:?}");
-        c.assert_running();
-        c.nats.node(leader).start_again();
-        c.nats.wait_until_stream_healthy(STREAM, Duration::from_secs(60));
+        c.restart(leader);
     }
     c.wait_for_progress(500, "rows flowing after both elections").await;
     c.finish().await;
@@ -118,13 +128,10 @@ async fn connected_server_killed() {
     c.wait_for_progress(500, "rows flowing before the server is killed").await;
     let connected = c.nats.connected_to("pgoutbox").expect("pgoutbox is connected to a server");
     eprintln!("killing n{connected}, the server pgoutbox is connected to");
-    c.nats.node(connected).kill();
-    c.wait_for_progress(500, "rows flowing after the server died").await;
+    c.kill_and_wait_for_progress(connected, "rows flowing after the server died").await;
     let now = c.nats.connected_to("pgoutbox");
     assert!(now.is_some_and(|n| n != connected), "pgoutbox did not fail over: {now:?}");
-    c.assert_running();
-    c.nats.node(connected).start_again();
-    c.nats.wait_until_stream_healthy(STREAM, Duration::from_secs(60));
+    c.restart(connected);
     c.wait_for_progress(500, "rows flowing with the server back").await;
     c.finish().await;
 }

@@ -6,7 +6,7 @@
 //! The slot comes from Postgres and the stream from NATS; the age of the last confirmation
 //! is known only to the running process, so it is read from its `/metrics`.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -144,11 +144,7 @@ async fn stream_report(config: &Config) -> serde_json::Value {
 
 /// The running process's view, from its `/metrics`; never fails the command.
 async fn process_report(addr: SocketAddr) -> serde_json::Value {
-    // A process listening on every interface is reached on loopback.
-    let addr = match addr.ip().is_unspecified() {
-        true => SocketAddr::from((Ipv4Addr::LOCALHOST, addr.port())),
-        false => addr,
-    };
+    let addr = telemetry::reachable(addr, None);
     let gauges = async {
         let text = scrape_metrics(addr).await?;
         let gauge = |name: &str| {
