@@ -27,6 +27,15 @@ pub enum PipelineError {
              `pgoutbox setup --recreate-slot` once you have decided how to recover"
     )]
     SlotInvalidated { slot: String, detail: String },
+    #[error(
+        "stream {stream} is written by another pgoutbox source ({writer}: system id/database/slot), \
+         and one stream takes one source; give this one a stream and subjects of its own, e.g. \
+         --stream {stream}_{database_token} --subject-template 'outbox_{database_token}.{{aggregate_type}}.{{event_type}}' \
+         --dead-letter-subject outbox_{database_token}.dead_letter; or, only if that source is \
+         stopped for good (this database restored into a new cluster), take the stream over \
+         with --recreate-slot (see docs/guarantees.md, one writer per stream)"
+    )]
+    StreamClaimed { stream: String, writer: String, database_token: String },
     #[error("the pgoutput stream could not be decoded: {0}")]
     Decode(#[from] DecodeError),
     #[error("the pgoutput stream broke protocol: {0}")]
@@ -38,6 +47,15 @@ pub enum PipelineError {
 }
 
 impl PipelineError {
+    /// The refusal to write a stream that another source writes; `database` names ours.
+    pub fn stream_claimed(stream: &str, writer: String, database: &str) -> Self {
+        let database_token: String = database
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+            .collect();
+        Self::StreamClaimed { stream: stream.to_owned(), writer, database_token }
+    }
+
     /// Whether reconnecting may help.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Postgres(_) | Self::Nats(_) | Self::SlotBusy { .. })

@@ -15,6 +15,7 @@
 //! owns the loop and LSN bookkeeping; `slot` is SQL for setup and status; `cli`, `config`
 //! and `commands` are the edges.
 
+pub mod claim;
 pub mod cli;
 pub mod commands;
 pub mod config;
@@ -28,6 +29,7 @@ pub mod replication;
 pub mod retention;
 pub mod shutdown;
 pub mod slot;
+pub mod source;
 pub mod stall;
 pub mod telemetry;
 pub mod tls;

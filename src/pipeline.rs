@@ -17,7 +17,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::str::FromStr;
+
 use async_nats::HeaderMap;
+use async_nats::header::HeaderValue;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::publish::PublishAck;
 use bytes::Bytes;
@@ -27,11 +30,12 @@ use crate::error::PipelineError;
 use crate::outbox::{ColumnRoles, OutboxEvent, Rejection, RowMapping, SubjectTemplate};
 use crate::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::progress::{LsnTracker, Position};
-use crate::publisher::{MAX_IN_FLIGHT, POSITION_HEADER, Publisher, StreamTail};
+use crate::publisher::{MAX_IN_FLIGHT, POSITION_HEADER, Publisher};
 use crate::replication::wire::pg_now_micros;
 use crate::replication::{ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::retention::PublishedUpTo;
 use crate::shutdown::Shutdown;
+use crate::source::{SOURCE_HEADER, Source};
 use crate::stall::Progress;
 use crate::telemetry::Metrics;
 
@@ -98,6 +102,18 @@ struct Transaction {
     next_index: u32,
 }
 
+/// Where an attempt starts, and what the stream already holds.
+pub struct Resume {
+    /// The slot's `confirmed_flush_lsn`.
+    pub lsn: u64,
+    /// The stream's last sequence: the first publish expects it.
+    pub stream_sequence: u64,
+    /// Rows at or before this position are in the stream already (`crate::source`).
+    pub skip_through: Option<Position>,
+    /// Named in every message's `Pgoutbox-Source` header.
+    pub source: Source,
+}
+
 pub struct Pipeline<'a> {
     config: &'a PipelineConfig,
     conn: ReplicationConnection,
@@ -110,6 +126,8 @@ pub struct Pipeline<'a> {
     /// Rows at or before this position are already in the stream.
     skip_through: Option<Position>,
     expected_last_sequence: u64,
+    /// `Pgoutbox-Source` of every message, rendered once.
+    source_header: HeaderValue,
     reported: u64,
     reported_at: Instant,
     /// The furthest WAL position the server reported: lag is measured against it.
@@ -134,9 +152,9 @@ impl<'a> Pipeline<'a> {
         conn: ReplicationConnection,
         publisher: &'a Publisher,
         memory: &'a mut Memory,
-        start_lsn: u64,
-        tail: StreamTail,
+        resume: Resume,
     ) -> Self {
+        let start_lsn = resume.lsn;
         let mut nats_disconnects = memory.nats_disconnects.clone();
         nats_disconnects.mark_unchanged();
         Pipeline {
@@ -150,8 +168,11 @@ impl<'a> Pipeline<'a> {
             in_flight: VecDeque::with_capacity(MAX_IN_FLIGHT),
             mappings: HashMap::new(),
             transaction: None,
-            skip_through: tail.last_position,
-            expected_last_sequence: tail.last_sequence,
+            skip_through: resume.skip_through,
+            expected_last_sequence: resume.stream_sequence,
+            // Source fields are made header-safe in `Source::new`.
+            source_header: HeaderValue::from_str(&resume.source.to_string())
+                .unwrap_or_else(|_| HeaderValue::from("unknown")),
             reported: start_lsn,
             reported_at: Instant::now(),
             server_wal_end: start_lsn,
@@ -415,6 +436,7 @@ impl<'a> Pipeline<'a> {
         let OutboxEvent { subject, mut headers, payload, .. } = event;
         let bytes = payload.len();
         headers.insert(POSITION_HEADER, position.to_string());
+        headers.insert(SOURCE_HEADER, self.source_header.clone());
         headers.insert(
             async_nats::header::NATS_EXPECTED_LAST_SEQUENCE,
             self.expected_last_sequence.to_string(),

@@ -188,7 +188,7 @@ mod tests {
 /// Where a row sits in the commit order: its transaction's commit LSN and its index within
 /// that transaction. Carried in the `Pgoutbox-Position` header so that, on start, the last
 /// stored message tells which rows JetStream already has, however old they are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Position {
     pub commit_lsn: u64,
     pub index: u32,

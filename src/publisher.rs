@@ -13,6 +13,7 @@ use async_nats::jetstream::{self, context::PublishAckFuture, stream};
 use bytes::Bytes;
 
 use crate::progress::Position;
+use crate::source::{SOURCE_HEADER, TailOrigin};
 
 /// Header carrying the row's [`Position`].
 pub const POSITION_HEADER: &str = "Pgoutbox-Position";
@@ -36,11 +37,11 @@ pub enum PublisherError {
 }
 
 /// The end of the stream when pgoutbox starts or resumes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StreamTail {
     pub last_sequence: u64,
-    /// The position of the last stored message, if it carries one.
-    pub last_position: Option<Position>,
+    /// Where the last stored message came from, as far as its headers say.
+    pub origin: TailOrigin,
 }
 
 #[derive(Clone)]
@@ -67,6 +68,11 @@ impl Publisher {
     /// for 20 s after a leader election, before each attempt got its own window).
     pub fn with_fresh_ack_window(&self) -> Publisher {
         Publisher::new(self.client.clone(), &self.stream, self.ack_timeout)
+    }
+
+    /// The JetStream context, for the stream claims (`crate::claim`).
+    pub fn context(&self) -> &jetstream::Context {
+        &self.js
     }
 
     /// Creates the stream if it is missing; an existing stream is only checked, never changed.
@@ -132,14 +138,18 @@ impl Publisher {
         if last_sequence == 0 {
             return Ok(StreamTail::default());
         }
-        let last_position = match stream.get_raw_message(last_sequence).await {
+        let origin = match stream.get_raw_message(last_sequence).await {
             Ok(message) => {
-                message.headers.get(POSITION_HEADER).and_then(|v| v.as_str().parse().ok())
+                let header = |name| message.headers.get(name).map(|v| v.as_str().to_owned());
+                TailOrigin {
+                    source: header(SOURCE_HEADER),
+                    position: header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()),
+                }
             }
             // The last message was deleted or purged: nothing to skip by.
-            Err(_) => None,
+            Err(_) => TailOrigin::default(),
         };
-        Ok(StreamTail { last_sequence, last_position })
+        Ok(StreamTail { last_sequence, origin })
     }
 
     /// Sends one message; the returned future resolves when JetStream stored it.

@@ -215,6 +215,9 @@ pub struct SlotState {
     /// The streamer's `application_name` and client address, while it is connected.
     pub holder_application_name: Option<String>,
     pub holder_client_addr: Option<String>,
+    /// Whether the slot was made for the database we are connected to (slots are
+    /// cluster-wide, so two databases left on the default `--slot` meet here).
+    pub in_this_database: bool,
 }
 
 pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>, SetupError> {
@@ -225,7 +228,7 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
                     pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, \
                     pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, \
                     extract(epoch FROM r.flush_lag)::float8, r.application_name, \
-                    r.client_addr::text \
+                    r.client_addr::text, s.database = current_database() \
              FROM pg_replication_slots s \
              LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid \
              WHERE slot_name = $1",
@@ -246,6 +249,7 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
         lag_seconds: r.get(10),
         holder_application_name: r.get(11),
         holder_client_addr: r.get(12),
+        in_this_database: r.get::<_, Option<bool>>(13).unwrap_or(false),
     }))
 }
 

@@ -9,14 +9,16 @@ use tracing::{info, warn};
 
 use super::Backoff;
 use super::setup::{ensure_stream_and_slot, prepare_database};
+use crate::claim::{Claim, Claims};
 use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::error::PipelineError;
-use crate::pipeline::{Ended, Memory, Pipeline};
+use crate::pipeline::{Ended, Memory, Pipeline, Resume};
 use crate::publisher::Publisher;
 use crate::replication::ReplicationConnection;
 use crate::replication::connection::quote_literal;
 use crate::shutdown::Shutdown;
+use crate::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::stall::Progress;
 use crate::telemetry::{self, Metrics, Readiness};
 
@@ -76,7 +78,8 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     };
     readiness.set_nats(nats.clone());
     let publisher = Publisher::new(nats, &config.stream, super::ACK_TIMEOUT);
-    ensure_stream_and_slot(config, &client, &publisher, args.slot.recreate_slot).await?;
+    let claims =
+        ensure_stream_and_slot(config, &client, &publisher, args.slot.recreate_slot).await?;
     drop(client);
 
     let progress = Arc::new(Progress::default());
@@ -100,9 +103,16 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     loop {
         let started = Instant::now();
         let published_before = memory.published;
-        let outcome =
-            stream_once(config, &database, &publisher, &mut memory, &mut shutdown, &readiness)
-                .await;
+        let outcome = stream_once(
+            config,
+            &database,
+            &publisher,
+            &claims,
+            &mut memory,
+            &mut shutdown,
+            &readiness,
+        )
+        .await;
         readiness.set_streaming(false);
         let delay = match outcome {
             Ok(Ended::Drained { confirmed }) => {
@@ -179,12 +189,14 @@ impl RepeatedError {
     }
 }
 
-/// One connection attempt: read where the stream ends, start replication, stream.
+/// One connection attempt: read where the stream ends, make sure this source still holds
+/// the stream, decide what the tail lets us skip, start replication, stream.
 /// `database` is the configured connection with the advertised `application_name`.
 async fn stream_once(
     config: &Config,
     database: &tokio_postgres::Config,
     publisher: &Publisher,
+    claims: &Claims,
     memory: &mut Memory,
     shutdown: &mut Shutdown,
     readiness: &Readiness,
@@ -202,6 +214,37 @@ async fn stream_once(
     };
     let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
     let slot = &config.slot;
+    let identity = conn.identify_system().await?;
+    let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
+    match claims.claim(&config.stream, &source).await {
+        Ok(Claim::Theirs(writer)) => {
+            return Err(PipelineError::stream_claimed(&config.stream, writer, &source.database));
+        }
+        Ok(_) => {}
+        Err(err) => return Err(PipelineError::Nats(err.to_string())),
+    }
+    let history = match tail.origin.source.as_deref().and_then(|s| s.parse::<Source>().ok()) {
+        Some(theirs) if theirs.timeline < source.timeline => {
+            parse_timeline_history(&conn.timeline_history(source.timeline).await?)
+        }
+        _ => Vec::new(),
+    };
+    let skip_through = match judge_tail(&source, identity.wal_end, &history, &tail.origin) {
+        TailVerdict::SkipThrough(position) => Some(position),
+        TailVerdict::NothingToSkip(why) => {
+            if let Some(why) = why {
+                warn!(stream = %config.stream, "{why}");
+            }
+            None
+        }
+        // The claim is ours, so the tail is the previous source's, from before the
+        // operator moved the stream to this one (`--recreate-slot`).
+        TailVerdict::OtherWriter(theirs) => {
+            warn!(stream = %config.stream, previous = %theirs,
+                "the stream's last message is another source's; nothing is skipped");
+            None
+        }
+    };
     let rows = conn
         .simple_query(&format!(
             "SELECT confirmed_flush_lsn::text, wal_status, active FROM pg_replication_slots \
@@ -228,11 +271,14 @@ async fn stream_once(
     readiness.set_streaming(true);
     info!(
         %slot,
+        %source,
         from = %tokio_postgres::types::PgLsn::from(start),
         stream_sequence = tail.last_sequence,
+        skip_through = skip_through.map(|p| p.to_string()),
         "streaming"
     );
-    Pipeline::new(&config.pipeline, conn, publisher, memory, start, tail).run(shutdown).await
+    let resume = Resume { lsn: start, stream_sequence: tail.last_sequence, skip_through, source };
+    Pipeline::new(&config.pipeline, conn, publisher, memory, resume).run(shutdown).await
 }
 
 /// NATS may come up after us: retry with backoff, saying so, until it answers.

@@ -3,11 +3,14 @@
 use anyhow::Context;
 use tracing::{info, warn};
 
+use crate::claim::{Claim, Claims};
 use crate::cli::SlotArgs;
 use crate::config::Config;
 use crate::error::PipelineError;
 use crate::publisher::Publisher;
+use crate::replication::ReplicationConnection;
 use crate::slot;
+use crate::source::Source;
 
 pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
     let client = prepare_database(config).await?;
@@ -31,21 +34,36 @@ pub async fn prepare_database(config: &Config) -> anyhow::Result<tokio_postgres:
     Ok(client)
 }
 
-/// Creates the stream and the slot when missing. A missing slot is created only when the
-/// stream shows no sign of an earlier run, or when the operator asked for it: a slot that
-/// vanished means events may have been skipped, and that must not pass silently.
+/// Creates the stream and the slot when missing, after claiming the stream for this
+/// source (`crate::claim`). A missing slot is created only when this source never wrote the
+/// stream, or when the operator asked for it: a slot that vanished means events may have
+/// been skipped, and that must not pass silently.
 pub async fn ensure_stream_and_slot(
     config: &Config,
     client: &tokio_postgres::Client,
     publisher: &Publisher,
     recreate: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Claims> {
     publisher
         .ensure_stream(&config.stream_subjects(), config.stream_replicas)
         .await
         .with_context(|| format!("preparing stream {}", config.stream))?;
+    let source = identify_source(config).await?;
     let name = &config.slot;
-    match slot::slot_state(client, name).await? {
+    let state = slot::slot_state(client, name).await?;
+    if let Some(state) = &state
+        && !state.in_this_database
+    {
+        anyhow::bail!(
+            "slot {name} belongs to another database of this cluster (slots are cluster-wide): \
+             give each database its own --slot"
+        );
+    }
+    let claims = Claims::open(publisher.context(), config.stream_replicas)
+        .await
+        .with_context(|| format!("reading the claim on stream {}", config.stream))?;
+    let holder = claims.holder(&config.stream, &source).await?;
+    match state {
         Some(state) if state.wal_status.as_deref() == Some("lost") => {
             if !recreate {
                 return Err(PipelineError::SlotInvalidated {
@@ -66,18 +84,47 @@ pub async fn ensure_stream_and_slot(
         }
         Some(_) => {}
         None => {
-            let tail = publisher.tail().await?;
-            if tail.last_position.is_some() && !recreate {
+            let written_before = match holder {
+                // By an earlier run, or by a setup that stopped short of making the slot
+                // (then nothing was ever stored).
+                Claim::Ours { .. } => publisher.tail().await?.last_sequence > 0,
+                // Only a pgoutbox older than claims can have written it for this source.
+                Claim::Free => publisher.tail().await?.origin.position.is_some(),
+                // Another source's stream holds nothing of ours: the claim below refuses it.
+                Claim::Theirs(_) => false,
+            };
+            if written_before && !recreate {
                 return Err(PipelineError::SlotMissing { slot: name.clone() }.into());
             }
-            if tail.last_position.is_some() {
+            if written_before {
                 warn!(slot = %name, "creating a new slot, as asked; events committed while \
                     no slot existed are not streamed");
             }
+            // Made before the claim is checked, so that a source refused for sharing a
+            // stream keeps its rows in its own slot until the operator gives it a stream.
             create_slot(client, name).await?;
         }
     }
-    Ok(())
+    if let Claim::Theirs(writer) = claims.claim(&config.stream, &source).await? {
+        if !recreate {
+            return Err(
+                PipelineError::stream_claimed(&config.stream, writer, &source.database).into()
+            );
+        }
+        warn!(stream = %config.stream, previous = %writer, source = %source.writer(),
+            "taking the stream over from its previous source, as --recreate-slot asks; \
+             that source must be stopped for good");
+        claims.take_over(&config.stream, &source).await?;
+    }
+    Ok(claims)
+}
+
+/// Who this source is: `IDENTIFY_SYSTEM` over a short replication session.
+pub async fn identify_source(config: &Config) -> Result<Source, PipelineError> {
+    let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
+    let identity = conn.identify_system().await?;
+    conn.terminate().await;
+    Ok(Source::new(identity.system_id, identity.timeline, &identity.database, &config.slot))
 }
 
 async fn create_slot(client: &tokio_postgres::Client, name: &str) -> anyhow::Result<()> {

@@ -75,6 +75,16 @@ pub enum ConnectionError {
     Tls(String),
 }
 
+/// The answer to `IDENTIFY_SYSTEM`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemIdentity {
+    pub system_id: u64,
+    pub timeline: u32,
+    /// The server's current WAL flush position.
+    pub wal_end: u64,
+    pub database: String,
+}
+
 /// One row of a simple query's result, as text.
 pub type TextRow = Vec<Option<String>>;
 
@@ -213,6 +223,31 @@ impl ReplicationConnection {
         }
     }
 
+    /// `IDENTIFY_SYSTEM`: who the server is and where its WAL ends, to tell this source's
+    /// history from another's (see `crate::source`).
+    pub async fn identify_system(&mut self) -> Result<SystemIdentity, ConnectionError> {
+        let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
+        let field = |i: usize| rows.first().and_then(|row| row.get(i)).and_then(Option::as_deref);
+        let malformed = || ConnectionError::Protocol("malformed IDENTIFY_SYSTEM answer".into());
+        let wal_end: tokio_postgres::types::PgLsn =
+            field(2).and_then(|lsn| lsn.parse().ok()).ok_or_else(malformed)?;
+        Ok(SystemIdentity {
+            system_id: field(0).and_then(|id| id.parse().ok()).ok_or_else(malformed)?,
+            timeline: field(1).and_then(|tli| tli.parse().ok()).ok_or_else(malformed)?,
+            wal_end: wal_end.into(),
+            database: field(3).unwrap_or_default().to_owned(),
+        })
+    }
+
+    /// The history file of `timeline` (`TIMELINE_HISTORY`); timeline 1 has none.
+    pub async fn timeline_history(&mut self, timeline: u32) -> Result<String, ConnectionError> {
+        if timeline <= 1 {
+            return Ok(String::new());
+        }
+        let rows = self.simple_query(&format!("TIMELINE_HISTORY {timeline}")).await?;
+        Ok(rows.first().and_then(|row| row.get(1)).cloned().flatten().unwrap_or_default())
+    }
+
     /// Sends `START_REPLICATION` and waits for the server to enter CopyBoth mode.
     pub async fn start_replication(
         &mut self,
@@ -270,6 +305,12 @@ impl ReplicationConnection {
     pub async fn send_status(&mut self, status: StandbyStatus) -> Result<(), ConnectionError> {
         frontend::CopyData::new(status.encode())?.write(&mut self.write_buf);
         self.flush().await
+    }
+
+    /// Ends a session that never started streaming; errors are irrelevant at this point.
+    pub async fn terminate(mut self) {
+        frontend::terminate(&mut self.write_buf);
+        let _ = self.flush().await;
     }
 
     /// Ends the session politely; errors are irrelevant at this point.

@@ -3,5 +3,5 @@
 pub mod connection;
 pub mod wire;
 
-pub use connection::{ConnectionError, ReplicationConnection, ServerError};
+pub use connection::{ConnectionError, ReplicationConnection, ServerError, SystemIdentity};
 pub use wire::{ReplicationMessage, StandbyStatus};
