@@ -59,6 +59,18 @@ pub enum SetupError {
         "publication {publication} exists but does not publish inserts of {table}; add it with `ALTER PUBLICATION {publication} ADD TABLE {table}`"
     )]
     PublicationMismatch { publication: String, table: String },
+    #[error(
+        "table {table} is partitioned but publication {publication} publishes its partitions \
+         under their own names, so pgoutbox would miss their rows; run `ALTER PUBLICATION \
+         {publication} SET (publish_via_partition_root = true)`"
+    )]
+    PartitionsNotViaRoot { publication: String, table: String },
+    #[error(
+        "table {table} has inheritance children ({children}); their rows are published under \
+         their own names and pgoutbox would miss them: use declarative partitioning \
+         (PARTITION BY) for a partitioned outbox"
+    )]
+    InheritanceChildren { table: String, children: String },
     #[error(transparent)]
     Sql(#[from] tokio_postgres::Error),
 }
@@ -156,43 +168,65 @@ pub async fn check_prerequisites(
     Ok(())
 }
 
-/// Creates the publication if missing; safe when two instances race.
+/// Creates the publication if missing; safe when two instances race. A partitioned outbox
+/// is published through its root (`publish_via_partition_root`), so rows of every partition,
+/// attached now or later, arrive under the outbox's own name; a publication that would name
+/// the partitions instead, and a table with inheritance children, are refused before
+/// anything streams.
 pub async fn ensure_publication(
     client: &Client,
     publication: &str,
     table: &TableName,
 ) -> Result<bool, SetupError> {
-    let covers = client
+    let shape = client
+        .query_one(
+            "SELECT c.relkind = 'p', \
+                    (SELECT string_agg(i.inhrelid::regclass::text, ', ') FROM pg_inherits i \
+                     WHERE i.inhparent = c.oid) \
+             FROM pg_class c WHERE c.oid = to_regclass($1)",
+            &[&table.quoted()],
+        )
+        .await?;
+    let partitioned: bool = shape.get(0);
+    if let Some(children) = shape.get::<_, Option<String>>(1)
+        && !partitioned
+    {
+        return Err(SetupError::InheritanceChildren { table: table.to_string(), children });
+    }
+    let existing = client
         .query_opt(
-            "SELECT p.pubinsert FROM pg_publication p \
-             LEFT JOIN pg_publication_tables t ON t.pubname = p.pubname \
-               AND t.schemaname = $2 AND t.tablename = $3 \
-             WHERE p.pubname = $1 AND (t.tablename IS NOT NULL OR p.puballtables)",
+            "SELECT p.pubinsert, p.pubviaroot, EXISTS (SELECT 1 FROM pg_publication_tables t \
+               WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3) \
+             FROM pg_publication p WHERE p.pubname = $1",
             &[&publication, &table.schema, &table.name],
         )
         .await?;
-    let exists = client
-        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&publication])
-        .await?
-        .is_some();
-    match (exists, covers) {
-        (true, Some(row)) if row.get::<_, bool>(0) => Ok(false),
-        (true, _) => Err(SetupError::PublicationMismatch {
-            publication: publication.to_owned(),
-            table: table.to_string(),
-        }),
-        (false, _) => {
-            let sql = format!(
-                "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
-                quote_ident(publication),
-                table.quoted()
-            );
-            match client.batch_execute(&sql).await {
-                Ok(()) => Ok(true),
-                Err(err) if is_duplicate(&err) => Ok(false),
-                Err(err) => Err(err.into()),
-            }
+    if let Some(row) = existing {
+        let (inserts, via_root, covers): (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
+        if partitioned && !via_root {
+            return Err(SetupError::PartitionsNotViaRoot {
+                publication: publication.to_owned(),
+                table: table.to_string(),
+            });
         }
+        if !(inserts && covers) {
+            return Err(SetupError::PublicationMismatch {
+                publication: publication.to_owned(),
+                table: table.to_string(),
+            });
+        }
+        return Ok(false);
+    }
+    let sql = format!(
+        "CREATE PUBLICATION {} FOR TABLE {} \
+         WITH (publish = 'insert', publish_via_partition_root = true)",
+        quote_ident(publication),
+        table.quoted()
+    );
+    match client.batch_execute(&sql).await {
+        Ok(()) => Ok(true),
+        Err(err) if is_duplicate(&err) => Ok(false),
+        Err(err) => Err(err.into()),
     }
 }
 
