@@ -59,6 +59,11 @@ pub struct RunArgs {
     /// acks and nothing was confirmed for this long
     #[arg(long, env = "PGOUTBOX_STALL_TIMEOUT", default_value = "60s", value_parser = crate::retention::parse_duration)]
     pub stall_timeout: std::time::Duration,
+    /// Stop reading WAL while this many payload bytes await their acks (e.g. 32MiB, 1GB),
+    /// besides the cap of 4,096 messages: bounds memory when rows are large. One message is
+    /// always let through, whatever its size
+    #[arg(long, env = "PGOUTBOX_MAX_IN_FLIGHT_BYTES", default_value = "32MiB", value_parser = crate::config::parse_byte_size)]
+    pub max_in_flight_bytes: usize,
 }
 
 #[derive(Debug, Args)]

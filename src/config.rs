@@ -9,6 +9,8 @@ use crate::pipeline::PipelineConfig;
 use crate::slot::TableName;
 
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+/// `run --max-in-flight-bytes`'s default; other commands never publish.
+const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 32 << 20;
 
 /// Validated settings. Holds no raw URL: the Postgres config's `Debug` hides the password.
 pub struct Config {
@@ -98,6 +100,7 @@ impl Config {
                 roles,
                 template,
                 dead_letter_subject: args.dead_letter_subject.clone(),
+                max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
             },
             table,
             slot: args.slot.clone(),
@@ -177,6 +180,31 @@ pub(crate) fn percent_decode(text: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A byte count with an optional unit: `B`, `kB`/`MB`/`GB` (powers of 1000) or
+/// `KiB`/`MiB`/`GiB` (powers of 1024), as Postgres and Kubernetes write them.
+pub fn parse_byte_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let multiplier: usize = match unit.trim() {
+        "" | "B" => 1,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => return Err(format!("unknown unit {other:?}: use B, kB, MB, GB, KiB, MiB or GiB")),
+    };
+    let number: usize =
+        number.parse().map_err(|_| format!("{text:?} is not a byte size like 32MiB"))?;
+    match number.checked_mul(multiplier) {
+        Some(0) => Err("must be more than 0 bytes".to_owned()),
+        Some(bytes) => Ok(bytes),
+        None => Err(format!("{text:?} is too large")),
+    }
 }
 
 fn check_name(flag: &str, value: &str, allowed: impl Fn(char) -> bool) -> anyhow::Result<()> {

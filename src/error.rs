@@ -1,5 +1,7 @@
 //! The pipeline's error, split by what the caller must do about it.
 
+use tokio_postgres::error::SqlState;
+
 use crate::pgoutput::DecodeError;
 use crate::replication::{ConnectionError, ServerError};
 
@@ -42,6 +44,11 @@ pub enum PipelineError {
     Protocol(&'static str),
     #[error(transparent)]
     Mapping(#[from] crate::outbox::MappingError),
+    #[error(
+        "shutdown: {left} messages were left unacknowledged ({cause}); they were not confirmed \
+         and will be published again on the next start"
+    )]
+    DrainIncomplete { left: usize, cause: Box<PipelineError> },
     #[error("a row could not be published and neither could its dead letter: {0}")]
     DeadLetter(String),
 }
@@ -61,18 +68,21 @@ impl PipelineError {
         matches!(self, Self::Postgres(_) | Self::Nats(_) | Self::SlotBusy { .. })
     }
 
-    /// Sorts a server error raised by START_REPLICATION.
+    /// Sorts a server error raised by START_REPLICATION by its SQLSTATE. An invalidated
+    /// slot is told by `wal_status` before START_REPLICATION (run.rs), never by the
+    /// message's words; one invalidated in between fails here as a retryable error and is
+    /// told on the next attempt.
     pub fn from_start_replication(slot: &str, err: ConnectionError) -> Self {
-        match &err {
-            ConnectionError::Server(ServerError { code, message, .. }) => match code.as_str() {
-                "42704" => Self::SlotMissing { slot: slot.to_owned() },
-                "55006" => Self::SlotBusy { slot: slot.to_owned() },
-                "55000" if message.contains("invalidated") => {
-                    Self::SlotInvalidated { slot: slot.to_owned(), detail: message.clone() }
-                }
-                _ => Self::Postgres(err),
-            },
-            _ => Self::Postgres(err),
+        let code = match &err {
+            ConnectionError::Server(ServerError { code, .. }) => SqlState::from_code(code),
+            _ => return Self::Postgres(err),
+        };
+        if code == SqlState::UNDEFINED_OBJECT {
+            Self::SlotMissing { slot: slot.to_owned() }
+        } else if code == SqlState::OBJECT_IN_USE {
+            Self::SlotBusy { slot: slot.to_owned() }
+        } else {
+            Self::Postgres(err)
         }
     }
 }

@@ -54,6 +54,8 @@ pub struct PipelineConfig {
     pub roles: ColumnRoles,
     pub template: SubjectTemplate,
     pub dead_letter_subject: String,
+    /// Stop reading WAL while this many payload bytes wait for acks (`--max-in-flight-bytes`).
+    pub max_in_flight_bytes: usize,
 }
 
 /// State that outlives one connection attempt.
@@ -121,6 +123,8 @@ pub struct Pipeline<'a> {
     memory: &'a mut Memory,
     tracker: LsnTracker,
     in_flight: VecDeque<InFlight>,
+    /// Payload bytes of `in_flight`.
+    in_flight_bytes: usize,
     mappings: HashMap<u32, Option<RowMapping>>,
     transaction: Option<Transaction>,
     /// Rows at or before this position are already in the stream.
@@ -155,6 +159,8 @@ impl<'a> Pipeline<'a> {
         resume: Resume,
     ) -> Self {
         let start_lsn = resume.lsn;
+        // Positions below the slot's start are never decoded again.
+        memory.duplicates.retain(|position| position.commit_lsn >= start_lsn);
         let mut nats_disconnects = memory.nats_disconnects.clone();
         nats_disconnects.mark_unchanged();
         Pipeline {
@@ -166,6 +172,7 @@ impl<'a> Pipeline<'a> {
             memory,
             tracker: LsnTracker::new(start_lsn),
             in_flight: VecDeque::with_capacity(MAX_IN_FLIGHT),
+            in_flight_bytes: 0,
             mappings: HashMap::new(),
             transaction: None,
             skip_through: resume.skip_through,
@@ -203,7 +210,10 @@ impl<'a> Pipeline<'a> {
         let mut tick = tokio::time::interval(STATUS_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let room = self.in_flight.len() < MAX_IN_FLIGHT;
+            // One message always fits, whatever its size; then the count and the bytes bound.
+            let room = self.in_flight.is_empty()
+                || (self.in_flight.len() < MAX_IN_FLIGHT
+                    && self.in_flight_bytes < self.config.max_in_flight_bytes);
             tokio::select! {
                 biased;
                 () = shutdown.requested() => return self.drain().await,
@@ -243,21 +253,25 @@ impl<'a> Pipeline<'a> {
         }
     }
 
-    /// Stops taking changes and waits (bounded) for the acks of what was sent.
+    /// Stops taking changes and waits (bounded) for the acks of what was sent. A drain that
+    /// cannot finish is an error that ends `run` non-zero: what was not acknowledged was not
+    /// confirmed and is published again on the next start, and the exit status says so.
     async fn drain(&mut self) -> Result<(), PipelineError> {
         let waiting = self.in_flight.len();
         let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
         while !self.in_flight.is_empty() {
-            match tokio::time::timeout_at(deadline, oldest_ack(&mut self.in_flight)).await {
-                Ok(ack) => self.on_ack(ack)?,
-                Err(_) => {
-                    warn!(left = self.in_flight.len(), "shutdown: gave up waiting for acks");
-                    break;
-                }
+            let left = self.in_flight.len();
+            let acked =
+                match tokio::time::timeout_at(deadline, oldest_ack(&mut self.in_flight)).await {
+                    Ok(ack) => self.on_ack(ack),
+                    Err(_) => Err(PipelineError::Nats(format!("no ack within {DRAIN_TIMEOUT:?}"))),
+                };
+            if let Err(cause) = acked {
+                return Err(PipelineError::DrainIncomplete { left, cause: Box::new(cause) });
             }
         }
         info!(
-            drained = waiting - self.in_flight.len(),
+            drained = waiting,
             confirmed = %lsn(self.tracker.confirmed()),
             "shutdown: drained in-flight messages"
         );
@@ -268,6 +282,7 @@ impl<'a> Pipeline<'a> {
         let Some(done) = self.in_flight.pop_front() else {
             return Ok(());
         };
+        self.in_flight_bytes -= done.bytes;
         let ack = ack.map_err(|err| PipelineError::Nats(unacknowledged(&err)))?;
         if ack.duplicate {
             warn!(position = %done.position, sequence = ack.sequence,
@@ -445,6 +460,7 @@ impl<'a> Pipeline<'a> {
         self.expected_last_sequence += 1;
         self.tracker.on_sent();
         let ack = ack.into_future();
+        self.in_flight_bytes += bytes;
         self.in_flight.push_back(InFlight { ack, early: None, position, bytes });
         Ok(())
     }

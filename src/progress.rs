@@ -43,8 +43,18 @@ impl LsnTracker {
 
     /// A transaction ended at `end_lsn`; it is confirmable once everything sent so far is acked.
     /// `commit_time` (µs since 2000-01-01) only feeds the commit-to-ack latency.
+    ///
+    /// A commit that sent nothing since the previous waiting one is folded into it, so the
+    /// list holds at most one entry per message in flight, however many transactions of
+    /// other tables commit while an ack is awaited.
     pub fn on_commit(&mut self, end_lsn: u64, commit_time: i64) {
-        self.commits.push_back((self.sent, end_lsn, commit_time));
+        match self.commits.back_mut() {
+            Some(waiting) if waiting.0 == self.sent => {
+                // The waiting commit's time is kept: it is the one whose rows are in flight.
+                waiting.1 = waiting.1.max(end_lsn);
+            }
+            _ => self.commits.push_back((self.sent, end_lsn, commit_time)),
+        }
         self.advance();
     }
 
@@ -169,11 +179,28 @@ mod tests {
         let mut t = LsnTracker::new(0);
         t.on_sent();
         t.on_commit(10, 111);
+        t.on_sent();
         t.on_commit(20, 222);
         assert_eq!(t.take_confirmed_commit_times().count(), 0);
         t.on_acked();
+        t.on_acked();
         assert_eq!(t.take_confirmed_commit_times().collect::<Vec<_>>(), [111, 222]);
         assert_eq!(t.take_confirmed_commit_times().count(), 0);
+    }
+
+    #[test]
+    fn commits_without_messages_while_an_ack_waits_do_not_pile_up() {
+        let mut t = LsnTracker::new(0);
+        t.on_sent();
+        t.on_commit(10, 1);
+        for lsn in 11..100_000 {
+            t.on_commit(lsn, lsn as i64);
+        }
+        assert_eq!(t.commits.len(), 1);
+        assert_eq!(t.confirmed(), 0);
+        t.on_acked();
+        assert_eq!(t.confirmed(), 99_999);
+        assert_eq!(t.take_confirmed_commit_times().collect::<Vec<_>>(), [1]);
     }
 
     #[test]

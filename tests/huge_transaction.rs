@@ -36,3 +36,32 @@ async fn a_million_row_transaction_streams_in_bounded_memory() {
         assert_eq!(body["n"], seq - 1, "message {seq} out of order");
     }
 }
+
+/// Rows of ~900 KB each, at full speed: the bytes awaiting acks are bounded by
+/// `--max-in-flight-bytes`, so resident memory stays within that budget plus 32 MB.
+#[tokio::test(flavor = "multi_thread")]
+async fn large_rows_stream_within_the_in_flight_byte_budget() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let budget = 16 << 20;
+    let app = Pgoutbox::run(&pg, &nats, &["--max-in-flight-bytes", "16MiB"]);
+    wait_until_streaming(&pg, &app).await;
+
+    let rows = 300u64;
+    pg.psql(&format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+         SELECT 'order', n::text, 'created', jsonb_build_object('n', n, 'pad', repeat(md5(n::text), 28000)) \
+         FROM generate_series(0, {}) AS n",
+        rows - 1
+    ));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(120), "300 large rows stored", || async {
+        (count(&js, "OUTBOX").await >= rows).then_some(())
+    })
+    .await;
+    let peak = peak_rss_bytes(app.pid());
+    eprintln!("peak RSS with 900 KB rows: {} MB (budget 16 MiB + 32 MB)", peak / 1_000_000);
+    assert!(peak < budget + 32_000_000, "peak RSS {peak} bytes");
+    assert_eq!(count(&js, "OUTBOX").await, rows, "duplicates stored");
+}

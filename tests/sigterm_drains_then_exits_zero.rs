@@ -41,3 +41,56 @@ async fn sigterm_mid_stream_then_restart_stores_every_row_once() {
     assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0), "{report:?}");
     drop(app);
 }
+
+/// SIGTERM while JetStream acknowledges nothing (NATS black-holed): the drain cannot finish,
+/// so pgoutbox says so and exits non-zero; the unacknowledged rows were not confirmed and
+/// arrive once after a restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_whose_drain_cannot_finish_exits_non_zero_and_loses_nothing() {
+    use support::pgoutbox::command;
+    use support::proxy::FaultProxy;
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    let proxy = FaultProxy::start(nats.port()).await;
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let mut cmd = command(&pg, &nats);
+    cmd.env("PGOUTBOX_NATS_URL", proxy.url()).arg("run");
+    let mut app = Pgoutbox::spawn(cmd);
+    wait_until_streaming(&pg, &app).await;
+    let js = jetstream(&nats.url()).await;
+    pg.psql(&numbered_rows(0, 10, 10));
+    eventually(Duration::from_secs(20), "first rows stored", || async {
+        (count(&js, "OUTBOX").await == 10).then_some(())
+    })
+    .await;
+
+    proxy.blackhole();
+    pg.psql(&numbered_rows(10, 20, 10));
+    let port = app.http_port();
+    eventually(Duration::from_secs(20), "messages awaiting acks", || async {
+        let (_, metrics) = support::http_get(port, "/metrics")?;
+        metrics
+            .lines()
+            .any(|l| l.starts_with("pgoutbox_messages_in_flight ") && !l.ends_with(" 0"))
+            .then_some(())
+    })
+    .await;
+    app.sigterm();
+    let status = app.wait_exit(Duration::from_secs(60));
+    let log = app.log();
+    assert!(!status.success(), "a drain that did not finish exited 0:\n{log}");
+    assert!(log.contains("left unacknowledged"), "no line saying the drain failed:\n{log}");
+
+    proxy.restore();
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    eventually(Duration::from_secs(30), "all 20 rows stored after restart", || async {
+        (count(&js, "OUTBOX").await >= 20).then_some(())
+    })
+    .await;
+    let report = audit(&read_all(&js, "OUTBOX").await, 20);
+    assert_eq!(
+        (report.stored, report.duplicates, report.order_violations, report.lost),
+        (20, 0, 0, 0)
+    );
+    drop(app);
+}

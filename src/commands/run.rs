@@ -13,7 +13,7 @@ use crate::claim::{Claim, Claims};
 use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::error::PipelineError;
-use crate::pipeline::{Ended, Memory, Pipeline, Resume};
+use crate::pipeline::{Ended, Memory, Pipeline, PipelineConfig, Resume};
 use crate::publisher::Publisher;
 use crate::replication::ReplicationConnection;
 use crate::replication::connection::quote_literal;
@@ -97,22 +97,23 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
             shutdown.clone(),
         ));
     }
+    let target = Target {
+        config,
+        pipeline: PipelineConfig {
+            max_in_flight_bytes: args.max_in_flight_bytes,
+            ..config.pipeline.clone()
+        },
+        database,
+        publisher,
+        claims,
+    };
     let mut backoff = Backoff::new();
     let mut standby_announced = false;
     let mut repeats = RepeatedError::default();
     loop {
         let started = Instant::now();
         let published_before = memory.published;
-        let outcome = stream_once(
-            config,
-            &database,
-            &publisher,
-            &claims,
-            &mut memory,
-            &mut shutdown,
-            &readiness,
-        )
-        .await;
+        let outcome = target.stream_once(&mut memory, &mut shutdown, &readiness).await;
         readiness.set_streaming(false);
         let delay = match outcome {
             Ok(Ended::Drained { confirmed }) => {
@@ -189,96 +190,111 @@ impl RepeatedError {
     }
 }
 
-/// One connection attempt: read where the stream ends, make sure this source still holds
-/// the stream, decide what the tail lets us skip, start replication, stream.
-/// `database` is the configured connection with the advertised `application_name`.
-async fn stream_once(
-    config: &Config,
-    database: &tokio_postgres::Config,
-    publisher: &Publisher,
-    claims: &Claims,
-    memory: &mut Memory,
-    shutdown: &mut Shutdown,
-    readiness: &Readiness,
-) -> Result<Ended, PipelineError> {
-    let publisher = &publisher.with_fresh_ack_window();
-    let tail = match tokio::time::timeout(TAIL_TIMEOUT, publisher.tail()).await {
-        Ok(tail) => tail
-            .map_err(|err| PipelineError::Nats(format!("reading the end of the stream: {err}")))?,
-        Err(_) => {
-            let waited = TAIL_TIMEOUT.as_secs();
-            return Err(PipelineError::Nats(format!(
-                "reading the end of the stream: no answer in {waited} s (no stream leader?)"
-            )));
-        }
-    };
-    let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
-    let slot = &config.slot;
-    let identity = conn.identify_system().await?;
-    let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
-    match claims.claim(&config.stream, &source).await {
-        Ok(Claim::Theirs(writer)) => {
-            return Err(PipelineError::stream_claimed(&config.stream, writer, &source.database));
-        }
-        Ok(_) => {}
-        Err(err) => return Err(PipelineError::Nats(err.to_string())),
-    }
-    let history = match tail.origin.source.as_deref().and_then(|s| s.parse::<Source>().ok()) {
-        Some(theirs) if theirs.timeline < source.timeline => {
-            parse_timeline_history(&conn.timeline_history(source.timeline).await?)
-        }
-        _ => Vec::new(),
-    };
-    let skip_through = match judge_tail(&source, identity.wal_end, &history, &tail.origin) {
-        TailVerdict::SkipThrough(position) => Some(position),
-        TailVerdict::NothingToSkip(why) => {
-            if let Some(why) = why {
-                warn!(stream = %config.stream, "{why}");
+/// Where each attempt streams from and to: fixed for the life of `run`.
+struct Target<'a> {
+    config: &'a Config,
+    pipeline: PipelineConfig,
+    /// The configured connection with the advertised `application_name`.
+    database: tokio_postgres::Config,
+    publisher: Publisher,
+    claims: Claims,
+}
+
+impl Target<'_> {
+    /// One connection attempt: read where the stream ends, make sure this source still holds
+    /// the stream, decide what the tail lets us skip, start replication, stream.
+    async fn stream_once(
+        &self,
+        memory: &mut Memory,
+        shutdown: &mut Shutdown,
+        readiness: &Readiness,
+    ) -> Result<Ended, PipelineError> {
+        let Target { config, pipeline, database, publisher, claims } = self;
+        let publisher = &publisher.with_fresh_ack_window();
+        let tail = match tokio::time::timeout(TAIL_TIMEOUT, publisher.tail()).await {
+            Ok(tail) => tail.map_err(|err| {
+                PipelineError::Nats(format!("reading the end of the stream: {err}"))
+            })?,
+            Err(_) => {
+                let waited = TAIL_TIMEOUT.as_secs();
+                return Err(PipelineError::Nats(format!(
+                    "reading the end of the stream: no answer in {waited} s (no stream leader?)"
+                )));
             }
-            None
+        };
+        let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
+        let slot = &config.slot;
+        let identity = conn.identify_system().await?;
+        let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
+        match claims.claim(&config.stream, &source).await {
+            Ok(Claim::Theirs(writer)) => {
+                return Err(PipelineError::stream_claimed(
+                    &config.stream,
+                    writer,
+                    &source.database,
+                ));
+            }
+            Ok(_) => {}
+            Err(err) => return Err(PipelineError::Nats(err.to_string())),
         }
-        // The claim is ours, so the tail is the previous source's, from before the
-        // operator moved the stream to this one (`--recreate-slot`).
-        TailVerdict::OtherWriter(theirs) => {
-            warn!(stream = %config.stream, previous = %theirs,
+        let history = match tail.origin.source.as_deref().and_then(|s| s.parse::<Source>().ok()) {
+            Some(theirs) if theirs.timeline < source.timeline => {
+                parse_timeline_history(&conn.timeline_history(source.timeline).await?)
+            }
+            _ => Vec::new(),
+        };
+        let skip_through = match judge_tail(&source, identity.wal_end, &history, &tail.origin) {
+            TailVerdict::SkipThrough(position) => Some(position),
+            TailVerdict::NothingToSkip(why) => {
+                if let Some(why) = why {
+                    warn!(stream = %config.stream, "{why}");
+                }
+                None
+            }
+            // The claim is ours, so the tail is the previous source's, from before the
+            // operator moved the stream to this one (`--recreate-slot`).
+            TailVerdict::OtherWriter(theirs) => {
+                warn!(stream = %config.stream, previous = %theirs,
                 "the stream's last message is another source's; nothing is skipped");
-            None
-        }
-    };
-    let rows = conn
-        .simple_query(&format!(
-            "SELECT confirmed_flush_lsn::text, wal_status, active FROM pg_replication_slots \
+                None
+            }
+        };
+        let rows = conn
+            .simple_query(&format!(
+                "SELECT confirmed_flush_lsn::text, wal_status, active FROM pg_replication_slots \
              WHERE slot_name = {}",
-            quote_literal(slot)
-        ))
-        .await?;
-    let Some(row) = rows.first() else {
-        return Err(PipelineError::SlotMissing { slot: slot.clone() });
-    };
-    if row.get(1).and_then(Option::as_deref) == Some("lost") {
-        let detail = "wal_status = lost".to_owned();
-        return Err(PipelineError::SlotInvalidated { slot: slot.clone(), detail });
+                quote_literal(slot)
+            ))
+            .await?;
+        let Some(row) = rows.first() else {
+            return Err(PipelineError::SlotMissing { slot: slot.clone() });
+        };
+        if row.get(1).and_then(Option::as_deref) == Some("lost") {
+            let detail = "wal_status = lost".to_owned();
+            return Err(PipelineError::SlotInvalidated { slot: slot.clone(), detail });
+        }
+        let start: u64 = row
+            .first()
+            .and_then(Option::as_deref)
+            .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
+            .map(u64::from)
+            .unwrap_or(0);
+        conn.start_replication(slot, start, &config.publication)
+            .await
+            .map_err(|err| PipelineError::from_start_replication(slot, err))?;
+        readiness.set_streaming(true);
+        info!(
+            %slot,
+            %source,
+            from = %tokio_postgres::types::PgLsn::from(start),
+            stream_sequence = tail.last_sequence,
+            skip_through = skip_through.map(|p| p.to_string()),
+            "streaming"
+        );
+        let resume =
+            Resume { lsn: start, stream_sequence: tail.last_sequence, skip_through, source };
+        Pipeline::new(pipeline, conn, publisher, memory, resume).run(shutdown).await
     }
-    let start: u64 = row
-        .first()
-        .and_then(Option::as_deref)
-        .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
-        .map(u64::from)
-        .unwrap_or(0);
-    conn.start_replication(slot, start, &config.publication)
-        .await
-        .map_err(|err| PipelineError::from_start_replication(slot, err))?;
-    readiness.set_streaming(true);
-    info!(
-        %slot,
-        %source,
-        from = %tokio_postgres::types::PgLsn::from(start),
-        stream_sequence = tail.last_sequence,
-        skip_through = skip_through.map(|p| p.to_string()),
-        "streaming"
-    );
-    let resume = Resume { lsn: start, stream_sequence: tail.last_sequence, skip_through, source };
-    Pipeline::new(&config.pipeline, conn, publisher, memory, resume).run(shutdown).await
 }
 
 /// NATS may come up after us: retry with backoff, saying so, until it answers.
