@@ -53,16 +53,16 @@ pub struct RunArgs {
     pub http_addr: Option<std::net::SocketAddr>,
     /// Delete outbox rows this long after they were published (e.g. 24h, 7d), in batches
     /// of 1,000; needs the created-at column and DELETE on the table [default: keep all]
-    #[arg(long, env = "PGOUTBOX_RETENTION", value_parser = crate::retention::parse_duration)]
+    #[arg(long, env = "PGOUTBOX_RETENTION", value_parser = crate::units::parse_duration)]
     pub retention: Option<std::time::Duration>,
     /// Report a stall (/readyz 503, pgoutbox_stalled 1, a warning) when messages wait for
     /// acks and nothing was confirmed for this long
-    #[arg(long, env = "PGOUTBOX_STALL_TIMEOUT", default_value = "60s", value_parser = crate::retention::parse_duration)]
+    #[arg(long, env = "PGOUTBOX_STALL_TIMEOUT", default_value = "60s", value_parser = crate::units::parse_duration)]
     pub stall_timeout: std::time::Duration,
     /// Stop reading WAL while this many payload bytes await their acks (e.g. 32MiB, 1GB),
     /// besides the cap of 4,096 messages: bounds memory when rows are large. One message is
     /// always let through, whatever its size
-    #[arg(long, env = "PGOUTBOX_MAX_IN_FLIGHT_BYTES", default_value = "32MiB", value_parser = crate::config::parse_byte_size)]
+    #[arg(long, env = "PGOUTBOX_MAX_IN_FLIGHT_BYTES", default_value = "32MiB", value_parser = crate::units::parse_byte_size)]
     pub max_in_flight_bytes: usize,
 }
 

@@ -182,31 +182,6 @@ pub(crate) fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A byte count with an optional unit: `B`, `kB`/`MB`/`GB` (powers of 1000) or
-/// `KiB`/`MiB`/`GiB` (powers of 1024), as Postgres and Kubernetes write them.
-pub fn parse_byte_size(text: &str) -> Result<usize, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let multiplier: usize = match unit.trim() {
-        "" | "B" => 1,
-        "kB" | "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        other => return Err(format!("unknown unit {other:?}: use B, kB, MB, GB, KiB, MiB or GiB")),
-    };
-    let number: usize =
-        number.parse().map_err(|_| format!("{text:?} is not a byte size like 32MiB"))?;
-    match number.checked_mul(multiplier) {
-        Some(0) => Err("must be more than 0 bytes".to_owned()),
-        Some(bytes) => Ok(bytes),
-        None => Err(format!("{text:?} is too large")),
-    }
-}
-
 fn check_name(flag: &str, value: &str, allowed: impl Fn(char) -> bool) -> anyhow::Result<()> {
     if value.is_empty() || !value.chars().all(allowed) {
         return Err(anyhow!("{flag} {value:?} is not a valid name"));

@@ -33,3 +33,4 @@ pub mod source;
 pub mod stall;
 pub mod telemetry;
 pub mod tls;
+pub mod units;

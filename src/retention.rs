@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::replication::connection::quote_ident;
+use postgres_protocol::escape::escape_identifier as quote_ident;
 use crate::replication::wire::PG_EPOCH_OFFSET_MICROS;
 use crate::shutdown::Shutdown;
 use crate::slot::{self, TableName};
@@ -38,25 +38,6 @@ impl PublishedUpTo {
     fn get(&self) -> Option<i64> {
         Some(self.0.load(Ordering::Relaxed)).filter(|t| *t > 0)
     }
-}
-
-/// Parses `90s`, `15m`, `24h`, `7d`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 24h"))?;
-    let seconds = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return Err(format!("{text:?}: use a number with s, m, h or d, like 24h")),
-    };
-    if number == 0 {
-        return Err("a retention of 0 would delete rows as soon as they are published".into());
-    }
-    Ok(Duration::from_secs(number * seconds))
 }
 
 /// Deletes published rows older than `keep` until shutdown; errors are logged and retried.
@@ -121,17 +102,6 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_parse_with_units_and_refuse_nonsense() {
-        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("15m"), Ok(Duration::from_secs(900)));
-        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
-        assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
-        for bad in ["", "h", "10", "10w", "-1h", "0h", "1.5h"] {
-            assert!(parse_duration(bad).is_err(), "{bad} was accepted");
-        }
-    }
 
     #[test]
     fn published_time_only_moves_forward() {

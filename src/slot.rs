@@ -3,7 +3,9 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
-use crate::replication::connection::{quote_ident, user_name};
+use postgres_protocol::escape::escape_identifier as quote_ident;
+
+use crate::replication::connection::user_name;
 use crate::tls::PgTls;
 
 /// A schema-qualified table name.

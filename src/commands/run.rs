@@ -16,7 +16,6 @@ use crate::error::PipelineError;
 use crate::pipeline::{Ended, Memory, Pipeline, PipelineConfig, Resume};
 use crate::publisher::Publisher;
 use crate::replication::ReplicationConnection;
-use crate::replication::connection::quote_literal;
 use crate::shutdown::Shutdown;
 use crate::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::stall::Progress;
@@ -263,7 +262,7 @@ impl Target<'_> {
             .simple_query(&format!(
                 "SELECT confirmed_flush_lsn::text, wal_status, active FROM pg_replication_slots \
              WHERE slot_name = {}",
-                quote_literal(slot)
+                postgres_protocol::escape::escape_literal(slot)
             ))
             .await?;
         let Some(row) = rows.first() else {

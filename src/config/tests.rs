@@ -79,16 +79,3 @@ fn stream_subjects_add_the_dead_letter_subject_unless_covered() {
     let c = config(&["--subject-template", "outbox.{event_type}"], &base).unwrap();
     assert_eq!(c.stream_subjects(), ["outbox.*"]);
 }
-
-#[test]
-fn byte_sizes_take_decimal_and_binary_units() {
-    use super::parse_byte_size;
-    assert_eq!(parse_byte_size("32MiB"), Ok(32 << 20));
-    assert_eq!(parse_byte_size("1GB"), Ok(1_000_000_000));
-    assert_eq!(parse_byte_size("4096"), Ok(4096));
-    assert_eq!(parse_byte_size(" 8 KiB "), Ok(8192));
-    assert!(parse_byte_size("0").is_err());
-    assert!(parse_byte_size("12 parsecs").is_err());
-    assert!(parse_byte_size("MiB").is_err());
-    assert!(parse_byte_size("99999999999999999999GiB").is_err());
-}

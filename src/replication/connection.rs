@@ -17,6 +17,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::{md5_hash, sasl};
+use postgres_protocol::escape::escape_identifier;
 use postgres_protocol::message::{backend, frontend};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -257,9 +258,9 @@ impl ReplicationConnection {
     ) -> Result<(), ConnectionError> {
         let query = format!(
             "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
-            quote_ident(slot),
+            escape_identifier(slot),
             tokio_postgres::types::PgLsn::from(start_lsn),
-            quote_literal(&quote_ident(publication)),
+            command_literal(&escape_identifier(publication)),
         );
         debug!(%query, "starting replication");
         frontend::query(&query, &mut self.write_buf)?;
@@ -499,13 +500,9 @@ fn message_name(message: &backend::Message) -> &'static str {
     }
 }
 
-/// Quotes an identifier for a replication command (`"a""b"`).
-pub fn quote_ident(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
-/// Quotes a string literal (`'a''b'`).
-pub fn quote_literal(value: &str) -> String {
+/// Quotes a string for a replication command's option (`'a''b'`). The walsender's command
+/// grammar knows only standard strings, so `escape_literal`'s `E'…'` form cannot be used.
+fn command_literal(value: &str) -> String {
     format!("'{}'", value.replace('\'', "''"))
 }
 
@@ -521,7 +518,6 @@ mod tests {
 
     #[test]
     fn quoting_doubles_the_quote_character() {
-        assert_eq!(quote_ident("my\"slot"), "\"my\"\"slot\"");
-        assert_eq!(quote_literal(&quote_ident("it's")), "'\"it''s\"'");
+        assert_eq!(command_literal(&escape_identifier("it's")), "'\"it''s\"'");
     }
 }
