@@ -380,4 +380,6 @@ fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
 }
 
 #[cfg(test)]
+mod properties;
+#[cfg(test)]
 mod tests;
