@@ -105,8 +105,16 @@ impl FromStr for SubjectTemplate {
         let template = SubjectTemplate { parts, source: template.to_owned() };
         // Every token must be valid once each placeholder holds a valid token.
         let sample = template.wildcard();
-        if sample.split('.').any(|t| t.is_empty() || t.contains([' ', '\t', '>'])) {
-            return Err(fail("it must be dot-separated, non-empty tokens without spaces or `>`"));
+        // Any whitespace or control character, not only ' ' and '\t': NATS splits a protocol
+        // line on them, and `\0` is `wildcard`'s own placeholder mark (found by fuzzing).
+        let bad = |c: char| c.is_whitespace() || c.is_control() || c == '>';
+        if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains(bad)))
+            || sample.split('.').any(|t| t.is_empty() || t.contains('>'))
+        {
+            return Err(fail(
+                "it must be dot-separated, non-empty tokens without whitespace, control \
+                 characters or `>`",
+            ));
         }
         if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains('*'))) {
             return Err(fail("`*` is a wildcard and cannot appear in a subject"));

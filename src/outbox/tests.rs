@@ -156,7 +156,18 @@ fn templates_parse_and_yield_their_stream_wildcard() {
     assert_eq!(t.wildcard(), "events.*");
     let t: SubjectTemplate = "fixed.subject".parse().unwrap();
     assert_eq!(t.wildcard(), "fixed.subject");
-    for bad in ["outbox.{a", "outbox.}", "outbox..{a}", "outbox.{}", "a b.{x}", "outbox.*", "x.>"] {
+    for bad in [
+        "outbox.{a",
+        "outbox.}",
+        "outbox..{a}",
+        "outbox.{}",
+        "a b.{x}",
+        "outbox.*",
+        "x.>",
+        "\0",
+        "outbox.a\rb",
+        "outbox.\u{a0}.{x}",
+    ] {
         assert!(bad.parse::<SubjectTemplate>().is_err(), "{bad} was accepted");
     }
 }
