@@ -3,7 +3,12 @@
 //! A [`RowMapping`] is built once per pgoutput Relation message (so schema changes are
 //! honoured) and then maps each inserted tuple without looking names up again. A row that
 //! cannot become a correct message is never published under a wrong subject nor dropped: it
-//! is turned into a [`Rejection`] that the pipeline sends to the dead-letter subject.
+//! is turned into a [`Rejection`], and [`RowMapping::dead_letter`] builds the message the
+//! pipeline sends to the dead-letter subject in its place.
+//!
+//! Everything here is pure: no I/O, no async, and no panic whatever bytes a column holds
+//! (header values are built with `HeaderValue::from_str`, never with the asserting
+//! `From<&str>`), so it is unit-, property- and fuzz-tested on values alone.
 
 use std::fmt;
 use std::str::FromStr;
@@ -14,7 +19,16 @@ use bytes::Bytes;
 
 use crate::pgoutput::{ColumnValue, Relation};
 
+mod dead_letter;
+
+pub use dead_letter::{
+    DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET, PAYLOAD_OMITTED_HEADER, RefusedRows,
+    TRUNCATED, wire_len,
+};
+
 const BYTEA_OID: u32 = 17;
+/// How much of a bad value a rejection's reason quotes.
+const SHOWN_VALUE_BYTES: usize = 64;
 
 /// Which column plays which role; defaults follow `sql/outbox.sql`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -91,8 +105,16 @@ impl FromStr for SubjectTemplate {
         let template = SubjectTemplate { parts, source: template.to_owned() };
         // Every token must be valid once each placeholder holds a valid token.
         let sample = template.wildcard();
-        if sample.split('.').any(|t| t.is_empty() || t.contains([' ', '\t', '>'])) {
-            return Err(fail("it must be dot-separated, non-empty tokens without spaces or `>`"));
+        // Any whitespace or control character, not only ' ' and '\t': NATS splits a protocol
+        // line on them, and `\0` is `wildcard`'s own placeholder mark (found by fuzzing).
+        let bad = |c: char| c.is_whitespace() || c.is_control() || c == '>';
+        if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains(bad)))
+            || sample.split('.').any(|t| t.is_empty() || t.contains('>'))
+        {
+            return Err(fail(
+                "it must be dot-separated, non-empty tokens without whitespace, control \
+                 characters or `>`",
+            ));
         }
         if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains('*'))) {
             return Err(fail("`*` is a wildcard and cannot appear in a subject"));
@@ -144,7 +166,7 @@ pub struct OutboxEvent {
 }
 
 /// Why a row cannot be published as it is. The row goes to the dead-letter subject.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Rejection(pub String);
 
 /// The outbox table's shape does not fit the configured roles: no row could ever map.
@@ -245,14 +267,18 @@ impl RowMapping {
                 SubjectPart::Column(i) => {
                     let token = self.text(tuple, *i)?;
                     check_subject_token(token).map_err(|why| {
-                        Rejection(format!("column {} = {token:?} {why}", self.name(*i)))
+                        // The value is shown cut short: the reason must stay readable and
+                        // fit a header, however long the value.
+                        let shown = dead_letter::shorten(token, SHOWN_VALUE_BYTES);
+                        Rejection(format!("column {} = {shown:?} {why}", self.name(*i)))
                     })?;
                     subject.push_str(token);
                 }
             }
         }
         let mut headers = HeaderMap::new();
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+        headers
+            .insert(async_nats::header::NATS_MESSAGE_ID, header_value(&id, || self.name(self.id))?);
         for (header, i) in &self.header_columns {
             if let ColumnValue::Text(value) = &tuple[*i] {
                 let value = utf8(value, || self.name(*i))?;
@@ -276,29 +302,6 @@ impl RowMapping {
         Ok(OutboxEvent { id, subject, headers, payload })
     }
 
-    /// The row as JSON, for a dead letter: every column as text or null.
-    pub fn row_json(&self, tuple: &[ColumnValue]) -> serde_json::Value {
-        let mut row = serde_json::Map::new();
-        for (name, value) in self.column_names.iter().zip(tuple) {
-            let value = match value {
-                ColumnValue::Null | ColumnValue::UnchangedToast => serde_json::Value::Null,
-                ColumnValue::Text(b) | ColumnValue::Binary(b) => {
-                    serde_json::Value::String(String::from_utf8_lossy(b).into_owned())
-                }
-            };
-            row.insert(name.clone(), value);
-        }
-        serde_json::json!({ "table": self.table, "row": row })
-    }
-
-    /// The row's id if it has a usable one, for the dead letter's `Nats-Msg-Id`.
-    pub fn id_of(&self, tuple: &[ColumnValue]) -> Option<String> {
-        match tuple.get(self.id)? {
-            ColumnValue::Text(b) => std::str::from_utf8(b).ok().map(str::to_owned),
-            _ => None,
-        }
-    }
-
     fn add_user_headers(
         &self,
         value: &ColumnValue,
@@ -317,6 +320,9 @@ impl RowMapping {
             let serde_json::Value::String(value) = value else {
                 return Err(not_an_object());
             };
+            if key.is_empty() {
+                return Err(Rejection(format!("an empty header name in column {column}")));
+            }
             let lower = key.to_ascii_lowercase();
             if lower.starts_with("nats-") || lower.starts_with("pgoutbox-") {
                 return Err(Rejection(format!("header {key:?} in column {column} is reserved")));
@@ -381,5 +387,7 @@ fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
         .map(Bytes::from)
 }
 
+#[cfg(test)]
+mod properties;
 #[cfg(test)]
 mod tests;

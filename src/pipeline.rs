@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use std::str::FromStr;
 
-use async_nats::HeaderMap;
 use async_nats::header::HeaderValue;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::publish::PublishAck;
@@ -27,10 +26,14 @@ use bytes::Bytes;
 use tracing::{debug, info, warn};
 
 use crate::error::PipelineError;
-use crate::outbox::{ColumnRoles, OutboxEvent, Rejection, RowMapping, SubjectTemplate};
-use crate::pgoutput::{ColumnValue, Insert, LogicalMessage};
+use crate::outbox::{
+    ColumnRoles, DeadLetter, OutboxEvent, RefusedRows, Rejection, RowMapping, SubjectTemplate,
+};
+use crate::pgoutput::{Insert, LogicalMessage};
 use crate::progress::{LsnTracker, Position};
-use crate::publisher::{MAX_IN_FLIGHT, POSITION_HEADER, Publisher};
+use crate::publisher::{
+    ADDED_HEADERS_ROOM, MAX_IN_FLIGHT, POSITION_HEADER, Publisher, refused_for_itself,
+};
 use crate::replication::wire::pg_now_micros;
 use crate::replication::{ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::retention::PublishedUpTo;
@@ -67,6 +70,8 @@ pub struct Memory {
     /// Rows whose publish JetStream answered as a duplicate of an older message with the same
     /// id: they are not stored again, and skipping them keeps the sequence guard in step.
     pub duplicates: HashSet<Position>,
+    /// Rows JetStream refused for themselves: the next attempt publishes their dead letter.
+    pub refused: RefusedRows,
     pub published: u64,
     pub dead_letters: u64,
     /// Shared with `--retention`: the commit time of the newest confirmed transaction.
@@ -82,6 +87,7 @@ impl Memory {
             progress,
             nats_disconnects,
             duplicates: HashSet::new(),
+            refused: RefusedRows::default(),
             published: 0,
             dead_letters: 0,
             published_up_to: PublishedUpTo::default(),
@@ -114,6 +120,8 @@ pub struct Resume {
     pub skip_through: Option<Position>,
     /// Named in every message's `Pgoutbox-Source` header.
     pub source: Source,
+    /// The largest message the server and the stream accept (`StreamTail::message_limit`).
+    pub message_limit: usize,
 }
 
 pub struct Pipeline<'a> {
@@ -125,13 +133,17 @@ pub struct Pipeline<'a> {
     in_flight: VecDeque<InFlight>,
     /// Payload bytes of `in_flight`.
     in_flight_bytes: usize,
-    mappings: HashMap<u32, Option<RowMapping>>,
+    /// Shared so that a row's mapping stays at hand while the row is published.
+    mappings: HashMap<u32, Option<Arc<RowMapping>>>,
     transaction: Option<Transaction>,
     /// Rows at or before this position are already in the stream.
     skip_through: Option<Position>,
     expected_last_sequence: u64,
     /// `Pgoutbox-Source` of every message, rendered once.
     source_header: HeaderValue,
+    /// How large a dead letter may be: the server's and the stream's limit, less the
+    /// headers `publish` adds.
+    letter_budget: usize,
     reported: u64,
     reported_at: Instant,
     /// The furthest WAL position the server reported: lag is measured against it.
@@ -180,6 +192,7 @@ impl<'a> Pipeline<'a> {
             // Source fields are made header-safe in `Source::new`.
             source_header: HeaderValue::from_str(&resume.source.to_string())
                 .unwrap_or_else(|_| HeaderValue::from("unknown")),
+            letter_budget: resume.message_limit.saturating_sub(ADDED_HEADERS_ROOM),
             reported: start_lsn,
             reported_at: Instant::now(),
             server_wal_end: start_lsn,
@@ -283,7 +296,7 @@ impl<'a> Pipeline<'a> {
             return Ok(());
         };
         self.in_flight_bytes -= done.bytes;
-        let ack = ack.map_err(|err| PipelineError::Nats(unacknowledged(&err)))?;
+        let ack = ack.map_err(|err| self.refused(done.position, &err))?;
         if ack.duplicate {
             warn!(position = %done.position, sequence = ack.sequence,
                 "JetStream already had a message with this row's id; not stored again");
@@ -308,8 +321,9 @@ impl<'a> Pipeline<'a> {
         let Some(newest) = self.in_flight.back_mut().filter(|n| n.early.is_none()) else {
             return Ok(());
         };
+        let position = newest.position;
         match (&mut newest.ack).now_or_never() {
-            Some(Err(err)) => Err(PipelineError::Nats(unacknowledged(&err))),
+            Some(Err(err)) => Err(self.refused(position, &err)),
             ready => {
                 newest.early = ready;
                 Ok(())
@@ -357,7 +371,7 @@ impl<'a> Pipeline<'a> {
                     relation.namespace == self.config.schema && relation.name == self.config.table;
                 let mapping = if ours {
                     let config = self.config;
-                    Some(RowMapping::new(&relation, &config.roles, &config.template)?)
+                    Some(Arc::new(RowMapping::new(&relation, &config.roles, &config.template)?))
                 } else {
                     None
                 };
@@ -382,9 +396,8 @@ impl<'a> Pipeline<'a> {
         let position =
             Position { commit_lsn: transaction.commit_lsn, index: transaction.next_index };
         transaction.next_index += 1;
-        let config = self.config;
         let mapping = match self.mappings.get(&insert.rel_id) {
-            Some(Some(mapping)) => mapping,
+            Some(Some(mapping)) => Arc::clone(mapping),
             Some(None) => return Ok(()), // another table in the publication
             None => {
                 return Err(PipelineError::Protocol("Insert for a relation never described"));
@@ -395,51 +408,72 @@ impl<'a> Pipeline<'a> {
         {
             return Ok(());
         }
-        let event = match mapping.map(&insert.tuple) {
-            Ok(event) => event,
-            Err(reason) => {
-                let letter = dead_letter(config, mapping, &insert.tuple, position, reason, false)?;
-                return self.publish_dead_letter(letter, position).await;
-            }
+        let reason = match self.memory.refused.get(&position) {
+            Some(refused) => refused.clone(),
+            None => match mapping.map(&insert.tuple) {
+                Ok(event) => match self.publish(event, position).await {
+                    Ok(()) => {
+                        self.memory.published += 1;
+                        return Ok(());
+                    }
+                    Err(err) => match refused_for_itself(&err) {
+                        Some(why) => Rejection(why),
+                        None => {
+                            self.unsent_row = true;
+                            return Err(PipelineError::Nats(err.to_string()));
+                        }
+                    },
+                },
+                Err(reason) => reason,
+            },
         };
-        let size = event.payload.len();
-        match self.publish(event, position).await {
-            Ok(()) => {
-                self.memory.published += 1;
-                Ok(())
-            }
-            Err(err) if err.kind() == PublishErrorKind::MaxPayloadExceeded => {
-                let reason = Rejection(format!(
-                    "the message ({size} payload bytes) exceeds the NATS server's max_payload"
-                ));
-                let Some(Some(mapping)) = self.mappings.get(&insert.rel_id) else {
-                    return Err(PipelineError::Protocol("relation vanished"));
-                };
-                let letter = dead_letter(config, mapping, &insert.tuple, position, reason, true)?;
-                self.publish_dead_letter(letter, position).await
-            }
-            Err(err) => {
-                self.unsent_row = true;
-                Err(PipelineError::Nats(err.to_string()))
-            }
-        }
+        let subject = &self.config.dead_letter_subject;
+        let letter =
+            mapping.dead_letter(&insert.tuple, position, &reason, subject, self.letter_budget);
+        self.publish_dead_letter(letter, position).await
     }
 
+    /// Publishes a row's dead letter in its place. It was built to fit, so only a transient
+    /// error can keep it from being sent; that one is retried like any other.
     async fn publish_dead_letter(
         &mut self,
-        event: OutboxEvent,
+        letter: DeadLetter,
         position: Position,
     ) -> Result<(), PipelineError> {
-        let reason = event.headers.get(DEAD_LETTER_REASON_HEADER).map(|v| v.to_string());
-        warn!(position = %position, id = %event.id, reason = reason.as_deref().unwrap_or(""),
+        let DeadLetter { event, reason, payload_omitted } = letter;
+        warn!(position = %position, id = %event.id, reason = %reason, payload_omitted,
             subject = %event.subject, "row sent to the dead-letter subject");
-        self.publish(event, position).await.map_err(|err| {
+        if let Err(err) = self.publish(event, position).await {
             self.unsent_row = true;
-            PipelineError::DeadLetter(err.to_string())
-        })?;
+            return Err(match refused_for_itself(&err) {
+                Some(why) => PipelineError::DeadLetter(why),
+                None => PipelineError::Nats(err.to_string()),
+            });
+        }
         self.memory.dead_letters += 1;
         self.metrics.dead_letters.increment(1);
         Ok(())
+    }
+
+    /// The error that ends an attempt whose publish at `position` was not acknowledged.
+    /// A refusal of the message itself is remembered in [`Memory::refused`], so that the
+    /// next attempt publishes the row's dead letter in its place (the slot sends the row
+    /// again, since nothing past it was confirmed): the row is retried once, not forever.
+    /// Refused again, it was the dead letter that was refused, and pgoutbox stops.
+    fn refused(&mut self, position: Position, err: &PublishError) -> PipelineError {
+        let message = unacknowledged(err);
+        match refused_for_itself(err) {
+            Some(why) if self.memory.refused.get(&position).is_some() => {
+                PipelineError::DeadLetter(format!("{why} (position {position})"))
+            }
+            Some(why) => {
+                warn!(position = %position, reason = %why,
+                    "JetStream refused the row; its dead letter goes in its place on retry");
+                self.memory.refused.insert(position, Rejection(why));
+                PipelineError::Nats(message)
+            }
+            None => PipelineError::Nats(message),
+        }
     }
 
     /// Hands one message to JetStream, chained to the previous one by sequence.
@@ -478,44 +512,6 @@ impl<'a> Pipeline<'a> {
         self.reported_at = Instant::now();
         Ok(())
     }
-}
-
-/// Header naming why a dead letter could not be published as a normal message.
-pub const DEAD_LETTER_REASON_HEADER: &str = "Pgoutbox-Dead-Letter-Reason";
-
-/// The message sent in place of a row that cannot be published: the reason and the row.
-fn dead_letter(
-    config: &PipelineConfig,
-    mapping: &RowMapping,
-    tuple: &[ColumnValue],
-    position: Position,
-    reason: Rejection,
-    omit_payload: bool,
-) -> Result<OutboxEvent, PipelineError> {
-    let mut body = mapping.row_json(tuple);
-    if let Some(row) = body.get_mut("row").and_then(|r| r.as_object_mut())
-        && omit_payload
-    {
-        row.insert(config.roles.payload.clone(), serde_json::Value::Null);
-    }
-    body["reason"] = serde_json::Value::String(reason.0.clone());
-    body["position"] = serde_json::Value::String(position.to_string());
-    let id = match mapping.id_of(tuple) {
-        Some(id) => format!("dead-letter:{id}"),
-        None => format!("dead-letter:{position}"),
-    };
-    let mut headers = HeaderMap::new();
-    headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
-    let one_line = reason.0.replace(['\r', '\n'], " ");
-    headers.insert(DEAD_LETTER_REASON_HEADER, one_line.as_str());
-    let payload =
-        serde_json::to_vec(&body).map_err(|err| PipelineError::DeadLetter(err.to_string()))?;
-    Ok(OutboxEvent {
-        id,
-        subject: config.dead_letter_subject.clone(),
-        headers,
-        payload: Bytes::from(payload),
-    })
 }
 
 /// Why a publish was not acknowledged, in the words an operator needs; also counted in

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, context::PublishAckFuture, stream};
+use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use async_nats::jetstream::{self, ErrorCode, stream};
 use bytes::Bytes;
 
 use crate::progress::Position;
@@ -20,6 +21,20 @@ pub const POSITION_HEADER: &str = "Pgoutbox-Position";
 
 /// How many publishes may await their ack at once.
 pub const MAX_IN_FLIGHT: usize = 4096;
+
+/// Room left in every message for the headers the pipeline adds to it after the row was
+/// mapped (`Pgoutbox-Position: <lsn>:<index>`, `Nats-Expected-Last-Sequence: <u64>` and
+/// `Pgoutbox-Source: <system id>/<timeline>/<database>/<slot>`, whose names Postgres caps
+/// at 63 bytes: about 300 bytes at most), so a dead letter built to `message_limit` minus
+/// this still fits.
+pub const ADDED_HEADERS_ROOM: usize = 512;
+
+/// JetStream API error codes that refuse a message for what it is, whatever the stream's
+/// state: sending it again gets the same answer. 10054 (`JSStreamMessageExceedsMaximumErr`,
+/// "message size exceeds maximum allowed") is the stream's `max_msg_size`; 10097
+/// (`JSStreamHeaderExceedsMaximumErr`) is a header block over 64 KiB.
+const REFUSED_FOR_ITSELF: [ErrorCode; 2] =
+    [ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM, ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM];
 
 #[derive(Debug, thiserror::Error)]
 pub enum PublisherError {
@@ -42,6 +57,9 @@ pub struct StreamTail {
     pub last_sequence: u64,
     /// Where the last stored message came from, as far as its headers say.
     pub origin: TailOrigin,
+    /// The largest message (headers and payload) both the server (`max_payload`) and the
+    /// stream (`max_msg_size`) accept: what a dead letter is built to fit.
+    pub message_limit: usize,
 }
 
 #[derive(Clone)]
@@ -135,8 +153,12 @@ impl Publisher {
             return Err(PublisherError::NoLeader(self.stream.clone()));
         }
         let last_sequence = info.state.last_sequence;
+        let message_limit = match usize::try_from(info.config.max_message_size) {
+            Ok(stream_limit) => stream_limit.min(self.client.max_payload()),
+            Err(_) => self.client.max_payload(), // -1: the stream sets no limit
+        };
         if last_sequence == 0 {
-            return Ok(StreamTail::default());
+            return Ok(StreamTail { message_limit, ..StreamTail::default() });
         }
         let origin = match stream.get_raw_message(last_sequence).await {
             Ok(message) => {
@@ -149,7 +171,7 @@ impl Publisher {
             // The last message was deleted or purged: nothing to skip by.
             Err(_) => TailOrigin::default(),
         };
-        Ok(StreamTail { last_sequence, origin })
+        Ok(StreamTail { last_sequence, origin, message_limit })
     }
 
     /// Sends one message; the returned future resolves when JetStream stored it.
@@ -178,6 +200,27 @@ impl Publisher {
     pub async fn stream_info(&self) -> Result<stream::Info, PublisherError> {
         let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
         stream.info().await.cloned().map_err(request_error)
+    }
+}
+
+/// Why a publish was refused for the message itself, if it was: too large for the server
+/// (checked by the client before sending) or refused by JetStream with one of
+/// [`REFUSED_FOR_ITSELF`] (the API error travels as the source of a `PublishErrorKind::Other`).
+/// Such a refusal repeats on every retry, so the row must become a dead letter; any other
+/// error (no responders, timeout, lost connection, wrong last sequence) is worth retrying.
+pub fn refused_for_itself(err: &PublishError) -> Option<String> {
+    match err.kind() {
+        PublishErrorKind::MaxPayloadExceeded => {
+            Some(format!("the message exceeds the NATS server's max_payload: {err}"))
+        }
+        PublishErrorKind::Other => {
+            let source = std::error::Error::source(err)?;
+            let api = source.downcast_ref::<jetstream::Error>()?;
+            REFUSED_FOR_ITSELF
+                .contains(&api.error_code())
+                .then(|| format!("JetStream refused the message: {api}"))
+        }
+        _ => None,
     }
 }
 
@@ -222,7 +265,36 @@ pub fn subject_covers(filter: &str, wanted: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::subject_covers;
+    use super::*;
+
+    /// A refused ack as async-nats builds it from the server's JSON answer.
+    fn refused_ack(err_code: u64, description: &str) -> PublishError {
+        let answer =
+            serde_json::json!({"code": 400, "err_code": err_code, "description": description});
+        let api: jetstream::Error = serde_json::from_value(answer).unwrap();
+        PublishError::with_source(PublishErrorKind::Other, api)
+    }
+
+    #[test]
+    fn refusals_of_the_message_itself_are_told_apart_by_code() {
+        let too_big = refused_ack(10054, "message size exceeds maximum allowed");
+        let why = refused_for_itself(&too_big).unwrap();
+        assert!(why.contains("10054") && why.contains("message size"), "{why}");
+        assert!(refused_for_itself(&refused_ack(10097, "header size exceeds")).is_some());
+        let oversized = PublishError::with_source(PublishErrorKind::MaxPayloadExceeded, "x");
+        assert!(refused_for_itself(&oversized).unwrap().contains("max_payload"));
+        // Worth retrying: the stream's state or the connection, not the message.
+        for retryable in [
+            refused_ack(10071, "wrong last sequence"),
+            refused_ack(10077, "maximum bytes exceeded"),
+            PublishError::new(PublishErrorKind::TimedOut),
+            PublishError::new(PublishErrorKind::StreamNotFound),
+            PublishError::new(PublishErrorKind::BrokenPipe),
+            PublishError::new(PublishErrorKind::Other),
+        ] {
+            assert_eq!(refused_for_itself(&retryable), None, "{retryable}");
+        }
+    }
 
     #[test]
     fn subject_coverage_follows_nats_wildcards() {

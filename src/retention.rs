@@ -17,10 +17,10 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use postgres_protocol::escape::escape_identifier as quote_ident;
 use crate::replication::wire::PG_EPOCH_OFFSET_MICROS;
 use crate::shutdown::Shutdown;
 use crate::slot::{self, TableName};
+use postgres_protocol::escape::escape_identifier as quote_ident;
 
 /// Rows deleted per statement: short transactions, short locks.
 const BATCH: i64 = 1_000;

@@ -1,12 +1,15 @@
 //! Rows that cannot become a correct message go to the dead-letter subject with the reason
 //! and the original row, are counted in `status` and the log, and never block the rows
-//! behind them. If even the dead letter cannot be written, pgoutbox stops and says why.
+//! behind them. A dead letter is built to fit what the server and the stream accept, so
+//! hostile bytes (line breaks in an id, payloads that grow when escaped, rows a stream's
+//! `max_msg_size` refuses) cannot stop the stream either.
 
 mod support;
 
 use std::time::Duration;
 
 use support::pgoutbox::{Pgoutbox, command};
+use support::stream::Stored;
 use support::stream::{count, jetstream, read_all};
 use support::{Nats, Postgres, eventually, wait_until_streaming};
 
@@ -93,22 +96,137 @@ async fn poison_rows_become_dead_letters_and_never_block() {
     assert_eq!(report["stream"]["dead_letters"], 6, "{report}");
 }
 
+/// Waits until the stream holds `n` messages and returns them in stream order.
+async fn stored(nats: &Nats, n: u64, app: &Pgoutbox) -> Vec<Stored> {
+    let js = jetstream(&nats.url()).await;
+    let what = format!("{n} messages stored");
+    eventually(Duration::from_secs(30), &what, || async {
+        let have = count(&js, "OUTBOX").await;
+        assert!(!app.log().contains("panicked"), "pgoutbox panicked:\n{}", app.log());
+        (have >= n).then_some(())
+    })
+    .await;
+    read_all(&js, "OUTBOX").await
+}
+
+/// A dead letter's headers: a usable `Nats-Msg-Id`, the reason, and whether the payload was
+/// left out.
+fn assert_dead_letter(m: &Stored, reason: &str, payload_omitted: bool) {
+    assert_eq!(m.subject, "outbox.dead_letter");
+    let id = m.header("Nats-Msg-Id").expect("a dead letter has an id");
+    assert!(id.starts_with("dead-letter:") && !id.contains(['\r', '\n']), "{id:?}");
+    let header = m.header("Pgoutbox-Dead-Letter-Reason").expect("reason header");
+    assert!(header.contains(reason), "{header:?} does not mention {reason:?}");
+    let omitted = m.header("Pgoutbox-Payload-Omitted");
+    assert_eq!(omitted, Some(if payload_omitted { "true" } else { "false" }));
+    let body = m.json();
+    assert_eq!(body["table"], "public.outbox");
+    assert!(body["position"].as_str().is_some(), "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn an_unwritable_dead_letter_stops_pgoutbox_with_the_reason() {
+async fn a_dead_letter_too_big_for_max_payload_is_shortened() {
     let pg = Postgres::start();
     let (nats, _conf) = small_payload_nats();
     pg.psql(LOOSE_OUTBOX);
     let mut app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
     // Too big as a message (in a header) and too big as a dead letter (in the row).
-    insert(&pg, 0, "'order'", "'created'", "'{}'", "NULL");
     pg.psql(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
          VALUES ('order', repeat('y', 20000), 'created', '{}')",
     );
-    let status = app.wait_exit(Duration::from_secs(30));
-    assert!(!status.success());
-    let log = app.log();
-    assert!(log.contains("neither could its dead letter"), "{log}");
-    assert!(!log.contains("panicked"), "{log}");
+    insert(&pg, 1, "'order'", "'created'", "'{\"n\": 1}'", "NULL");
+    let messages = stored(&nats, 2, &app).await;
+    assert_dead_letter(&messages[0], "max_payload", true);
+    let aggregate_id = messages[0].json()["row"]["aggregate_id"].as_str().map(str::to_owned);
+    let aggregate_id = aggregate_id.expect("the shortened column is kept");
+    assert!(aggregate_id.starts_with("yyy") && aggregate_id.len() < 8192, "{aggregate_id}");
+    assert!(aggregate_id.contains("truncated"), "{aggregate_id}");
+    assert_eq!(messages[1].subject, "outbox.order.created", "the row behind it was blocked");
+    assert!(app.is_running(), "{}", app.log());
+}
+
+/// An outbox keyed by text, so that any id a client writes reaches pgoutbox.
+const TEXT_ID_OUTBOX: &str = "CREATE TABLE outbox (id text PRIMARY KEY, \
+    aggregate_type text, aggregate_id text, event_type text, payload jsonb, headers jsonb, \
+    created_at timestamptz DEFAULT now())";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_id_with_a_line_break_becomes_a_dead_letter() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(TEXT_ID_OUTBOX);
+    let mut app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES (E'a\\nb', 'order', '1', 'created', '{}')",
+    );
+    pg.psql(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('after', 'order', '2', 'created', '{}')",
+    );
+    let messages = stored(&nats, 2, &app).await;
+    assert_dead_letter(&messages[0], "message id", false);
+    assert_eq!(messages[0].json()["id"], "a\nb", "the id is kept in the body");
+    assert_eq!(messages[0].json()["row"]["id"], "a\nb");
+    assert_eq!(messages[1].subject, "outbox.order.created");
+    assert_eq!(messages[1].header("Nats-Msg-Id"), Some("after"));
+    assert!(app.is_running(), "{}", app.log());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_letter_that_grows_when_escaped_leaves_the_payload_out() {
+    let pg = Postgres::start();
+    let nats = Nats::start(); // max_payload: the default 1 MiB
+    pg.psql(LOOSE_OUTBOX);
+    let mut app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    // 450,000 `"` characters: 900 KB as jsonb text (each is `\"`), 1.8 MB once JSON-escaped
+    // again inside the dead letter. The bad subject makes it a dead letter.
+    let quotes = "to_jsonb(repeat('\"', 450000))";
+    insert(&pg, 0, "'has space'", "'created'", quotes, "NULL");
+    insert(&pg, 1, "'order'", "'created'", "'{\"n\": 1}'", "NULL");
+    let messages = stored(&nats, 2, &app).await;
+    assert_dead_letter(&messages[0], "whitespace", true);
+    assert_eq!(messages[0].json()["row"]["payload"], serde_json::Value::Null);
+    assert_eq!(messages[0].json()["row"]["aggregate_type"], "has space");
+    assert_eq!(messages[1].subject, "outbox.order.created");
+    assert!(app.is_running(), "{}", app.log());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_the_stream_refuses_becomes_a_dead_letter() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(LOOSE_OUTBOX);
+    // The operator created the stream with a per-message limit below the server's.
+    let js = jetstream(&nats.url()).await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "OUTBOX".into(),
+        subjects: vec!["outbox.*.*".into(), "outbox.dead_letter".into()],
+        max_message_size: 2048,
+        ..Default::default()
+    })
+    .await
+    .expect("create the stream with max_msg_size");
+    let mut app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    insert(&pg, 0, "'order'", "'created'", "'{\"n\": 0}'", "NULL");
+    let big = "jsonb_build_object('n', 1, 'pad', repeat('x', 4000))";
+    insert(&pg, 1, "'order'", "'created'", big, "NULL");
+    for n in 2..5 {
+        insert(&pg, n, "'order'", "'created'", &format!("'{{\"n\": {n}}}'"), "NULL");
+    }
+    let messages = stored(&nats, 5, &app).await;
+    assert_eq!(messages.len(), 5);
+    assert_eq!(messages[0].json()["n"], 0);
+    assert_dead_letter(&messages[1], "10054", true);
+    assert_eq!(messages[1].json()["row"]["aggregate_id"], "1");
+    for (n, m) in messages.iter().enumerate().skip(2) {
+        assert_eq!(m.subject, "outbox.order.created");
+        assert_eq!(m.json()["n"], n, "rows behind the refused one arrive, in order");
+    }
+    assert!(app.is_running(), "{}", app.log());
 }

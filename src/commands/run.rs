@@ -290,8 +290,13 @@ impl Target<'_> {
             skip_through = skip_through.map(|p| p.to_string()),
             "streaming"
         );
-        let resume =
-            Resume { lsn: start, stream_sequence: tail.last_sequence, skip_through, source };
+        let resume = Resume {
+            lsn: start,
+            stream_sequence: tail.last_sequence,
+            skip_through,
+            source,
+            message_limit: tail.message_limit,
+        };
         Pipeline::new(pipeline, conn, publisher, memory, resume).run(shutdown).await
     }
 }
