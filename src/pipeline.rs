@@ -36,7 +36,7 @@ use crate::publisher::{
 };
 use crate::replication::wire::pg_now_micros;
 use crate::replication::{ReplicationConnection, ReplicationMessage, StandbyStatus};
-use crate::retention::PublishedUpTo;
+use crate::retention::{KeptRows, PublishedUpTo};
 use crate::shutdown::Shutdown;
 use crate::source::{SOURCE_HEADER, Source};
 use crate::stall::Progress;
@@ -76,6 +76,8 @@ pub struct Memory {
     pub dead_letters: u64,
     /// Shared with `--retention`: the commit time of the newest confirmed transaction.
     pub published_up_to: PublishedUpTo,
+    /// Shared with `--retention`: rows whose dead letter lacks the payload stay in the table.
+    pub kept_rows: KeptRows,
 }
 
 impl Memory {
@@ -91,6 +93,7 @@ impl Memory {
             published: 0,
             dead_letters: 0,
             published_up_to: PublishedUpTo::default(),
+            kept_rows: KeptRows::default(),
         }
     }
 }
@@ -440,7 +443,7 @@ impl<'a> Pipeline<'a> {
         letter: DeadLetter,
         position: Position,
     ) -> Result<(), PipelineError> {
-        let DeadLetter { event, reason, payload_omitted } = letter;
+        let DeadLetter { event, reason, payload_omitted, row_id } = letter;
         warn!(position = %position, id = %event.id, reason = %reason, payload_omitted,
             subject = %event.subject, "row sent to the dead-letter subject");
         if let Err(err) = self.publish(event, position).await {
@@ -449,6 +452,10 @@ impl<'a> Pipeline<'a> {
                 Some(why) => PipelineError::DeadLetter(why),
                 None => PipelineError::Nats(err.to_string()),
             });
+        }
+        if payload_omitted && let Some(id) = row_id {
+            // Kept before its ack can move `published_up_to` past it.
+            self.memory.kept_rows.keep(id);
         }
         self.memory.dead_letters += 1;
         self.metrics.dead_letters.increment(1);

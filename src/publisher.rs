@@ -13,6 +13,7 @@ use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErro
 use async_nats::jetstream::{self, ErrorCode, stream};
 use bytes::Bytes;
 
+use crate::outbox::PAYLOAD_OMITTED_HEADER;
 use crate::progress::Position;
 use crate::source::{SOURCE_HEADER, TailOrigin};
 
@@ -194,6 +195,40 @@ impl Publisher {
             total += count as u64;
         }
         Ok(total)
+    }
+
+    /// The row ids in the dead letters on `subject` that left the payload out (as each
+    /// letter's body gives them), for `--retention` to keep those rows.
+    pub async fn ids_of_letters_without_payload(
+        &self,
+        subject: &str,
+    ) -> Result<Vec<String>, PublisherError> {
+        use async_nats::jetstream::consumer::pull::OrderedConfig;
+        use futures_util::StreamExt;
+        let total = self.count_on_subject(subject).await?;
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        let config = OrderedConfig { filter_subject: subject.to_owned(), ..Default::default() };
+        let consumer = stream.create_consumer(config).await.map_err(request_error)?;
+        let mut messages = consumer.messages().await.map_err(request_error)?;
+        let mut ids = Vec::new();
+        for _ in 0..total {
+            let message = match messages.next().await {
+                Some(message) => message.map_err(request_error)?,
+                None => break,
+            };
+            let omitted = message.headers.as_ref().and_then(|h| h.get(PAYLOAD_OMITTED_HEADER));
+            if omitted.is_some_and(|v| v.as_str() == "true") {
+                let body: serde_json::Value =
+                    serde_json::from_slice(&message.payload).unwrap_or_default();
+                if let Some(id) = body.get("id").and_then(|id| id.as_str()) {
+                    ids.push(id.to_owned());
+                }
+            }
+        }
+        Ok(ids)
     }
 
     /// The stream's message count, bytes, last sequence and dedup window, for `status`.

@@ -15,8 +15,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use std::collections::HashSet;
+use std::sync::Mutex;
+
 use tracing::{info, warn};
 
+use crate::outbox::TRUNCATED;
 use crate::replication::wire::PG_EPOCH_OFFSET_MICROS;
 use crate::shutdown::Shutdown;
 use crate::slot::{self, TableName};
@@ -40,23 +44,78 @@ impl PublishedUpTo {
     }
 }
 
+/// Rows never to delete: those whose dead letter lacks the payload (it was too large to
+/// fit), so the table holds the only copy. Filled from the stream's dead letters at start
+/// and by the pipeline as it publishes more.
+#[derive(Clone, Default)]
+pub struct KeptRows(Arc<Mutex<Kept>>);
+
+#[derive(Default)]
+struct Kept {
+    ids: HashSet<String>,
+    /// Ids a dead letter had to shorten (over 256 bytes): rows starting with one are kept.
+    prefixes: HashSet<String>,
+}
+
+impl KeptRows {
+    pub fn keep(&self, id: String) {
+        if let Ok(mut kept) = self.0.lock() {
+            kept.ids.insert(id);
+        }
+    }
+
+    /// An id as a dead letter's body gives it, which may be shortened.
+    pub fn keep_letter_id(&self, id: &str) {
+        match id.strip_suffix(TRUNCATED) {
+            Some(prefix) => {
+                if let Ok(mut kept) = self.0.lock() {
+                    kept.prefixes.insert(prefix.to_owned());
+                }
+            }
+            None => self.keep(id.to_owned()),
+        }
+    }
+
+    /// The ids and the id prefixes to keep, as query parameters.
+    fn snapshot(&self) -> (Vec<String>, Vec<String>) {
+        match self.0.lock() {
+            Ok(kept) => {
+                (kept.ids.iter().cloned().collect(), kept.prefixes.iter().cloned().collect())
+            }
+            Err(_) => (Vec::new(), Vec::new()),
+        }
+    }
+}
+
+/// The columns retention reads.
+pub struct Columns {
+    pub created_at: String,
+    pub id: String,
+}
+
 /// Deletes published rows older than `keep` until shutdown; errors are logged and retried.
+/// Rows in `kept` are never deleted.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     database: tokio_postgres::Config,
     tls: crate::tls::PgTls,
     table: TableName,
-    created_at: String,
+    columns: Columns,
     keep: Duration,
     published: PublishedUpTo,
+    kept: KeptRows,
     mut shutdown: Shutdown,
 ) {
     let every = (keep / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
     let deleted_total = metrics::counter!("pgoutbox_retention_deleted_total");
     let sql = format!(
         "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
-         WHERE {column} < to_timestamp($1::float8) LIMIT {BATCH}))",
+         WHERE {created_at} < to_timestamp($1::float8) AND NOT ({id}::text = ANY($2::text[])) \
+           AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS p WHERE starts_with({id}::text, p)) \
+         LIMIT {BATCH}))",
         table = table.quoted(),
-        column = quote_ident(&created_at),
+        created_at = quote_ident(&columns.created_at),
+        id = quote_ident(&columns.id),
     );
     let mut client = None;
     loop {
@@ -77,8 +136,9 @@ pub async fn run(
         }
         let Some(db) = client.as_ref() else { continue };
         let mut deleted = 0;
+        let (kept_ids, kept_prefixes) = kept.snapshot();
         loop {
-            match db.execute(&sql, &[&cutoff_unix]).await {
+            match db.execute(&sql, &[&cutoff_unix, &kept_ids, &kept_prefixes]).await {
                 Ok(n) => {
                     deleted += n;
                     if n < BATCH as u64 {

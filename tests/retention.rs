@@ -73,3 +73,48 @@ async fn age_past_retention_then_publish_one_more(
     })
     .await;
 }
+
+/// A row too large for NATS is dead-lettered without its payload, so the table holds the
+/// only copy: `--retention` never deletes it, neither in the run that dead-lettered it nor
+/// after a restart (which learns it from the dead letters in the stream).
+#[tokio::test(flavor = "multi_thread")]
+async fn keeps_rows_whose_dead_letter_lacks_the_payload() {
+    let pg = Postgres::start();
+    let conf_dir = tempfile::tempdir().expect("conf dir");
+    let conf = conf_dir.path().join("nats.conf");
+    std::fs::write(&conf, "max_payload: 8192\n").expect("write nats.conf");
+    let nats = Nats::start_with_args(&["-c", conf.to_str().expect("utf-8 path")]);
+    pg.psql(include_str!("../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s"]);
+    wait_until_streaming(&pg, &app).await;
+
+    pg.psql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', 'big', 'created', jsonb_build_object('pad', repeat('x', 20000)))",
+    );
+    pg.psql(&numbered_rows(0, 10, 10));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "the dead letter and 10 rows stored", || async {
+        (count(&js, "OUTBOX").await == 11).then_some(())
+    })
+    .await;
+    let big_row = "SELECT count(*) FROM outbox WHERE aggregate_id = 'big'";
+    age_past_retention_then_publish_one_more(&pg, &js, 12).await;
+    eventually(Duration::from_secs(20), "the published rows deleted", || async {
+        (rows_in_table(&pg) == 2).then_some(())
+    })
+    .await;
+    assert_eq!(pg.psql(big_row), "1", "the only copy of a dead-lettered row was deleted");
+
+    support::stop_and_wait_released(&pg, app).await;
+    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s"]);
+    wait_until_streaming(&pg, &app).await;
+    age_past_retention_then_publish_one_more(&pg, &js, 13).await;
+    eventually(
+        Duration::from_secs(20),
+        "the rows published before the restart deleted",
+        || async { (rows_in_table(&pg) == 2).then_some(()) },
+    )
+    .await;
+    assert_eq!(pg.psql(big_row), "1", "deleted after a restart:\n{}", app.log());
+}

@@ -85,14 +85,26 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     tokio::spawn(crate::stall::watch(progress.clone(), readiness.clone(), args.stall_timeout));
     let mut memory = Memory::new(progress, nats_disconnects);
     if let Some(keep) = args.retention {
-        let column = config.pipeline.roles.created_at.clone();
+        // Dead letters of earlier runs that lack their payload: those rows must stay.
+        let subject = &config.pipeline.dead_letter_subject;
+        for id in publisher.ids_of_letters_without_payload(subject).await.with_context(|| {
+            format!("reading the dead letters on {subject} that --retention must keep")
+        })? {
+            memory.kept_rows.keep_letter_id(&id);
+        }
+        let roles = &config.pipeline.roles;
+        let columns = crate::retention::Columns {
+            created_at: roles.created_at.clone(),
+            id: roles.id.clone(),
+        };
         tokio::spawn(crate::retention::run(
             config.database.clone(),
             config.pg_tls.clone(),
             config.table.clone(),
-            column,
+            columns,
             keep,
             memory.published_up_to.clone(),
+            memory.kept_rows.clone(),
             shutdown.clone(),
         ));
     }

@@ -66,6 +66,8 @@ pub struct DeadLetter {
     pub reason: String,
     /// Whether the row's payload was left out to fit the budget.
     pub payload_omitted: bool,
+    /// The row's id as text, whole: `--retention` keeps a row whose payload was left out.
+    pub row_id: Option<String>,
 }
 
 /// Rows JetStream refused for themselves (see `publisher::refused_for_itself`), kept until
@@ -172,6 +174,7 @@ impl RowMapping {
             },
             reason,
             payload_omitted,
+            row_id: id.map(Cow::into_owned),
         }
     }
 }
