@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use std::str::FromStr;
 
+use async_nats::HeaderMap;
 use async_nats::header::HeaderValue;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::publish::PublishAck;
@@ -105,7 +106,17 @@ struct InFlight {
     /// The ack, when it was found ready before its turn (see `check_newest_ack`).
     early: Option<Result<PublishAck, PublishError>>,
     position: Position,
-    bytes: usize,
+    /// Kept until acknowledged, to be sent again after a duplicate (see
+    /// `resend_after_duplicate`); it shares the payload's buffer, so in-flight memory stays
+    /// within `--max-in-flight-bytes`.
+    message: Outgoing,
+}
+
+/// A message as sent, less its `Nats-Expected-Last-Sequence`.
+struct Outgoing {
+    subject: String,
+    headers: HeaderMap,
+    payload: Bytes,
 }
 
 struct Transaction {
@@ -233,7 +244,7 @@ impl<'a> Pipeline<'a> {
             tokio::select! {
                 biased;
                 () = shutdown.requested() => return self.drain().await,
-                ack = oldest_ack(&mut self.in_flight) => self.on_ack(ack)?,
+                ack = oldest_ack(&mut self.in_flight) => self.on_ack(ack).await?,
                 Ok(()) = self.nats_disconnects.changed() => {
                     if !self.in_flight.is_empty() {
                         Metrics::publish_error("connection");
@@ -279,7 +290,7 @@ impl<'a> Pipeline<'a> {
             let left = self.in_flight.len();
             let acked =
                 match tokio::time::timeout_at(deadline, oldest_ack(&mut self.in_flight)).await {
-                    Ok(ack) => self.on_ack(ack),
+                    Ok(ack) => self.on_ack(ack).await,
                     Err(_) => Err(PipelineError::Nats(format!("no ack within {DRAIN_TIMEOUT:?}"))),
                 };
             if let Err(cause) = acked {
@@ -294,21 +305,60 @@ impl<'a> Pipeline<'a> {
         Ok(())
     }
 
-    fn on_ack(&mut self, ack: Result<PublishAck, PublishError>) -> Result<(), PipelineError> {
+    async fn on_ack(&mut self, ack: Result<PublishAck, PublishError>) -> Result<(), PipelineError> {
         let Some(done) = self.in_flight.pop_front() else {
             return Ok(());
         };
-        self.in_flight_bytes -= done.bytes;
+        let bytes = done.message.payload.len();
+        self.in_flight_bytes -= bytes;
         let ack = ack.map_err(|err| self.refused(done.position, &err))?;
+        self.metrics.rows_published.increment(1);
+        self.metrics.bytes_published.increment(bytes as u64);
+        self.tracker.on_acked();
+        self.observe_confirmed();
         if ack.duplicate {
             warn!(position = %done.position, sequence = ack.sequence,
                 "JetStream already had a message with this row's id; not stored again");
             self.memory.duplicates.insert(done.position);
+            self.resend_after_duplicate().await?;
         }
-        self.metrics.rows_published.increment(1);
-        self.metrics.bytes_published.increment(done.bytes as u64);
-        self.tracker.on_acked();
-        self.observe_confirmed();
+        Ok(())
+    }
+
+    /// JetStream did not store a duplicate, so every message sent after it expected one
+    /// sequence too many and is refused as out of order. Rather than ending the attempt
+    /// (and having Postgres decode everything again, once per duplicate), wait for those
+    /// refusals and send the same messages again, chained to the stream's real end. The
+    /// tracker's counts do not change: the same messages stay in flight, in the same order.
+    async fn resend_after_duplicate(&mut self) -> Result<(), PipelineError> {
+        let stale = std::mem::take(&mut self.in_flight);
+        // The duplicate and every message behind it each counted one stored message.
+        self.expected_last_sequence -= 1 + stale.len() as u64;
+        self.in_flight_bytes = 0;
+        for entry in stale {
+            let refusal = match entry.early {
+                Some(ack) => ack,
+                None => entry.ack.await,
+            };
+            match refusal {
+                Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {}
+                // Not stored either (JetStream checks duplicates first): sent again, it is
+                // acknowledged as a duplicate in its turn.
+                Ok(ack) if ack.duplicate => {}
+                Ok(_) => {
+                    return Err(PipelineError::Nats(
+                        "a message chained behind a duplicate was stored: another writer on \
+                         the stream?"
+                            .into(),
+                    ));
+                }
+                Err(err) => return Err(self.refused(entry.position, &err)),
+            }
+            self.send(entry.message, entry.position).await.map_err(|err| {
+                self.unsent_row = true;
+                PipelineError::Nats(err.to_string())
+            })?;
+        }
         Ok(())
     }
 
@@ -490,19 +540,32 @@ impl<'a> Pipeline<'a> {
         position: Position,
     ) -> Result<(), PublishError> {
         let OutboxEvent { subject, mut headers, payload, .. } = event;
-        let bytes = payload.len();
         headers.insert(POSITION_HEADER, position.to_string());
         headers.insert(SOURCE_HEADER, self.source_header.clone());
+        self.send(Outgoing { subject, headers, payload }, position).await?;
+        self.tracker.on_sent();
+        Ok(())
+    }
+
+    /// Sends `message` with the next expected sequence and keeps it in flight.
+    async fn send(&mut self, message: Outgoing, position: Position) -> Result<(), PublishError> {
+        let mut headers = message.headers.clone();
         headers.insert(
             async_nats::header::NATS_EXPECTED_LAST_SEQUENCE,
             self.expected_last_sequence.to_string(),
         );
-        let ack = self.publisher.publish(subject, headers, payload).await?;
+        let ack = self
+            .publisher
+            .publish(message.subject.clone(), headers, message.payload.clone())
+            .await?;
         self.expected_last_sequence += 1;
-        self.tracker.on_sent();
-        let ack = ack.into_future();
-        self.in_flight_bytes += bytes;
-        self.in_flight.push_back(InFlight { ack, early: None, position, bytes });
+        self.in_flight_bytes += message.payload.len();
+        self.in_flight.push_back(InFlight {
+            ack: ack.into_future(),
+            early: None,
+            position,
+            message,
+        });
         Ok(())
     }
 
