@@ -18,6 +18,7 @@
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod conninfo;
 pub mod error;
 pub mod outbox;
 pub mod pgoutput;
