@@ -35,10 +35,9 @@ use crate::shutdown::Shutdown;
 use crate::stall::Progress;
 use crate::telemetry::Metrics;
 
-/// How often the confirmed position is reported when it moved, and at most how long
-/// between two reports when it did not (well inside `wal_sender_timeout`).
+/// How often the confirmed position is reported when it moved; when it did not, a report
+/// still goes out every [`ReplicationConnection::status_keepalive`].
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
-const STATUS_KEEPALIVE: Duration = Duration::from_secs(10);
 /// How long a shutdown waits for acks of messages already sent.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -214,7 +213,7 @@ impl<'a> Pipeline<'a> {
                     self.check_newest_ack()?;
                     self.update_gauges();
                     let moved = self.tracker.confirmed() != self.reported;
-                    if moved || self.reported_at.elapsed() >= STATUS_KEEPALIVE {
+                    if moved || self.reported_at.elapsed() >= self.conn.status_keepalive() {
                         self.send_status(false).await?;
                     }
                 }

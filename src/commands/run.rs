@@ -230,6 +230,7 @@ async fn stream_once(
         %slot,
         from = %tokio_postgres::types::PgLsn::from(start),
         stream_sequence = tail.last_sequence,
+        wal_sender_timeout = ?conn.wal_sender_timeout(),
         "streaming"
     );
     Pipeline::new(&config.pipeline, conn, publisher, memory, start, tail).run(shutdown).await

@@ -12,6 +12,7 @@
 
 use std::fmt;
 use std::io;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
@@ -20,10 +21,12 @@ use postgres_protocol::message::{backend, frontend};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::tls::PgTls;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::socket::{Socket, open_socket};
-use super::wire::{ReplicationMessage, StandbyStatus, WireError};
+use super::wire::{
+    ReplicationMessage, StandbyStatus, WireError, parse_wal_sender_timeout, status_keepalive,
+};
 
 /// An error the server sent (ErrorResponse), with the fields operators need.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,11 +82,14 @@ pub struct ReplicationConnection {
     socket: Box<dyn Socket>,
     read_buf: BytesMut,
     write_buf: BytesMut,
+    /// The server's `wal_sender_timeout`; `None` when disabled (0).
+    wal_sender_timeout: Option<Duration>,
 }
 
 const READ_CHUNK: usize = 64 * 1024;
 impl ReplicationConnection {
-    /// Opens a `replication=database` session with the same settings as the SQL connection.
+    /// Opens a `replication=database` session with the same settings as the SQL connection,
+    /// and reads the server's `wal_sender_timeout`.
     ///
     /// As with libpq's `connect_timeout`, each step (reaching a host, then logging in) must
     /// finish in time: behind a proxy that black-holes traffic the TCP connection opens but
@@ -97,6 +103,7 @@ impl ReplicationConnection {
             socket,
             read_buf: BytesMut::with_capacity(READ_CHUNK),
             write_buf: BytesMut::with_capacity(1024),
+            wal_sender_timeout: None,
         };
         let login = conn.log_in(config);
         match config.get_connect_timeout() {
@@ -108,7 +115,7 @@ impl ReplicationConnection {
         Ok(conn)
     }
 
-    /// Startup and authentication.
+    /// Startup, authentication, then `SHOW wal_sender_timeout`.
     async fn log_in(&mut self, config: &tokio_postgres::Config) -> Result<(), ConnectionError> {
         let user = user_name(config);
         let database = config.get_dbname().unwrap_or(&user).to_owned();
@@ -125,7 +132,31 @@ impl ReplicationConnection {
         self.flush().await?;
         self.authenticate(&user, config.get_password()).await?;
         self.wait_ready().await?;
+        let rows = self.simple_query("SHOW wal_sender_timeout").await?;
+        let shown = rows.first().and_then(|row| row.first()).and_then(Option::as_deref);
+        self.wal_sender_timeout = match shown.map(parse_wal_sender_timeout) {
+            Some(Ok(timeout)) => timeout,
+            _ => {
+                // Assume the smallest setting that works at all: statuses cost little.
+                warn!(?shown, "cannot read wal_sender_timeout; assuming 1s");
+                Some(Duration::from_secs(1))
+            }
+        };
         Ok(())
+    }
+
+    /// The server's `wal_sender_timeout` (`None`: disabled): the walsender ends a session
+    /// from which it heard nothing for that long.
+    pub fn wal_sender_timeout(&self) -> Option<Duration> {
+        self.wal_sender_timeout
+    }
+
+    /// The longest the client may stay silent towards the walsender: half its
+    /// `wal_sender_timeout`, at most 10 s. The server pings after half the timeout, but a
+    /// client that has stopped reading (its ack window full) never sees the ping, so its
+    /// own unprompted status updates are what keep the session alive.
+    pub fn status_keepalive(&self) -> Duration {
+        status_keepalive(self.wal_sender_timeout)
     }
 
     async fn authenticate(
