@@ -29,7 +29,9 @@ use crate::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::progress::{LsnTracker, Position};
 use crate::publisher::{MAX_IN_FLIGHT, POSITION_HEADER, Publisher, StreamTail};
 use crate::replication::wire::pg_now_micros;
-use crate::replication::{ReplicationConnection, ReplicationMessage, StandbyStatus};
+use crate::replication::{
+    ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus,
+};
 use crate::retention::PublishedUpTo;
 use crate::shutdown::Shutdown;
 use crate::stall::Progress;
@@ -117,6 +119,8 @@ pub struct Pipeline<'a> {
     nats_disconnects: tokio::sync::watch::Receiver<u64>,
     /// A decoded row could not be handed to NATS: it waits for the next attempt.
     unsent_row: bool,
+    /// Becomes `Some(why)` when the path to Postgres is found dead (see `liveness`).
+    postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
     metrics: Metrics,
 }
 
@@ -135,12 +139,14 @@ impl<'a> Pipeline<'a> {
         memory: &'a mut Memory,
         start_lsn: u64,
         tail: StreamTail,
+        postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
     ) -> Self {
         let mut nats_disconnects = memory.nats_disconnects.clone();
         nats_disconnects.mark_unchanged();
         Pipeline {
             nats_disconnects,
             unsent_row: false,
+            postgres_dead,
             config,
             conn,
             publisher,
@@ -193,6 +199,11 @@ impl<'a> Pipeline<'a> {
                     return Err(PipelineError::Nats(
                         "the connection to NATS was lost, and with it the acks awaited".into(),
                     ));
+                }
+                Ok(()) = self.postgres_dead.changed() => {
+                    if let Some(why) = self.postgres_dead.borrow_and_update().clone() {
+                        return Err(ConnectionError::Unresponsive(why).into());
+                    }
                 }
                 message = self.conn.next_message(), if room => match message? {
                     ReplicationMessage::XLogData { data, wal_end, .. } => {

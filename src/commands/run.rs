@@ -12,6 +12,7 @@ use super::setup::{ensure_stream_and_slot, prepare_database};
 use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::error::PipelineError;
+use crate::liveness::Liveness;
 use crate::pipeline::{Ended, Memory, Pipeline};
 use crate::publisher::Publisher;
 use crate::replication::ReplicationConnection;
@@ -225,15 +226,20 @@ async fn stream_once(
     conn.start_replication(slot, start, &config.publication)
         .await
         .map_err(|err| PipelineError::from_start_replication(slot, err))?;
+    // Stopped when this attempt ends, with the guard.
+    let liveness = Liveness::spawn(database, &config.pg_tls, slot, conn.backend_pid());
     readiness.set_streaming(true);
     info!(
         %slot,
         from = %tokio_postgres::types::PgLsn::from(start),
         stream_sequence = tail.last_sequence,
+        walsender_pid = conn.backend_pid(),
         wal_sender_timeout = ?conn.wal_sender_timeout(),
         "streaming"
     );
-    Pipeline::new(&config.pipeline, conn, publisher, memory, start, tail).run(shutdown).await
+    Pipeline::new(&config.pipeline, conn, publisher, memory, start, tail, liveness.verdict())
+        .run(shutdown)
+        .await
 }
 
 /// NATS may come up after us: retry with backoff, saying so, until it answers.

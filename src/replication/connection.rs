@@ -82,6 +82,9 @@ pub struct ReplicationConnection {
     socket: Box<dyn Socket>,
     read_buf: BytesMut,
     write_buf: BytesMut,
+    /// The walsender's process id (BackendKeyData), which `liveness` looks for as the
+    /// slot's `active_pid`.
+    backend_pid: Option<i32>,
     /// The server's `wal_sender_timeout`; `None` when disabled (0).
     wal_sender_timeout: Option<Duration>,
 }
@@ -103,6 +106,7 @@ impl ReplicationConnection {
             socket,
             read_buf: BytesMut::with_capacity(READ_CHUNK),
             write_buf: BytesMut::with_capacity(1024),
+            backend_pid: None,
             wal_sender_timeout: None,
         };
         let login = conn.log_in(config);
@@ -143,6 +147,11 @@ impl ReplicationConnection {
             }
         };
         Ok(())
+    }
+
+    /// The walsender's process id, as the server announced it at startup.
+    pub fn backend_pid(&self) -> Option<i32> {
+        self.backend_pid
     }
 
     /// The server's `wal_sender_timeout` (`None`: disabled): the walsender ends a session
@@ -229,7 +238,8 @@ impl ReplicationConnection {
         loop {
             match self.next_backend_message().await? {
                 backend::Message::ReadyForQuery(_) => return Ok(()),
-                backend::Message::ParameterStatus(_) | backend::Message::BackendKeyData(_) => {}
+                backend::Message::BackendKeyData(key) => self.backend_pid = Some(key.process_id()),
+                backend::Message::ParameterStatus(_) => {}
                 other => return Err(unexpected(&other)),
             }
         }
