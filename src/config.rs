@@ -4,6 +4,7 @@
 use anyhow::{Context, anyhow};
 
 use crate::cli::CommonArgs;
+use crate::conninfo::percent_decode;
 use crate::outbox::{ColumnRoles, SubjectTemplate};
 use crate::pipeline::PipelineConfig;
 use crate::slot::TableName;
@@ -51,10 +52,13 @@ impl Config {
             })?;
         let (database_url, pg_tls) = crate::tls::split_connection_string(&database_url)
             .map_err(|err| anyhow!("--database-url: {err}"))?;
+        let (database_url, tcp) = crate::conninfo::split_tcp_settings(&database_url)
+            .map_err(|err| anyhow!("--database-url: {err}"))?;
         let mut database: tokio_postgres::Config = database_url.parse().map_err(|err| {
             anyhow!("--database-url is not a valid Postgres connection string: {err}")
         })?;
         database.ssl_mode(pg_tls.tokio_postgres_mode());
+        tcp.apply(&mut database);
         let nats_url = args
             .nats_url
             .clone()
@@ -159,27 +163,6 @@ impl NatsAuth {
             tls_client: args.nats_tls_cert.clone().zip(args.nats_tls_key.clone()),
         }
     }
-}
-
-/// Decodes `%XX` escapes in URL user info.
-pub(crate) fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn check_name(flag: &str, value: &str, allowed: impl Fn(char) -> bool) -> anyhow::Result<()> {

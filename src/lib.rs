@@ -12,14 +12,18 @@
 //!
 //! Modules: `pgoutput` and `replication::wire` are pure decoding; `replication::connection`
 //! is the walsender session; `outbox` maps rows; `publisher` talks to JetStream; `pipeline`
-//! owns the loop and LSN bookkeeping; `slot` is SQL for setup and status; `cli`, `config`
-//! and `commands` are the edges.
+//! owns the loop and LSN bookkeeping; `slot` is SQL for setup and status; `liveness` checks
+//! while streaming that Postgres still answers; `conninfo` reads the libpq parameters
+//! tokio-postgres does not (TCP keepalive, timeouts); `cli`, `config` and `commands` are the
+//! edges.
 
 pub mod claim;
 pub mod cli;
 pub mod commands;
 pub mod config;
+pub mod conninfo;
 pub mod error;
+pub mod liveness;
 pub mod outbox;
 pub mod pgoutput;
 pub mod pipeline;

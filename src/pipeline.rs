@@ -36,17 +36,18 @@ use crate::publisher::{
     ADDED_HEADERS_ROOM, MAX_IN_FLIGHT, POSITION_HEADER, Publisher, refused_for_itself,
 };
 use crate::replication::wire::pg_now_micros;
-use crate::replication::{ReplicationConnection, ReplicationMessage, StandbyStatus};
+use crate::replication::{
+    ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus,
+};
 use crate::retention::{KeptRows, PublishedUpTo};
 use crate::shutdown::Shutdown;
 use crate::source::{SOURCE_HEADER, Source};
 use crate::stall::Progress;
 use crate::telemetry::Metrics;
 
-/// How often the confirmed position is reported when it moved, and at most how long
-/// between two reports when it did not (well inside `wal_sender_timeout`).
+/// How often the confirmed position is reported when it moved; when it did not, a report
+/// still goes out every [`ReplicationConnection::status_keepalive`].
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
-const STATUS_KEEPALIVE: Duration = Duration::from_secs(10);
 /// How long a shutdown waits for acks of messages already sent.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -166,6 +167,8 @@ pub struct Pipeline<'a> {
     nats_disconnects: tokio::sync::watch::Receiver<u64>,
     /// A decoded row could not be handed to NATS: it waits for the next attempt.
     unsent_row: bool,
+    /// Becomes `Some(why)` when the path to Postgres is found dead (see `liveness`).
+    postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
     metrics: Metrics,
 }
 
@@ -183,6 +186,7 @@ impl<'a> Pipeline<'a> {
         publisher: &'a Publisher,
         memory: &'a mut Memory,
         resume: Resume,
+        postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
     ) -> Self {
         let start_lsn = resume.lsn;
         // Positions below the slot's start are never decoded again.
@@ -192,6 +196,7 @@ impl<'a> Pipeline<'a> {
         Pipeline {
             nats_disconnects,
             unsent_row: false,
+            postgres_dead,
             config,
             conn,
             publisher,
@@ -253,6 +258,11 @@ impl<'a> Pipeline<'a> {
                         "the connection to NATS was lost, and with it the acks awaited".into(),
                     ));
                 }
+                Ok(()) = self.postgres_dead.changed() => {
+                    if let Some(why) = self.postgres_dead.borrow_and_update().clone() {
+                        return Err(ConnectionError::Unresponsive(why).into());
+                    }
+                }
                 message = self.conn.next_message(), if room => match message? {
                     ReplicationMessage::XLogData { data, wal_end, .. } => {
                         self.server_wal_end = self.server_wal_end.max(wal_end);
@@ -272,7 +282,7 @@ impl<'a> Pipeline<'a> {
                     self.check_newest_ack()?;
                     self.update_gauges();
                     let moved = self.tracker.confirmed() != self.reported;
-                    if moved || self.reported_at.elapsed() >= STATUS_KEEPALIVE {
+                    if moved || self.reported_at.elapsed() >= self.conn.status_keepalive() {
                         self.send_status(false).await?;
                     }
                 }

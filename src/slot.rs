@@ -80,18 +80,27 @@ pub enum SetupError {
 /// Opens a normal SQL session, over TLS as `tls` says; its connection task runs in the
 /// background.
 pub async fn connect(config: &tokio_postgres::Config, tls: &PgTls) -> Result<Client, SetupError> {
-    let describe = |err: tokio_postgres::Error| {
-        SetupError::Connect(describe_connect_error(&err, &user_name(config)))
-    };
-    let client = match tls.client_config().map_err(SetupError::Connect)? {
+    let rustls = tls.client_config().map_err(SetupError::Connect)?;
+    open(config, rustls)
+        .await
+        .map_err(|err| SetupError::Connect(describe_connect_error(&err, &user_name(config))))
+}
+
+/// [`connect`] with the TLS configuration built, keeping tokio-postgres's error, which
+/// tells a server's refusal from a network failure (see `liveness`).
+pub(crate) async fn open(
+    config: &tokio_postgres::Config,
+    rustls: Option<rustls::ClientConfig>,
+) -> Result<Client, tokio_postgres::Error> {
+    let client = match rustls {
         None => {
-            let (client, connection) = config.connect(NoTls).await.map_err(describe)?;
+            let (client, connection) = config.connect(NoTls).await?;
             tokio::spawn(log_close(connection));
             client
         }
         Some(rustls) => {
             let tls = tokio_postgres_rustls::MakeRustlsConnect::new(rustls);
-            let (client, connection) = config.connect(tls).await.map_err(describe)?;
+            let (client, connection) = config.connect(tls).await?;
             tokio::spawn(log_close(connection));
             client
         }

@@ -106,7 +106,7 @@ fn load_roots(path: &PathBuf) -> Result<Arc<RootCertStore>, String> {
 /// returns the rest for tokio-postgres.
 pub fn split_connection_string(text: &str) -> Result<(String, PgTls), String> {
     let mut tls = PgTls { mode: SslMode::Prefer, root_cert: None };
-    let mut take = |key: &str, value: &str| -> Result<bool, String> {
+    let take = |key: &str, value: &str| -> Result<bool, String> {
         match key {
             "sslmode" => {
                 tls.mode = match value {
@@ -126,58 +126,8 @@ pub fn split_connection_string(text: &str) -> Result<(String, PgTls), String> {
             _ => Ok(false),
         }
     };
-    let rest = if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-        match text.split_once('?') {
-            None => text.to_owned(),
-            Some((base, query)) => {
-                let mut kept = Vec::new();
-                for pair in query.split('&').filter(|p| !p.is_empty()) {
-                    let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-                    if !take(key, &percent_decode(value))? {
-                        kept.push(pair);
-                    }
-                }
-                if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) }
-            }
-        }
-    } else {
-        let mut kept = Vec::new();
-        for token in key_value_tokens(text) {
-            let (key, value) = token.split_once('=').unwrap_or((token, ""));
-            if !take(key.trim(), value.trim().trim_matches('\''))? {
-                kept.push(token);
-            }
-        }
-        kept.join(" ")
-    };
+    let rest = crate::conninfo::strip_params(text, take)?;
     Ok((rest, tls))
-}
-
-/// Splits `key=value key='quoted value'` on whitespace outside quotes.
-fn key_value_tokens(text: &str) -> Vec<&str> {
-    let mut tokens = Vec::new();
-    let (mut start, mut quoted) = (None, false);
-    for (i, c) in text.char_indices() {
-        match c {
-            '\'' => quoted = !quoted,
-            c if c.is_whitespace() && !quoted => {
-                if let Some(s) = start.take() {
-                    tokens.push(&text[s..i]);
-                }
-                continue;
-            }
-            _ => {}
-        }
-        start.get_or_insert(i);
-    }
-    if let Some(s) = start {
-        tokens.push(&text[s..]);
-    }
-    tokens
-}
-
-fn percent_decode(text: &str) -> String {
-    crate::config::percent_decode(text)
 }
 
 /// `require` without a root certificate: encrypted, the server not authenticated (libpq's

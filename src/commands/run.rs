@@ -13,6 +13,7 @@ use crate::claim::{Claim, Claims};
 use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::error::PipelineError;
+use crate::liveness::Liveness;
 use crate::pipeline::{Ended, Memory, Pipeline, PipelineConfig, Resume};
 use crate::publisher::Publisher;
 use crate::replication::ReplicationConnection;
@@ -293,6 +294,8 @@ impl Target<'_> {
         conn.start_replication(slot, start, &config.publication)
             .await
             .map_err(|err| PipelineError::from_start_replication(slot, err))?;
+        // Stopped when this attempt ends, with the guard.
+        let liveness = Liveness::spawn(database, &config.pg_tls, slot, conn.backend_pid());
         readiness.set_streaming(true);
         info!(
             %slot,
@@ -300,6 +303,8 @@ impl Target<'_> {
             from = %tokio_postgres::types::PgLsn::from(start),
             stream_sequence = tail.last_sequence,
             skip_through = skip_through.map(|p| p.to_string()),
+            walsender_pid = conn.backend_pid(),
+            wal_sender_timeout = ?conn.wal_sender_timeout(),
             "streaming"
         );
         let resume = Resume {
@@ -309,7 +314,9 @@ impl Target<'_> {
             source,
             message_limit: tail.message_limit,
         };
-        Pipeline::new(pipeline, conn, publisher, memory, resume).run(shutdown).await
+        Pipeline::new(pipeline, conn, publisher, memory, resume, liveness.verdict())
+            .run(shutdown)
+            .await
     }
 }
 

@@ -19,19 +19,15 @@ use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::{md5_hash, sasl};
 use postgres_protocol::escape::escape_identifier;
 use postgres_protocol::message::{backend, frontend};
-use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixStream};
-use tokio_postgres::config::Host;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::tls::PgTls;
-use tracing::debug;
+use tracing::{debug, warn};
 
-use super::wire::{ReplicationMessage, StandbyStatus, WireError};
-
-/// Anything the connection can run over: TCP or a Unix socket.
-trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Socket for T {}
+use super::socket::{Socket, open_socket};
+use super::wire::{
+    ReplicationMessage, StandbyStatus, WireError, parse_wal_sender_timeout, status_keepalive,
+};
 
 /// An error the server sent (ErrorResponse), with the fields operators need.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +70,10 @@ pub enum ConnectionError {
     StreamEnded,
     #[error("Postgres TLS: {0}")]
     Tls(String),
+    /// The connection looks open but the server no longer answers (see `liveness`), or the
+    /// handshake did not finish within `connect_timeout`.
+    #[error("Postgres stopped answering: {0}")]
+    Unresponsive(String),
 }
 
 /// The answer to `IDENTIFY_SYSTEM`.
@@ -93,12 +93,21 @@ pub struct ReplicationConnection {
     socket: Box<dyn Socket>,
     read_buf: BytesMut,
     write_buf: BytesMut,
+    /// The walsender's process id (BackendKeyData), which `liveness` looks for as the
+    /// slot's `active_pid`.
+    backend_pid: Option<i32>,
+    /// The server's `wal_sender_timeout`; `None` when disabled (0).
+    wal_sender_timeout: Option<Duration>,
 }
 
 const READ_CHUNK: usize = 64 * 1024;
-
 impl ReplicationConnection {
-    /// Opens a `replication=database` session with the same settings as the SQL connection.
+    /// Opens a `replication=database` session with the same settings as the SQL connection,
+    /// and reads the server's `wal_sender_timeout`.
+    ///
+    /// As with libpq's `connect_timeout`, each step (reaching a host, then logging in) must
+    /// finish in time: behind a proxy that black-holes traffic the TCP connection opens but
+    /// the server never answers, and keepalive cannot tell.
     pub async fn connect(
         config: &tokio_postgres::Config,
         tls: &PgTls,
@@ -108,7 +117,21 @@ impl ReplicationConnection {
             socket,
             read_buf: BytesMut::with_capacity(READ_CHUNK),
             write_buf: BytesMut::with_capacity(1024),
+            backend_pid: None,
+            wal_sender_timeout: None,
         };
+        let login = conn.log_in(config);
+        match config.get_connect_timeout() {
+            Some(&limit) => tokio::time::timeout(limit, login).await.map_err(|_| {
+                ConnectionError::Unresponsive(format!("no login within connect_timeout {limit:?}"))
+            })??,
+            None => login.await?,
+        }
+        Ok(conn)
+    }
+
+    /// Startup, authentication, then `SHOW wal_sender_timeout`.
+    async fn log_in(&mut self, config: &tokio_postgres::Config) -> Result<(), ConnectionError> {
         let user = user_name(config);
         let database = config.get_dbname().unwrap_or(&user).to_owned();
         let mut params = vec![
@@ -120,11 +143,40 @@ impl ReplicationConnection {
         if let Some(options) = config.get_options() {
             params.push(("options", options));
         }
-        frontend::startup_message(params, &mut conn.write_buf)?;
-        conn.flush().await?;
-        conn.authenticate(&user, config.get_password()).await?;
-        conn.wait_ready().await?;
-        Ok(conn)
+        frontend::startup_message(params, &mut self.write_buf)?;
+        self.flush().await?;
+        self.authenticate(&user, config.get_password()).await?;
+        self.wait_ready().await?;
+        let rows = self.simple_query("SHOW wal_sender_timeout").await?;
+        let shown = rows.first().and_then(|row| row.first()).and_then(Option::as_deref);
+        self.wal_sender_timeout = match shown.map(parse_wal_sender_timeout) {
+            Some(Ok(timeout)) => timeout,
+            _ => {
+                // Assume the smallest setting that works at all: statuses cost little.
+                warn!(?shown, "cannot read wal_sender_timeout; assuming 1s");
+                Some(Duration::from_secs(1))
+            }
+        };
+        Ok(())
+    }
+
+    /// The walsender's process id, as the server announced it at startup.
+    pub fn backend_pid(&self) -> Option<i32> {
+        self.backend_pid
+    }
+
+    /// The server's `wal_sender_timeout` (`None`: disabled): the walsender ends a session
+    /// from which it heard nothing for that long.
+    pub fn wal_sender_timeout(&self) -> Option<Duration> {
+        self.wal_sender_timeout
+    }
+
+    /// The longest the client may stay silent towards the walsender: half its
+    /// `wal_sender_timeout`, at most 10 s. The server pings after half the timeout, but a
+    /// client that has stopped reading (its ack window full) never sees the ping, so its
+    /// own unprompted status updates are what keep the session alive.
+    pub fn status_keepalive(&self) -> Duration {
+        status_keepalive(self.wal_sender_timeout)
     }
 
     async fn authenticate(
@@ -197,7 +249,8 @@ impl ReplicationConnection {
         loop {
             match self.next_backend_message().await? {
                 backend::Message::ReadyForQuery(_) => return Ok(()),
-                backend::Message::ParameterStatus(_) | backend::Message::BackendKeyData(_) => {}
+                backend::Message::BackendKeyData(key) => self.backend_pid = Some(key.process_id()),
+                backend::Message::ParameterStatus(_) => {}
                 other => return Err(unexpected(&other)),
             }
         }
@@ -371,78 +424,6 @@ impl ReplicationConnection {
 fn frame_len(buf: &[u8]) -> Option<usize> {
     let header: [u8; 4] = buf.get(1..5)?.try_into().ok()?;
     Some(1 + u32::from_be_bytes(header) as usize)
-}
-
-async fn open_socket(
-    config: &tokio_postgres::Config,
-    tls: &PgTls,
-) -> Result<Box<dyn Socket>, ConnectionError> {
-    let timeout = config.get_connect_timeout().copied().unwrap_or(Duration::from_secs(10));
-    let ports = config.get_ports();
-    let localhost = [Host::Tcp("localhost".to_owned())];
-    let hosts = match config.get_hosts() {
-        [] => &localhost[..],
-        hosts => hosts,
-    };
-    let mut last_error = None;
-    for (i, host) in hosts.iter().enumerate() {
-        let port = ports.get(i).or_else(|| ports.first()).copied().unwrap_or(5432);
-        let (target, result) = match host {
-            Host::Tcp(name) => {
-                let attempt =
-                    tokio::time::timeout(timeout, TcpStream::connect((name.as_str(), port)));
-                let stream = match attempt.await {
-                    Ok(Ok(stream)) => stream.set_nodelay(true).map(|()| stream),
-                    Ok(Err(err)) => Err(err),
-                    Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
-                };
-                match stream {
-                    Ok(stream) => return negotiate_tls(stream, name, tls).await,
-                    Err(source) => (format!("{name}:{port}"), Err(source)),
-                }
-            }
-            Host::Unix(dir) => {
-                let path = dir.join(format!(".s.PGSQL.{port}"));
-                let result = UnixStream::connect(&path).await.map(|s| Box::new(s) as _);
-                (path.display().to_string(), result)
-            }
-        };
-        match result {
-            Ok(socket) => return Ok(socket),
-            Err(source) => last_error = Some(ConnectionError::Connect { target, source }),
-        }
-    }
-    Err(last_error.unwrap_or_else(|| ConnectionError::Protocol("no host to connect to".into())))
-}
-
-/// Asks the server for TLS (SSLRequest) unless `sslmode=disable`, and upgrades the socket
-/// when it agrees. Unix sockets never use TLS, as with libpq.
-async fn negotiate_tls(
-    mut stream: TcpStream,
-    host: &str,
-    tls: &PgTls,
-) -> Result<Box<dyn Socket>, ConnectionError> {
-    let Some(client_config) = tls.client_config().map_err(ConnectionError::Tls)? else {
-        return Ok(Box::new(stream));
-    };
-    let mut request = BytesMut::new();
-    frontend::ssl_request(&mut request);
-    stream.write_all(&request).await?;
-    match stream.read_u8().await? {
-        b'S' => {
-            let name = ServerName::try_from(host.to_owned())
-                .map_err(|e| ConnectionError::Tls(format!("host {host:?}: {e}")))?;
-            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client_config));
-            let stream = connector
-                .connect(name, stream)
-                .await
-                .map_err(|e| ConnectionError::Tls(format!("TLS handshake with {host}: {e}")))?;
-            Ok(Box::new(stream))
-        }
-        b'N' if !tls.required() => Ok(Box::new(stream)),
-        b'N' => Err(ConnectionError::Tls(format!("{host} does not accept TLS connections"))),
-        other => Err(ConnectionError::Protocol(format!("answer {other:#04x} to SSLRequest"))),
-    }
 }
 
 /// The role to log in as: the one in the URL, else the OS user, as libpq does.

@@ -1,6 +1,7 @@
 //! The replication connection: the walsender session and its CopyBoth envelope.
 
 pub mod connection;
+mod socket;
 pub mod wire;
 
 pub use connection::{ConnectionError, ReplicationConnection, ServerError, SystemIdentity};

@@ -5,6 +5,8 @@
 //! answers with standby status updates (`r`). See the PostgreSQL docs, "Streaming Replication
 //! Protocol". Keeping this pure lets every edge case be tested on bytes.
 
+use std::time::Duration;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 /// Microseconds between the Unix epoch and the Postgres epoch (2000-01-01 UTC).
@@ -74,6 +76,9 @@ pub struct StandbyStatus {
     pub reply_requested: bool,
 }
 
+/// At most this long between two standby status updates, however long the server waits.
+const STATUS_KEEPALIVE: Duration = Duration::from_secs(10);
+
 impl StandbyStatus {
     /// The CopyData payload (without the CopyData frame itself).
     pub fn encode(&self) -> Bytes {
@@ -86,6 +91,33 @@ impl StandbyStatus {
         buf.put_u8(u8::from(self.reply_requested));
         buf.freeze()
     }
+}
+
+/// The longest a client may stay silent towards the walsender: half its
+/// `wal_sender_timeout` (`None`: disabled), at most [`STATUS_KEEPALIVE`].
+pub fn status_keepalive(wal_sender_timeout: Option<Duration>) -> Duration {
+    match wal_sender_timeout {
+        Some(timeout) => STATUS_KEEPALIVE.min(timeout / 2),
+        None => STATUS_KEEPALIVE,
+    }
+}
+
+/// The value of `SHOW wal_sender_timeout` (`60s`, `1min`, `500ms`, `0`; a bare number is
+/// milliseconds); `None` when disabled.
+pub fn parse_wal_sender_timeout(shown: &str) -> Result<Option<Duration>, String> {
+    let shown = shown.trim();
+    let split = shown.find(|c: char| !c.is_ascii_digit()).unwrap_or(shown.len());
+    let (number, unit) = shown.split_at(split);
+    let number: u64 = number.parse().map_err(|_| format!("not a duration: {shown:?}"))?;
+    let millis_per_unit = match unit.trim() {
+        "" | "ms" => 1,
+        "s" => 1_000,
+        "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        other => return Err(format!("unknown unit {other:?} in {shown:?}")),
+    };
+    Ok((number > 0).then(|| Duration::from_millis(number.saturating_mul(millis_per_unit))))
 }
 
 /// Now, in microseconds since the Postgres epoch.
@@ -162,5 +194,27 @@ mod tests {
         }
         assert_eq!(&bytes[25..33], &5i64.to_be_bytes());
         assert_eq!(bytes[33], 0);
+    }
+
+    #[test]
+    fn wal_sender_timeout_is_read_as_show_prints_it() {
+        let ms = |n| Ok(Some(Duration::from_millis(n)));
+        assert_eq!(parse_wal_sender_timeout("60s"), ms(60_000));
+        assert_eq!(parse_wal_sender_timeout("1min"), ms(60_000));
+        assert_eq!(parse_wal_sender_timeout("500ms"), ms(500));
+        assert_eq!(parse_wal_sender_timeout("2h"), ms(7_200_000));
+        assert_eq!(parse_wal_sender_timeout("1500"), ms(1_500));
+        assert_eq!(parse_wal_sender_timeout("0"), Ok(None));
+        assert!(parse_wal_sender_timeout("soon").is_err());
+        assert!(parse_wal_sender_timeout("5 fortnights").is_err());
+    }
+
+    #[test]
+    fn statuses_go_out_within_half_the_wal_sender_timeout() {
+        let secs = Duration::from_secs;
+        assert_eq!(status_keepalive(Some(secs(60))), STATUS_KEEPALIVE);
+        assert_eq!(status_keepalive(Some(secs(10))), secs(5));
+        assert_eq!(status_keepalive(Some(secs(1))), Duration::from_millis(500));
+        assert_eq!(status_keepalive(None), STATUS_KEEPALIVE, "0 disables the timeout");
     }
 }

@@ -1,5 +1,7 @@
 //! A TCP proxy the test controls, for faults a server cannot produce on its own: a cut
 //! connection, a black hole (connections stay open, nothing arrives), and one lost publish.
+//! [`FaultProxy::start`] reads the NATS protocol (to drop a publish); for any other protocol,
+//! Postgres's for one, [`FaultProxy::start_bytes`] copies bytes without reading them.
 
 use std::sync::{Arc, Mutex};
 
@@ -21,6 +23,8 @@ struct State {
     /// Drop the next client publish to a subject with this prefix.
     drop_publish: Option<String>,
     dropped: usize,
+    /// The client speaks NATS: split what it sends into protocol frames.
+    nats_frames: bool,
 }
 
 pub struct FaultProxy {
@@ -30,17 +34,32 @@ pub struct FaultProxy {
 }
 
 impl FaultProxy {
-    /// Proxies a free local port to `127.0.0.1:upstream`.
+    /// Proxies a free local port to the NATS server at `127.0.0.1:upstream`.
     pub async fn start(upstream: u16) -> FaultProxy {
+        FaultProxy::start_with(upstream, true).await
+    }
+
+    /// Proxies a free local port to `127.0.0.1:upstream`, whatever the protocol;
+    /// [`FaultProxy::drop_next_publish`] does nothing.
+    pub async fn start_bytes(upstream: u16) -> FaultProxy {
+        FaultProxy::start_with(upstream, false).await
+    }
+
+    async fn start_with(upstream: u16, nats_frames: bool) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy addr").port();
-        let state = Arc::new(Mutex::new(State { mode: Some(Mode::Pass), ..State::default() }));
+        let state = State { mode: Some(Mode::Pass), nats_frames, ..State::default() };
+        let state = Arc::new(Mutex::new(state));
         let accept = tokio::spawn(accept_loop(listener, upstream, state.clone())).abort_handle();
         FaultProxy { port, state, accept }
     }
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// Closes every connection and refuses new ones until [`FaultProxy::restore`].
@@ -99,7 +118,11 @@ async fn accept_loop(listener: TcpListener, upstream: u16, state: Arc<Mutex<Stat
         };
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
-        let up = tokio::spawn(client_to_server(client_read, server_write, state.clone()));
+        let nats = state.lock().expect("proxy state").nats_frames;
+        let up = match nats {
+            true => tokio::spawn(client_to_server(client_read, server_write, state.clone())),
+            false => tokio::spawn(pump(client_read, server_write, state.clone())),
+        };
         let down = tokio::spawn(pump(server_read, client_write, state.clone()));
         let mut guard = state.lock().expect("proxy state");
         guard.connections.push(up.abort_handle());
@@ -107,7 +130,7 @@ async fn accept_loop(listener: TcpListener, upstream: u16, state: Arc<Mutex<Stat
     }
 }
 
-/// Server → client: copied unless black-holed.
+/// Copied unless black-holed: server → client, and client → server for other protocols.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -115,13 +138,15 @@ async fn pump(
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     while let Ok(n) = from.read(&mut buf).await {
-        if n == 0 {
-            break;
-        }
         if mode(&state) == Mode::Blackhole {
+            if n == 0 {
+                // A real black hole would not pass the close on either: stay open and
+                // silent until restored (which ends this task).
+                std::future::pending::<()>().await;
+            }
             continue;
         }
-        if to.write_all(&buf[..n]).await.is_err() {
+        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
             break;
         }
     }
