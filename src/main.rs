@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use pgoutbox::cli::{Cli, Command, LogFormat};
 use pgoutbox::commands;
-use pgoutbox::config::{Config, ProcessEnv};
+use pgoutbox::settings::cli::{Cli, Command, LogFormat};
+use pgoutbox::settings::config::{Config, ProcessEnv};
 
 /// mimalloc: glibc's allocator spent a quarter of the drain's CPU in malloc/free and
 /// arena locks (measured with perf; see docs/performance.md).

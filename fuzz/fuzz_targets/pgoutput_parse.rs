@@ -5,7 +5,7 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use pgoutbox::pgoutput::LogicalMessage;
+use pgoutbox::postgres::pgoutput::LogicalMessage;
 
 fuzz_target!(|data: &[u8]| {
     let _ = LogicalMessage::parse(&Bytes::copy_from_slice(data));

@@ -7,12 +7,12 @@
 use arbitrary::Arbitrary;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use pgoutbox::outbox::{
+use pgoutbox::domain::outbox::{
     ColumnRoles, MIN_BUDGET, PAYLOAD_OMITTED_HEADER, Rejection, RowMapping, SubjectTemplate,
     wire_len,
 };
-use pgoutbox::pgoutput::{Column, ColumnValue, Relation};
-use pgoutbox::progress::Position;
+use pgoutbox::postgres::pgoutput::{Column, ColumnValue, Relation};
+use pgoutbox::domain::progress::Position;
 
 #[derive(Arbitrary, Debug)]
 enum Value {

@@ -7,20 +7,21 @@ use anyhow::Context;
 
 use tracing::{info, warn};
 
-use super::Backoff;
 use super::setup::{ensure_stream_and_slot, prepare_database};
-use crate::claim::{Claim, Claims};
-use crate::cli::RunArgs;
-use crate::config::Config;
-use crate::error::PipelineError;
-use crate::liveness::Liveness;
-use crate::pipeline::{Ended, Memory, Pipeline, PipelineConfig, Resume};
-use crate::publisher::Publisher;
-use crate::replication::ReplicationConnection;
-use crate::shutdown::Shutdown;
-use crate::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
-use crate::stall::Progress;
-use crate::telemetry::{self, Metrics, Readiness};
+use crate::domain::retry::Backoff;
+use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
+use crate::domain::stall::Progress;
+use crate::nats::claim::{Claim, Claims};
+use crate::nats::publisher::Publisher;
+use crate::postgres::ReplicationConnection;
+use crate::service::error::PipelineError;
+use crate::service::liveness::Liveness;
+use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
+use crate::service::shutdown::Shutdown;
+use crate::service::telemetry::{self, Metrics, Readiness};
+use crate::settings::cli::RunArgs;
+use crate::settings::config::Config;
+use crate::settings::config::PipelineConfig;
 
 /// A connection that streamed at least this long earns a fresh backoff.
 const HEALTHY_RUN: Duration = Duration::from_secs(10);
@@ -64,7 +65,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     let client = prepare_database(config).await?;
     if args.retention.is_some() {
         let column = &config.pipeline.roles.created_at;
-        crate::slot::check_prerequisites(
+        crate::postgres::admin::check_prerequisites(
             &client,
             &config.table,
             &[("created-at column (for --retention)", column)],
@@ -77,13 +78,17 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         return Ok(());
     };
     readiness.set_nats(nats.clone());
-    let publisher = Publisher::new(nats, &config.stream, super::ACK_TIMEOUT);
+    let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
     let claims =
         ensure_stream_and_slot(config, &client, &publisher, args.slot.recreate_slot).await?;
     drop(client);
 
     let progress = Arc::new(Progress::default());
-    tokio::spawn(crate::stall::watch(progress.clone(), readiness.clone(), args.stall_timeout));
+    tokio::spawn(crate::service::telemetry::watch_stalls(
+        progress.clone(),
+        readiness.clone(),
+        args.stall_timeout,
+    ));
     let mut memory = Memory::new(progress, nats_disconnects);
     if let Some(keep) = args.retention {
         // Dead letters of earlier runs that lack their payload: those rows must stay.
@@ -94,11 +99,11 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
             memory.kept_rows.keep_letter_id(&id);
         }
         let roles = &config.pipeline.roles;
-        let columns = crate::retention::Columns {
+        let columns = crate::service::retention::Columns {
             created_at: roles.created_at.clone(),
             id: roles.id.clone(),
         };
-        tokio::spawn(crate::retention::run(
+        tokio::spawn(crate::service::retention::run(
             config.database.clone(),
             config.pg_tls.clone(),
             config.table.clone(),
@@ -328,7 +333,11 @@ async fn connect_nats_patiently(
 ) -> Option<async_nats::Client> {
     let mut backoff = Backoff::new();
     loop {
-        match super::connect_nats_watched(config, disconnects.clone()).await {
+        match crate::nats::connect::connect_nats_watched(&config.nats, disconnects.clone(), || {
+            Metrics::reconnect("nats")
+        })
+        .await
+        {
             Ok(client) => return Some(client),
             Err(err) => {
                 let delay = backoff.next_delay();

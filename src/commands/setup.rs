@@ -3,19 +3,19 @@
 use anyhow::Context;
 use tracing::{info, warn};
 
-use crate::claim::{Claim, Claims};
-use crate::cli::SlotArgs;
-use crate::config::Config;
-use crate::error::PipelineError;
-use crate::publisher::Publisher;
-use crate::replication::ReplicationConnection;
-use crate::slot;
-use crate::source::Source;
+use crate::domain::source::Source;
+use crate::nats::claim::{Claim, Claims};
+use crate::nats::publisher::Publisher;
+use crate::postgres::ReplicationConnection;
+use crate::postgres::admin;
+use crate::service::error::PipelineError;
+use crate::settings::cli::SlotArgs;
+use crate::settings::config::Config;
 
 pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
     let client = prepare_database(config).await?;
-    let nats = super::connect_nats(config).await?;
-    let publisher = Publisher::new(nats, &config.stream, super::ACK_TIMEOUT);
+    let nats = crate::nats::connect::connect_nats(&config.nats).await?;
+    let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
     ensure_stream_and_slot(config, &client, &publisher, args.recreate_slot).await?;
     println!(
         "ready: publication {}, slot {}, stream {}",
@@ -26,16 +26,16 @@ pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
 
 /// Connects, checks prerequisites and makes sure the publication exists.
 pub async fn prepare_database(config: &Config) -> anyhow::Result<tokio_postgres::Client> {
-    let client = slot::connect(&config.database, &config.pg_tls).await?;
-    slot::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
-    if slot::ensure_publication(&client, &config.publication, &config.table).await? {
+    let client = admin::connect(&config.database, &config.pg_tls).await?;
+    admin::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
+    if admin::ensure_publication(&client, &config.publication, &config.table).await? {
         info!(publication = %config.publication, table = %config.table, "publication created");
     }
     Ok(client)
 }
 
 /// Creates the stream and the slot when missing, after claiming the stream for this
-/// source (`crate::claim`). A missing slot is created only when this source never wrote the
+/// source (`crate::nats::claim`). A missing slot is created only when this source never wrote the
 /// stream, or when the operator asked for it: a slot that vanished means events may have
 /// been skipped, and that must not pass silently.
 pub async fn ensure_stream_and_slot(
@@ -50,7 +50,7 @@ pub async fn ensure_stream_and_slot(
         .with_context(|| format!("preparing stream {}", config.stream))?;
     let source = identify_source(config).await?;
     let name = &config.slot;
-    let state = slot::slot_state(client, name).await?;
+    let state = admin::slot_state(client, name).await?;
     if let Some(state) = &state
         && !state.in_this_database
     {
@@ -73,7 +73,7 @@ pub async fn ensure_stream_and_slot(
                 .into());
             }
             warn!(slot = %name, "dropping the lost slot and creating it again, as asked");
-            slot::teardown_slot(client, name).await?;
+            admin::teardown_slot(client, name).await?;
             create_slot(client, name).await?;
         }
         Some(state) if state.plugin.as_deref() != Some("pgoutput") => {
@@ -128,7 +128,7 @@ pub async fn identify_source(config: &Config) -> Result<Source, PipelineError> {
 }
 
 async fn create_slot(client: &tokio_postgres::Client, name: &str) -> anyhow::Result<()> {
-    if slot::create_slot(client, name).await.with_context(|| format!("creating slot {name}"))? {
+    if admin::create_slot(client, name).await.with_context(|| format!("creating slot {name}"))? {
         info!(slot = %name, "replication slot created");
     }
     Ok(())

@@ -13,10 +13,10 @@ use anyhow::Context;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::config::Config;
-use crate::publisher::Publisher;
-use crate::slot::{self, SlotState};
-use crate::telemetry;
+use crate::nats::publisher::Publisher;
+use crate::postgres::admin::{self, SlotState};
+use crate::service::telemetry;
+use crate::settings::config::Config;
 
 /// The health verdict, which is also the exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -32,9 +32,9 @@ pub async fn run(
     max_lag_bytes: i64,
     http_addr: Option<SocketAddr>,
 ) -> Health {
-    let (report, health) = match slot::connect(&config.database, &config.pg_tls).await {
+    let (report, health) = match admin::connect(&config.database, &config.pg_tls).await {
         Err(err) => (json!({ "slot": config.slot, "error": err.to_string() }), Health::Critical),
-        Ok(client) => match slot::slot_state(&client, &config.slot).await {
+        Ok(client) => match admin::slot_state(&client, &config.slot).await {
             Err(err) => {
                 (json!({ "slot": config.slot, "error": err.to_string() }), Health::Critical)
             }
@@ -122,7 +122,7 @@ fn slot_report(name: &str, state: Option<&SlotState>) -> serde_json::Value {
 /// The stream's figures, or why they could not be read; never fails the command.
 async fn stream_report(config: &Config) -> serde_json::Value {
     let read = async {
-        let client = super::connect_nats(config).await?;
+        let client = crate::nats::connect::connect_nats(&config.nats).await?;
         let publisher = Publisher::new(client, &config.stream, Duration::from_secs(2));
         let info = publisher.stream_info().await?;
         let dead_letters = publisher.count_on_subject(&config.pipeline.dead_letter_subject).await?;

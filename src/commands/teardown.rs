@@ -1,7 +1,7 @@
 //! `pgoutbox teardown --yes`: drops the slot and the publication; the stream is kept.
 
-use crate::config::Config;
-use crate::slot;
+use crate::postgres::admin;
+use crate::settings::config::Config;
 
 pub async fn run(config: &Config, yes: bool) -> anyhow::Result<()> {
     if !yes {
@@ -11,8 +11,8 @@ pub async fn run(config: &Config, yes: bool) -> anyhow::Result<()> {
             config.publication
         );
     }
-    let client = slot::connect(&config.database, &config.pg_tls).await?;
-    slot::teardown(&client, &config.slot, &config.publication).await?;
+    let client = admin::connect(&config.database, &config.pg_tls).await?;
+    admin::teardown(&client, &config.slot, &config.publication).await?;
     println!("dropped slot {} and publication {}", config.slot, config.publication);
     Ok(())
 }

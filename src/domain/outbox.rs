@@ -1,0 +1,393 @@
+//! Outbox row → NATS message: the one place where columns become subject, headers and body.
+//!
+//! A [`RowMapping`] is built once per pgoutput Relation message (so schema changes are
+//! honoured) and then maps each inserted tuple without looking names up again. A row that
+//! cannot become a correct message is never published under a wrong subject nor dropped: it
+//! is turned into a [`Rejection`], and [`RowMapping::dead_letter`] builds the message the
+//! pipeline sends to the dead-letter subject in its place.
+//!
+//! Everything here is pure: no I/O, no async, and no panic whatever bytes a column holds
+//! (header values are built with `HeaderValue::from_str`, never with the asserting
+//! `From<&str>`), so it is unit-, property- and fuzz-tested on values alone.
+
+use std::fmt;
+use std::str::FromStr;
+
+use async_nats::HeaderMap;
+use async_nats::header::{HeaderName, HeaderValue};
+use bytes::Bytes;
+
+use crate::domain::row::{ColumnValue, Relation};
+
+mod dead_letter;
+
+pub use dead_letter::{
+    DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET, PAYLOAD_OMITTED_HEADER, RefusedRows,
+    TRUNCATED, wire_len,
+};
+
+const BYTEA_OID: u32 = 17;
+/// How much of a bad value a rejection's reason quotes.
+const SHOWN_VALUE_BYTES: usize = 64;
+
+/// Which column plays which role; defaults follow `sql/outbox.sql`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnRoles {
+    pub id: String,
+    pub payload: String,
+    /// A JSON object of string pairs added as headers; optional.
+    pub headers: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub created_at: String,
+}
+
+impl Default for ColumnRoles {
+    fn default() -> Self {
+        ColumnRoles {
+            id: "id".into(),
+            payload: "payload".into(),
+            headers: "headers".into(),
+            aggregate_type: "aggregate_type".into(),
+            aggregate_id: "aggregate_id".into(),
+            event_type: "event_type".into(),
+            created_at: "created_at".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Literal(String),
+    Column(String),
+}
+
+/// A subject such as `outbox.{aggregate_type}.{event_type}`: placeholders name columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubjectTemplate {
+    parts: Vec<Part>,
+    source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid subject template {template:?}: {reason}")]
+pub struct TemplateError {
+    template: String,
+    reason: &'static str,
+}
+
+impl FromStr for SubjectTemplate {
+    type Err = TemplateError;
+
+    fn from_str(template: &str) -> Result<Self, Self::Err> {
+        let fail = |reason| TemplateError { template: template.to_owned(), reason };
+        let mut parts = Vec::new();
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(Part::Literal(rest[..open].to_owned()));
+            }
+            let close = rest[open..].find('}').ok_or_else(|| fail("a `{` is never closed"))?;
+            let column = &rest[open + 1..open + close];
+            if column.is_empty() || column.contains('{') {
+                return Err(fail("a placeholder must be a column name, as in {event_type}"));
+            }
+            parts.push(Part::Column(column.to_owned()));
+            rest = &rest[open + close + 1..];
+        }
+        if rest.contains('}') {
+            return Err(fail("a `}` has no matching `{`"));
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Literal(rest.to_owned()));
+        }
+        let template = SubjectTemplate { parts, source: template.to_owned() };
+        // Every token must be valid once each placeholder holds a valid token.
+        let sample = template.wildcard();
+        // Any whitespace or control character, not only ' ' and '\t': NATS splits a protocol
+        // line on them, and `\0` is `wildcard`'s own placeholder mark (found by fuzzing).
+        let bad = |c: char| c.is_whitespace() || c.is_control() || c == '>';
+        if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains(bad)))
+            || sample.split('.').any(|t| t.is_empty() || t.contains('>'))
+        {
+            return Err(fail(
+                "it must be dot-separated, non-empty tokens without whitespace, control \
+                 characters or `>`",
+            ));
+        }
+        if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains('*'))) {
+            return Err(fail("`*` is a wildcard and cannot appear in a subject"));
+        }
+        Ok(template)
+    }
+}
+
+impl fmt::Display for SubjectTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+impl SubjectTemplate {
+    /// The subject filter that covers every subject this template can produce
+    /// (each token holding a placeholder becomes `*`). The stream is created with it.
+    pub fn wildcard(&self) -> String {
+        let mut rendered = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Literal(l) => rendered.push_str(l),
+                Part::Column(_) => rendered.push('\u{0}'),
+            }
+        }
+        rendered
+            .split('.')
+            .map(|token| if token.contains('\u{0}') { "*" } else { token })
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// The columns the template reads.
+    pub fn columns(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Column(c) => Some(c.as_str()),
+            Part::Literal(_) => None,
+        })
+    }
+}
+
+/// A ready-to-publish message.
+#[derive(Debug, Clone)]
+pub struct OutboxEvent {
+    pub id: String,
+    pub subject: String,
+    pub headers: HeaderMap,
+    pub payload: Bytes,
+}
+
+/// Why a row cannot be published as it is. The row goes to the dead-letter subject.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Rejection(pub String);
+
+/// The outbox table's shape does not fit the configured roles: no row could ever map.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("table {table} has no column {column:?} (needed as the {role}); {hint}")]
+pub struct MappingError {
+    pub table: String,
+    pub column: String,
+    pub role: &'static str,
+    hint: &'static str,
+}
+
+enum SubjectPart {
+    Literal(String),
+    Column(usize),
+}
+
+/// Column positions for one version of the outbox table.
+pub struct RowMapping {
+    table: String,
+    column_names: Vec<String>,
+    id: usize,
+    payload: usize,
+    payload_is_bytea: bool,
+    headers: Option<usize>,
+    header_columns: Vec<(HeaderName, usize)>,
+    subject: Vec<SubjectPart>,
+}
+
+impl RowMapping {
+    pub fn new(
+        relation: &Relation,
+        roles: &ColumnRoles,
+        template: &SubjectTemplate,
+    ) -> Result<Self, MappingError> {
+        let table = format!("{}.{}", relation.namespace, relation.name);
+        let find = |name: &str| relation.columns.iter().position(|c| c.name == name);
+        let require = |name: &str, role: &'static str| {
+            find(name).ok_or_else(|| MappingError {
+                table: table.clone(),
+                column: name.to_owned(),
+                role,
+                hint: "set the column roles with --id-column, --payload-column or \
+                       --subject-template to match the table",
+            })
+        };
+        let id = require(&roles.id, "id")?;
+        let payload = require(&roles.payload, "payload")?;
+        let mut subject = Vec::new();
+        for part in &template.parts {
+            subject.push(match part {
+                Part::Literal(l) => SubjectPart::Literal(l.clone()),
+                Part::Column(c) => SubjectPart::Column(require(c, "subject placeholder")?),
+            });
+        }
+        let optional = [
+            ("Outbox-Aggregate-Type", &roles.aggregate_type),
+            ("Outbox-Aggregate-Id", &roles.aggregate_id),
+            ("Outbox-Event-Type", &roles.event_type),
+            ("Outbox-Created-At", &roles.created_at),
+        ];
+        let header_columns = optional
+            .into_iter()
+            .filter_map(|(header, column)| Some((HeaderName::from_static(header), find(column)?)))
+            .collect();
+        Ok(RowMapping {
+            payload_is_bytea: relation.columns[payload].type_oid == BYTEA_OID,
+            column_names: relation.columns.iter().map(|c| c.name.clone()).collect(),
+            headers: find(&roles.headers),
+            table,
+            id,
+            payload,
+            header_columns,
+            subject,
+        })
+    }
+
+    /// Maps one inserted row, or says why it cannot be published.
+    pub fn map(&self, tuple: &[ColumnValue]) -> Result<OutboxEvent, Rejection> {
+        if tuple.len() != self.column_names.len() {
+            return Err(Rejection(format!(
+                "row has {} columns, the relation announced {}",
+                tuple.len(),
+                self.column_names.len()
+            )));
+        }
+        let id = self.text(tuple, self.id)?.to_owned();
+        if id.is_empty() || id.contains(['\r', '\n']) {
+            return Err(Rejection(format!(
+                "column {} is not a usable message id",
+                self.name(self.id)
+            )));
+        }
+        let mut subject = String::with_capacity(64);
+        for part in &self.subject {
+            match part {
+                SubjectPart::Literal(l) => subject.push_str(l),
+                SubjectPart::Column(i) => {
+                    let token = self.text(tuple, *i)?;
+                    check_subject_token(token).map_err(|why| {
+                        // The value is shown cut short: the reason must stay readable and
+                        // fit a header, however long the value.
+                        let shown = dead_letter::shorten(token, SHOWN_VALUE_BYTES);
+                        Rejection(format!("column {} = {shown:?} {why}", self.name(*i)))
+                    })?;
+                    subject.push_str(token);
+                }
+            }
+        }
+        let mut headers = HeaderMap::new();
+        headers
+            .insert(async_nats::header::NATS_MESSAGE_ID, header_value(&id, || self.name(self.id))?);
+        for (header, i) in &self.header_columns {
+            if let ColumnValue::Text(value) = &tuple[*i] {
+                let value = utf8(value, || self.name(*i))?;
+                headers.insert(header.clone(), header_value(value, || self.name(*i))?);
+            }
+        }
+        if let Some(i) = self.headers {
+            self.add_user_headers(&tuple[i], &mut headers)?;
+        }
+        let payload = match &tuple[self.payload] {
+            ColumnValue::Text(bytes) if self.payload_is_bytea => decode_bytea_hex(bytes)
+                .ok_or_else(|| Rejection("bytea payload is not in hex format".into()))?,
+            ColumnValue::Text(bytes) | ColumnValue::Binary(bytes) => bytes.clone(),
+            ColumnValue::Null => {
+                return Err(Rejection(format!("column {} is NULL", self.name(self.payload))));
+            }
+            ColumnValue::UnchangedToast => {
+                return Err(Rejection("payload was not sent (unchanged TOAST)".into()));
+            }
+        };
+        Ok(OutboxEvent { id, subject, headers, payload })
+    }
+
+    fn add_user_headers(
+        &self,
+        value: &ColumnValue,
+        headers: &mut HeaderMap,
+    ) -> Result<(), Rejection> {
+        let bytes = match value {
+            ColumnValue::Text(b) | ColumnValue::Binary(b) => b,
+            ColumnValue::Null | ColumnValue::UnchangedToast => return Ok(()),
+        };
+        let column = self.headers.map(|i| self.name(i)).unwrap_or_default();
+        let not_an_object =
+            || Rejection(format!("column {column} is not a JSON object of string values"));
+        let object: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_slice(bytes).map_err(|_| not_an_object())?;
+        for (key, value) in object {
+            let serde_json::Value::String(value) = value else {
+                return Err(not_an_object());
+            };
+            if key.is_empty() {
+                return Err(Rejection(format!("an empty header name in column {column}")));
+            }
+            let lower = key.to_ascii_lowercase();
+            if lower.starts_with("nats-") || lower.starts_with("pgoutbox-") {
+                return Err(Rejection(format!("header {key:?} in column {column} is reserved")));
+            }
+            let name = HeaderName::from_str(&key).map_err(|_| {
+                Rejection(format!("header name {key:?} in column {column} is invalid"))
+            })?;
+            headers.insert(name, header_value(&value, || column)?);
+        }
+        Ok(())
+    }
+
+    fn text<'a>(&self, tuple: &'a [ColumnValue], i: usize) -> Result<&'a str, Rejection> {
+        match &tuple[i] {
+            ColumnValue::Text(b) | ColumnValue::Binary(b) => utf8(b, || self.name(i)),
+            ColumnValue::Null => Err(Rejection(format!("column {} is NULL", self.name(i)))),
+            ColumnValue::UnchangedToast => {
+                Err(Rejection(format!("column {} was not sent (unchanged TOAST)", self.name(i))))
+            }
+        }
+    }
+
+    fn name(&self, i: usize) -> &str {
+        &self.column_names[i]
+    }
+}
+
+fn utf8<'a, 'n>(bytes: &'a [u8], column: impl Fn() -> &'n str) -> Result<&'a str, Rejection> {
+    std::str::from_utf8(bytes)
+        .map_err(|_| Rejection(format!("column {} is not valid UTF-8", column())))
+}
+
+fn header_value<'n>(value: &str, column: impl Fn() -> &'n str) -> Result<HeaderValue, Rejection> {
+    HeaderValue::from_str(value).map_err(|_| {
+        Rejection(format!("column {} holds a line break, not allowed in a header", column()))
+    })
+}
+
+/// Why a value cannot be one subject token, if it cannot.
+fn check_subject_token(token: &str) -> Result<(), &'static str> {
+    if token.is_empty() {
+        Err("is empty and cannot be a subject token")
+    } else if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Err("contains whitespace and cannot be a subject token")
+    } else if token.contains(['.', '*', '>']) {
+        Err("contains `.`, `*` or `>` and cannot be a subject token")
+    } else {
+        Ok(())
+    }
+}
+
+/// Decodes bytea's text output (`\x` followed by hex digits).
+fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
+    let hex = text.strip_prefix(b"\\x")?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    hex.chunks_exact(2)
+        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
+        .collect::<Option<Vec<u8>>>()
+        .map(Bytes::from)
+}
+
+#[cfg(test)]
+mod properties;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,298 @@
+//! The dead letter: the message published, in the row's place and in order, for a row that
+//! cannot be published as it is.
+//!
+//! A dead letter must always be publishable. If it is not, the row blocks every row behind
+//! it, and since nothing past it is confirmed, Postgres sends the same row again after each
+//! restart: one hostile row stops the stream for good. So a dead letter is built here, in
+//! pure code, to a byte budget (the most the server and the stream accept, minus room for
+//! the headers the pipeline adds), in this order of preference:
+//!
+//! 1. the whole row;
+//! 2. the row without its payload (`Pgoutbox-Payload-Omitted: true`; the row stays in the
+//!    table and its id is in the letter);
+//! 3. the row without its payload and with every column value shortened (cut at a character
+//!    boundary and marked with [`TRUNCATED`]), shorter and shorter;
+//! 4. no row at all: only the reason, the table, the position and the id, each shortened.
+//!
+//! Whatever the row holds (line breaks, control characters, bytes that are not UTF-8,
+//! values that grow when escaped as JSON), the headers are valid NATS header values: the
+//! `Nats-Msg-Id` is `dead-letter:<id>` when the id is header-safe and short, else
+//! `dead-letter:<position>`, which is as stable across replays (the JetStream duplicate
+//! window still catches a replayed dead letter).
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use async_nats::HeaderMap;
+use async_nats::header::{HeaderName, HeaderValue, NATS_MESSAGE_ID};
+use bytes::Bytes;
+use serde_json::{Map, Value};
+
+use super::{OutboxEvent, Rejection, RowMapping};
+use crate::domain::progress::Position;
+use crate::domain::row::ColumnValue;
+
+/// Header naming why the row could not be published as a normal message.
+pub const DEAD_LETTER_REASON_HEADER: &str = "Pgoutbox-Dead-Letter-Reason";
+/// Header saying whether the row's payload was left out (`true`/`false`): such a letter does
+/// not hold the event, only the row's place and id, so the row must stay in the table.
+pub const PAYLOAD_OMITTED_HEADER: &str = "Pgoutbox-Payload-Omitted";
+/// Appended to every value that was shortened to fit.
+pub const TRUNCATED: &str = "…[truncated]";
+
+/// The smallest budget honoured. The last resort (step 4) needs less than this whatever the
+/// row holds; a smaller budget is raised to it (no NATS server runs with a `max_payload` this
+/// small, and a stream's `max_msg_size` this small could not hold a dead letter at all).
+pub const MIN_BUDGET: usize = 1024;
+
+/// Longest id used in the `Nats-Msg-Id`; a longer one is replaced by the position.
+const HEADER_ID_BYTES: usize = 128;
+/// Longest reason in the header; the body holds more of it.
+const REASON_HEADER_BYTES: usize = 128;
+/// Longest reason, table name and id in the body of steps 1–3.
+const REASON_BODY_BYTES: usize = 1024;
+const NAME_BODY_BYTES: usize = 256;
+/// The same in the last resort, chosen so that it always fits [`MIN_BUDGET`]: JSON escaping
+/// makes at most 6 bytes of one (a control character becomes `\u00XX`).
+const REASON_LAST_BYTES: usize = 32;
+const NAME_LAST_BYTES: usize = 16;
+
+/// A dead letter ready to publish.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    pub event: OutboxEvent,
+    /// Why the row became a dead letter, on one line and shortened, as the header says it.
+    pub reason: String,
+    /// Whether the row's payload was left out to fit the budget.
+    pub payload_omitted: bool,
+    /// The row's id as text, whole: `--retention` keeps a row whose payload was left out.
+    pub row_id: Option<String>,
+}
+
+/// Rows JetStream refused for themselves (see `publisher::refused_for_itself`), kept until
+/// the next attempt, when the slot sends them again, to publish their dead letter in their
+/// place. It lives outside an attempt because the refusal ends the attempt: the messages
+/// sent after the refused one were chained to it by `Nats-Expected-Last-Sequence` and are
+/// refused too.
+///
+/// Bounded to [`RefusedRows::CAPACITY`] rows: past it the oldest position is forgotten. Rows
+/// are replayed in position order from the confirmed position, so the oldest is the one most
+/// likely confirmed already; if it was not, it is published again, refused again and
+/// remembered again: one more attempt, never a lost row.
+#[derive(Debug, Default)]
+pub struct RefusedRows {
+    rows: BTreeMap<Position, Rejection>,
+}
+
+impl RefusedRows {
+    pub const CAPACITY: usize = 1024;
+
+    /// Remembers that the row at `position` must be published as a dead letter.
+    pub fn insert(&mut self, position: Position, why: Rejection) {
+        self.rows.insert(position, why);
+        while self.rows.len() > Self::CAPACITY {
+            self.rows.pop_first();
+        }
+    }
+
+    /// Why the row at `position` was refused, if it was.
+    pub fn get(&self, position: &Position) -> Option<&Rejection> {
+        self.rows.get(position)
+    }
+}
+
+/// How much of the row a candidate letter carries.
+#[derive(Clone, Copy)]
+enum Shape {
+    Whole,
+    WithoutPayload,
+    /// Without payload, each value cut to at most this many bytes.
+    Shortened(usize),
+    LastResort,
+}
+
+impl RowMapping {
+    /// The dead letter for `tuple` at `position`, refused for `rejection`, on `subject`, no
+    /// larger than `budget` bytes of headers and body (see the module doc for what is kept).
+    /// Never fails and never panics, whatever the tuple holds, even when it has fewer or
+    /// more columns than the relation.
+    pub fn dead_letter(
+        &self,
+        tuple: &[ColumnValue],
+        position: Position,
+        rejection: &Rejection,
+        subject: &str,
+        budget: usize,
+    ) -> DeadLetter {
+        let budget = budget.max(MIN_BUDGET);
+        let id = tuple.get(self.id).and_then(lossy_text);
+        let message_id = match id.as_deref() {
+            Some(id) if header_safe(id) => format!("dead-letter:{id}"),
+            _ => format!("dead-letter:{position}"),
+        };
+        let reason = one_line(&shorten(&rejection.0, REASON_HEADER_BYTES));
+        let values: Vec<(&str, Option<Cow<'_, str>>)> = self
+            .column_names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| (name.as_str(), tuple.get(i).and_then(lossy_text)))
+            .collect();
+        let letter = Letter {
+            mapping: self,
+            values: &values,
+            id: id.as_deref(),
+            reason: &rejection.0,
+            position,
+        };
+        let longest = values.iter().filter_map(|(_, v)| v.as_ref().map(|v| v.len())).max();
+        let mut shapes = vec![Shape::Whole, Shape::WithoutPayload];
+        // Halving from the most that could fit keeps the number of tries logarithmic.
+        let mut limit = longest.unwrap_or(0).min(budget);
+        while limit > 0 {
+            shapes.push(Shape::Shortened(limit));
+            limit /= 2;
+        }
+        shapes.push(Shape::Shortened(0));
+        let (headers, body, payload_omitted) = shapes
+            .into_iter()
+            .map(|shape| {
+                let omitted = !matches!(shape, Shape::Whole);
+                let headers = headers(&message_id, &reason, omitted);
+                (headers, letter.body(shape), omitted)
+            })
+            .find(|(headers, body, _)| wire_len(headers) + body.len() <= budget)
+            .unwrap_or_else(|| {
+                (headers(&message_id, &reason, true), letter.body(Shape::LastResort), true)
+            });
+        DeadLetter {
+            event: OutboxEvent {
+                id: message_id,
+                subject: subject.to_owned(),
+                headers,
+                payload: Bytes::from(body),
+            },
+            reason,
+            payload_omitted,
+            row_id: id.map(Cow::into_owned),
+        }
+    }
+}
+
+/// What a dead letter's body is made of.
+struct Letter<'a> {
+    mapping: &'a RowMapping,
+    values: &'a [(&'a str, Option<Cow<'a, str>>)],
+    id: Option<&'a str>,
+    reason: &'a str,
+    position: Position,
+}
+
+impl Letter<'_> {
+    /// The JSON body: `{"table", "reason", "position", "id", "payload_omitted", "row"}`.
+    fn body(&self, shape: Shape) -> Vec<u8> {
+        let (text_bytes, name_bytes) = match shape {
+            Shape::LastResort => (REASON_LAST_BYTES, NAME_LAST_BYTES),
+            _ => (REASON_BODY_BYTES, NAME_BODY_BYTES),
+        };
+        let mut body = Map::new();
+        let text = |s: &str, max| Value::String(shorten(s, max).into_owned());
+        body.insert("table".into(), text(&self.mapping.table, name_bytes));
+        body.insert("reason".into(), text(self.reason, text_bytes));
+        body.insert("position".into(), Value::String(self.position.to_string()));
+        body.insert("id".into(), self.id.map_or(Value::Null, |id| text(id, name_bytes)));
+        body.insert("payload_omitted".into(), Value::Bool(!matches!(shape, Shape::Whole)));
+        let row = match shape {
+            Shape::LastResort => Value::Null,
+            Shape::Whole => self.row(None, None),
+            Shape::WithoutPayload => self.row(Some(self.mapping.payload), None),
+            Shape::Shortened(limit) => self.row(Some(self.mapping.payload), Some(limit)),
+        };
+        body.insert("row".into(), row);
+        Value::Object(body).to_string().into_bytes()
+    }
+
+    /// Every column as text or null; `omit` is set to null, values cut to `limit` bytes.
+    fn row(&self, omit: Option<usize>, limit: Option<usize>) -> Value {
+        let mut row = Map::new();
+        for (i, (name, value)) in self.values.iter().enumerate() {
+            let value = match value {
+                Some(_) if omit == Some(i) => Value::Null,
+                Some(v) => Value::String(match limit {
+                    Some(limit) => shorten(v, limit).into_owned(),
+                    None => v.clone().into_owned(),
+                }),
+                None => Value::Null,
+            };
+            row.insert((*name).to_owned(), value);
+        }
+        Value::Object(row)
+    }
+}
+
+/// The dead letter's headers; every value is valid by construction (no line breaks).
+fn headers(message_id: &str, reason: &str, payload_omitted: bool) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(NATS_MESSAGE_ID, header_value(message_id));
+    headers.insert(HeaderName::from_static(DEAD_LETTER_REASON_HEADER), header_value(reason));
+    let omitted = if payload_omitted { "true" } else { "false" };
+    headers.insert(HeaderName::from_static(PAYLOAD_OMITTED_HEADER), header_value(omitted));
+    headers
+}
+
+/// A header value from text already made one line; `HeaderValue::from_str` is the
+/// non-panicking constructor (`From<&str>` asserts), and an empty value is the fallback.
+fn header_value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(&one_line(text)).unwrap_or_default()
+}
+
+/// How many bytes `headers` take on the wire (`NATS/1.0\r\n`, `Name: value\r\n` each, and a
+/// closing `\r\n`), as the client and the server count them against `max_payload`.
+pub fn wire_len(headers: &HeaderMap) -> usize {
+    let framing = "NATS/1.0\r\n".len() + "\r\n".len();
+    framing
+        + headers
+            .iter()
+            .map(|(name, values)| {
+                let name: &str = name.as_ref();
+                values.iter().map(|v| name.len() + ": ".len() + v.as_str().len() + 2).sum::<usize>()
+            })
+            .sum::<usize>()
+}
+
+/// A column's value as text (invalid UTF-8 replaced), or `None` for NULL and unsent TOAST.
+fn lossy_text(value: &ColumnValue) -> Option<Cow<'_, str>> {
+    match value {
+        ColumnValue::Text(b) | ColumnValue::Binary(b) => Some(String::from_utf8_lossy(b)),
+        ColumnValue::Null | ColumnValue::UnchangedToast => None,
+    }
+}
+
+/// Whether `id` can stand in a header as it is: short, non-empty, no control characters
+/// and no surrounding whitespace (which a header parser may trim, changing the id).
+fn header_safe(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= HEADER_ID_BYTES
+        && !id.chars().any(char::is_control)
+        && id.trim() == id
+}
+
+/// Control characters (line breaks among them) replaced by spaces.
+fn one_line(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect()
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked when cut.
+pub(crate) fn shorten(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}{TRUNCATED}", &text[..end]))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,111 @@
+//! The NATS connection: authentication, TLS, and telling the pipeline when it is lost.
+
+use std::time::Duration;
+
+use anyhow::Context;
+
+/// Where NATS is and how to log in.
+pub struct NatsSettings {
+    pub servers: Vec<async_nats::ServerAddr>,
+    pub auth: NatsAuth,
+}
+
+/// How to authenticate to NATS. async-nats ignores credentials embedded in a URL, so they
+/// are taken out of the first server's URL here: `user:password@` or a lone `token@`.
+#[derive(Default)]
+pub struct NatsAuth {
+    pub user_password: Option<(String, String)>,
+    pub token: Option<String>,
+    pub creds_file: Option<std::path::PathBuf>,
+    pub nkey_file: Option<std::path::PathBuf>,
+    pub tls_ca: Option<std::path::PathBuf>,
+    pub tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+/// How long a publish may wait for its ack before the pipeline reconnects.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects to NATS once; the client then reconnects by itself for as long as we run.
+pub async fn connect_nats(settings: &NatsSettings) -> anyhow::Result<async_nats::Client> {
+    let disconnects = std::sync::Arc::new(tokio::sync::watch::channel(0).0);
+    connect_nats_watched(settings, disconnects, || {}).await
+}
+
+/// Like [`connect_nats`], counting each lost connection in `disconnects`: acks awaited on
+/// a lost connection never come, and the pipeline need not wait out their timeout.
+/// `on_reconnect` is called each time the client connects again after losing the server.
+pub async fn connect_nats_watched(
+    settings: &NatsSettings,
+    disconnects: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+    on_reconnect: fn(),
+) -> anyhow::Result<async_nats::Client> {
+    let connected_before = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    auth_options(&settings.auth)
+        .await?
+        .name("pgoutbox")
+        .connection_timeout(Duration::from_secs(5))
+        .max_reconnects(None)
+        .event_callback(move |event| {
+            let connected_before = connected_before.clone();
+            let disconnects = disconnects.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        if connected_before.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            on_reconnect();
+                        }
+                        tracing::info!("NATS connected")
+                    }
+                    async_nats::Event::Disconnected => {
+                        disconnects.send_modify(|count| *count += 1);
+                        tracing::warn!("NATS disconnected")
+                    }
+                    async_nats::Event::Closed => tracing::debug!("NATS connection closed"),
+                    other => tracing::warn!(event = %other, "NATS"),
+                }
+            }
+        })
+        .connect(settings.servers.as_slice())
+        .await
+        .with_context(|| format!("connecting to NATS at {}", settings.describe()))
+}
+
+/// Connect options carrying the configured NATS authentication and TLS.
+async fn auth_options(auth: &NatsAuth) -> anyhow::Result<async_nats::ConnectOptions> {
+    let mut options = async_nats::ConnectOptions::new();
+    if let Some(path) = &auth.creds_file {
+        options = options
+            .credentials_file(path)
+            .await
+            .with_context(|| format!("reading --nats-creds {}", path.display()))?;
+    }
+    if let Some(path) = &auth.nkey_file {
+        let seed = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --nats-nkey {}", path.display()))?;
+        options = options.nkey(seed.trim().to_owned());
+    }
+    if let Some((user, password)) = &auth.user_password {
+        options = options.user_and_password(user.clone(), password.clone());
+    }
+    if let Some(token) = &auth.token {
+        options = options.token(token.clone());
+    }
+    if let Some(ca) = &auth.tls_ca {
+        options = options.add_root_certificates(ca.clone()).require_tls(true);
+    }
+    if let Some((cert, key)) = &auth.tls_client {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    Ok(options)
+}
+
+impl NatsSettings {
+    /// The server list for messages, without credentials.
+    pub fn describe(&self) -> String {
+        self.servers
+            .iter()
+            .map(|s| format!("{}:{}", s.host(), s.port()))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}

@@ -1,0 +1,6 @@
+//! Everything that talks to NATS: the connection, the stream and pipelined publishing, and
+//! the claim that gives each stream one source.
+
+pub mod claim;
+pub mod connect;
+pub mod publisher;

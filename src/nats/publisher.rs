@@ -1,0 +1,345 @@
+//! JetStream: the stream pgoutbox writes to, and pipelined publishing.
+//!
+//! `publish` hands a message to the client and returns the ack as a future; the pipeline keeps
+//! those futures in a FIFO and awaits the oldest, so thousands of messages are in flight while
+//! acks are still consumed in order. Each message also carries `Nats-Expected-Last-Sequence`:
+//! if message k is lost, k+1 is refused by the server instead of being stored before it.
+//! That guard assumes the stream is written only by this pgoutbox.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use async_nats::jetstream::{self, ErrorCode, stream};
+use bytes::Bytes;
+
+use crate::domain::outbox::PAYLOAD_OMITTED_HEADER;
+use crate::domain::progress::Position;
+use crate::domain::source::{SOURCE_HEADER, TailOrigin};
+
+/// Header carrying the row's [`Position`].
+pub const POSITION_HEADER: &str = "Pgoutbox-Position";
+
+/// How many publishes may await their ack at once.
+pub const MAX_IN_FLIGHT: usize = 4096;
+
+/// Room left in every message for the headers the pipeline adds to it after the row was
+/// mapped (`Pgoutbox-Position: <lsn>:<index>`, `Nats-Expected-Last-Sequence: <u64>` and
+/// `Pgoutbox-Source: <system id>/<timeline>/<database>/<slot>`, whose names Postgres caps
+/// at 63 bytes: about 300 bytes at most), so a dead letter built to `message_limit` minus
+/// this still fits.
+pub const ADDED_HEADERS_ROOM: usize = 512;
+
+/// JetStream API error codes that refuse a message for what it is, whatever the stream's
+/// state: sending it again gets the same answer. 10054 (`JSStreamMessageExceedsMaximumErr`,
+/// "message size exceeds maximum allowed") is the stream's `max_msg_size`; 10097
+/// (`JSStreamHeaderExceedsMaximumErr`) is a header block over 64 KiB.
+const REFUSED_FOR_ITSELF: [ErrorCode; 2] =
+    [ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM, ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM];
+
+#[derive(Debug, thiserror::Error)]
+pub enum PublisherError {
+    #[error("JetStream is not enabled on the NATS server (start nats-server with -js)")]
+    JetStreamDisabled,
+    #[error(
+        "stream {stream} exists but its subjects {existing:?} do not cover {wanted}; \
+         pgoutbox never changes an existing stream: add the subject to it or use --stream"
+    )]
+    SubjectsNotCovered { stream: String, existing: Vec<String>, wanted: String },
+    #[error("JetStream request failed: {0}")]
+    Request(String),
+    #[error("stream {0} has no leader (an election is under way, or quorum is lost)")]
+    NoLeader(String),
+}
+
+/// The end of the stream when pgoutbox starts or resumes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StreamTail {
+    pub last_sequence: u64,
+    /// Where the last stored message came from, as far as its headers say.
+    pub origin: TailOrigin,
+    /// The largest message (headers and payload) both the server (`max_payload`) and the
+    /// stream (`max_msg_size`) accept: what a dead letter is built to fit.
+    pub message_limit: usize,
+}
+
+#[derive(Clone)]
+pub struct Publisher {
+    js: jetstream::Context,
+    client: async_nats::Client,
+    stream: String,
+    ack_timeout: Duration,
+}
+
+impl Publisher {
+    pub fn new(client: async_nats::Client, stream: &str, ack_timeout: Duration) -> Self {
+        let js = jetstream::context::ContextBuilder::new()
+            .timeout(ack_timeout)
+            .max_ack_inflight(MAX_IN_FLIGHT)
+            .backpressure_on_inflight(true)
+            .build(client.clone());
+        Publisher { js, client, stream: stream.to_owned(), ack_timeout }
+    }
+
+    /// The same stream with a window of [`MAX_IN_FLIGHT`] acks of its own. A failed attempt
+    /// abandons its unacknowledged publishes, and async-nats keeps each one's slot in the
+    /// window until its ack times out: the next attempt must not wait behind them (it did,
+    /// for 20 s after a leader election, before each attempt got its own window).
+    pub fn with_fresh_ack_window(&self) -> Publisher {
+        Publisher::new(self.client.clone(), &self.stream, self.ack_timeout)
+    }
+
+    /// The JetStream context, for the stream claims (`crate::nats::claim`).
+    pub fn context(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// Creates the stream if it is missing; an existing stream is only checked, never changed.
+    pub async fn ensure_stream(
+        &self,
+        subjects: &[String],
+        replicas: usize,
+    ) -> Result<(), PublisherError> {
+        match self.js.get_stream(&self.stream).await {
+            Ok(mut existing) => {
+                let info = existing.info().await.map_err(request_error)?;
+                if info.config.num_replicas != replicas {
+                    tracing::warn!(stream = %self.stream, replicas = info.config.num_replicas,
+                        asked = replicas, "the existing stream keeps its replica count");
+                }
+                let have = &info.config.subjects;
+                match subjects.iter().find(|want| !have.iter().any(|h| subject_covers(h, want))) {
+                    Some(wanted) => Err(PublisherError::SubjectsNotCovered {
+                        stream: self.stream.clone(),
+                        existing: have.clone(),
+                        wanted: wanted.clone(),
+                    }),
+                    None => Ok(()),
+                }
+            }
+            Err(err) if is_stream_not_found(&err) => {
+                let config = stream::Config {
+                    name: self.stream.clone(),
+                    subjects: subjects.to_vec(),
+                    storage: stream::StorageType::File,
+                    num_replicas: replicas,
+                    ..Default::default()
+                };
+                match self.js.create_stream(config).await {
+                    Ok(_) => {
+                        tracing::info!(stream = %self.stream, ?subjects, "stream created");
+                        Ok(())
+                    }
+                    // Another instance created it first: check it like any existing stream.
+                    Err(err) if err.to_string().contains("already in use") => {
+                        Box::pin(self.ensure_stream(subjects, replicas)).await
+                    }
+                    Err(err) => Err(classify(err.to_string())),
+                }
+            }
+            Err(err) => Err(classify(err.to_string())),
+        }
+    }
+
+    /// Reads the stream's last sequence and the position of its last message. On a cluster,
+    /// a server without the stream's leader may still answer from its own copy: that answer
+    /// is refused, since publishing cannot succeed without a leader and may be stale.
+    pub async fn tail(&self) -> Result<StreamTail, PublisherError> {
+        let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        let info = stream.info().await.map_err(request_error)?;
+        if let Some(cluster) = &info.cluster
+            && cluster.name.is_some()
+            && cluster.leader.as_deref().is_none_or(str::is_empty)
+        {
+            return Err(PublisherError::NoLeader(self.stream.clone()));
+        }
+        let last_sequence = info.state.last_sequence;
+        let message_limit = match usize::try_from(info.config.max_message_size) {
+            Ok(stream_limit) => stream_limit.min(self.client.max_payload()),
+            Err(_) => self.client.max_payload(), // -1: the stream sets no limit
+        };
+        if last_sequence == 0 {
+            return Ok(StreamTail { message_limit, ..StreamTail::default() });
+        }
+        let origin = match stream.get_raw_message(last_sequence).await {
+            Ok(message) => {
+                let header = |name| message.headers.get(name).map(|v| v.as_str().to_owned());
+                TailOrigin {
+                    source: header(SOURCE_HEADER),
+                    position: header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()),
+                }
+            }
+            // The last message was deleted or purged: nothing to skip by.
+            Err(_) => TailOrigin::default(),
+        };
+        Ok(StreamTail { last_sequence, origin, message_limit })
+    }
+
+    /// Sends one message; the returned future resolves when JetStream stored it.
+    pub async fn publish(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<PublishAckFuture, jetstream::context::PublishError> {
+        self.js.publish_with_headers(subject, headers, payload).await
+    }
+
+    /// How many messages the stream holds on one subject (the dead letters, for `status`).
+    pub async fn count_on_subject(&self, subject: &str) -> Result<u64, PublisherError> {
+        use futures_util::TryStreamExt;
+        let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        let mut subjects = stream.info_with_subjects(subject).await.map_err(request_error)?;
+        let mut total = 0;
+        while let Some((_, count)) = subjects.try_next().await.map_err(request_error)? {
+            total += count as u64;
+        }
+        Ok(total)
+    }
+
+    /// The row ids in the dead letters on `subject` that left the payload out (as each
+    /// letter's body gives them), for `--retention` to keep those rows.
+    pub async fn ids_of_letters_without_payload(
+        &self,
+        subject: &str,
+    ) -> Result<Vec<String>, PublisherError> {
+        use async_nats::jetstream::consumer::pull::OrderedConfig;
+        use futures_util::StreamExt;
+        let total = self.count_on_subject(subject).await?;
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        let config = OrderedConfig { filter_subject: subject.to_owned(), ..Default::default() };
+        let consumer = stream.create_consumer(config).await.map_err(request_error)?;
+        let mut messages = consumer.messages().await.map_err(request_error)?;
+        let mut ids = Vec::new();
+        for _ in 0..total {
+            let message = match messages.next().await {
+                Some(message) => message.map_err(request_error)?,
+                None => break,
+            };
+            let omitted = message.headers.as_ref().and_then(|h| h.get(PAYLOAD_OMITTED_HEADER));
+            if omitted.is_some_and(|v| v.as_str() == "true") {
+                let body: serde_json::Value =
+                    serde_json::from_slice(&message.payload).unwrap_or_default();
+                if let Some(id) = body.get("id").and_then(|id| id.as_str()) {
+                    ids.push(id.to_owned());
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The stream's message count, bytes, last sequence and dedup window, for `status`.
+    pub async fn stream_info(&self) -> Result<stream::Info, PublisherError> {
+        let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        stream.info().await.cloned().map_err(request_error)
+    }
+}
+
+/// Why a publish was refused for the message itself, if it was: too large for the server
+/// (checked by the client before sending) or refused by JetStream with one of
+/// [`REFUSED_FOR_ITSELF`] (the API error travels as the source of a `PublishErrorKind::Other`).
+/// Such a refusal repeats on every retry, so the row must become a dead letter; any other
+/// error (no responders, timeout, lost connection, wrong last sequence) is worth retrying.
+pub fn refused_for_itself(err: &PublishError) -> Option<String> {
+    match err.kind() {
+        PublishErrorKind::MaxPayloadExceeded => {
+            Some(format!("the message exceeds the NATS server's max_payload: {err}"))
+        }
+        PublishErrorKind::Other => {
+            let source = std::error::Error::source(err)?;
+            let api = source.downcast_ref::<jetstream::Error>()?;
+            REFUSED_FOR_ITSELF
+                .contains(&api.error_code())
+                .then(|| format!("JetStream refused the message: {api}"))
+        }
+        _ => None,
+    }
+}
+
+fn is_stream_not_found(err: &jetstream::context::GetStreamError) -> bool {
+    matches!(
+        err.kind(),
+        jetstream::context::GetStreamErrorKind::JetStream(e)
+            if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+    )
+}
+
+fn request_error(err: impl std::fmt::Display) -> PublisherError {
+    classify(err.to_string())
+}
+
+/// Without JetStream, nothing answers on `$JS.API`: async-nats reports that missing
+/// responder as "requested JetStream resource does not exist".
+fn classify(message: String) -> PublisherError {
+    let no_responder = message.contains("no responders")
+        || message.contains("requested JetStream resource does not exist");
+    if no_responder || message.contains("not enabled") {
+        PublisherError::JetStreamDisabled
+    } else {
+        PublisherError::Request(message)
+    }
+}
+
+/// Whether the stream subject filter `filter` matches every subject `wanted` can match.
+pub fn subject_covers(filter: &str, wanted: &str) -> bool {
+    let mut filter = filter.split('.');
+    let mut wanted = wanted.split('.');
+    loop {
+        match (filter.next(), wanted.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(w)) if w != ">" => {}
+            (Some(f), Some(w)) if f == w => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused ack as async-nats builds it from the server's JSON answer.
+    fn refused_ack(err_code: u64, description: &str) -> PublishError {
+        let answer =
+            serde_json::json!({"code": 400, "err_code": err_code, "description": description});
+        let api: jetstream::Error = serde_json::from_value(answer).unwrap();
+        PublishError::with_source(PublishErrorKind::Other, api)
+    }
+
+    #[test]
+    fn refusals_of_the_message_itself_are_told_apart_by_code() {
+        let too_big = refused_ack(10054, "message size exceeds maximum allowed");
+        let why = refused_for_itself(&too_big).unwrap();
+        assert!(why.contains("10054") && why.contains("message size"), "{why}");
+        assert!(refused_for_itself(&refused_ack(10097, "header size exceeds")).is_some());
+        let oversized = PublishError::with_source(PublishErrorKind::MaxPayloadExceeded, "x");
+        assert!(refused_for_itself(&oversized).unwrap().contains("max_payload"));
+        // Worth retrying: the stream's state or the connection, not the message.
+        for retryable in [
+            refused_ack(10071, "wrong last sequence"),
+            refused_ack(10077, "maximum bytes exceeded"),
+            PublishError::new(PublishErrorKind::TimedOut),
+            PublishError::new(PublishErrorKind::StreamNotFound),
+            PublishError::new(PublishErrorKind::BrokenPipe),
+            PublishError::new(PublishErrorKind::Other),
+        ] {
+            assert_eq!(refused_for_itself(&retryable), None, "{retryable}");
+        }
+    }
+
+    #[test]
+    fn subject_coverage_follows_nats_wildcards() {
+        assert!(subject_covers("outbox.*.*", "outbox.*.*"));
+        assert!(subject_covers("outbox.>", "outbox.*.*"));
+        assert!(subject_covers(">", "outbox.dead_letter"));
+        assert!(subject_covers("outbox.*.created", "outbox.order.created"));
+        assert!(!subject_covers("outbox.*", "outbox.*.*"));
+        assert!(!subject_covers("outbox.order.*", "outbox.*.*"));
+        assert!(!subject_covers("outbox.*.*", "outbox.>"));
+        assert!(!subject_covers("outbox.*.*.x", "outbox.*.*"));
+    }
+}

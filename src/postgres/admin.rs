@@ -1,0 +1,351 @@
+//! SQL over a normal connection: prerequisites, the publication, the slot, status, teardown.
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, NoTls};
+
+use postgres_protocol::escape::escape_identifier as quote_ident;
+
+use crate::postgres::tls::PgTls;
+use crate::postgres::walsender::user_name;
+
+/// A schema-qualified table name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableName {
+    pub schema: String,
+    pub name: String,
+}
+
+impl std::str::FromStr for TableName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (schema, name) = s.split_once('.').unwrap_or(("public", s));
+        if schema.is_empty() || name.is_empty() || name.contains('.') {
+            return Err(format!("invalid table name {s:?}: expected schema.table or table"));
+        }
+        Ok(TableName { schema: schema.to_owned(), name: name.to_owned() })
+    }
+}
+
+impl std::fmt::Display for TableName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+impl TableName {
+    pub fn quoted(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("could not connect to Postgres: {0}")]
+    Connect(String),
+    #[error(
+        "wal_level is {0:?}; pgoutbox needs logical decoding: run `ALTER SYSTEM SET wal_level = logical` and restart Postgres"
+    )]
+    WalLevel(String),
+    #[error("table {0} does not exist: create it (see sql/outbox.sql) or point --table at yours")]
+    TableMissing(String),
+    #[error(
+        "table {table} has no column {column:?} (the {role}); set the column roles (see --help) to match the table"
+    )]
+    ColumnMissing { table: String, column: String, role: String },
+    #[error(
+        "role {0:?} lacks the REPLICATION attribute: run `ALTER ROLE {0} REPLICATION` as a superuser"
+    )]
+    NoReplication(String),
+    #[error(
+        "publication {publication} exists but does not publish inserts of {table}; add it with `ALTER PUBLICATION {publication} ADD TABLE {table}`"
+    )]
+    PublicationMismatch { publication: String, table: String },
+    #[error(
+        "table {table} is partitioned but publication {publication} publishes its partitions \
+         under their own names, so pgoutbox would miss their rows; run `ALTER PUBLICATION \
+         {publication} SET (publish_via_partition_root = true)`"
+    )]
+    PartitionsNotViaRoot { publication: String, table: String },
+    #[error(
+        "table {table} has inheritance children ({children}); their rows are published under \
+         their own names and pgoutbox would miss them: use declarative partitioning \
+         (PARTITION BY) for a partitioned outbox"
+    )]
+    InheritanceChildren { table: String, children: String },
+    #[error(transparent)]
+    Sql(#[from] tokio_postgres::Error),
+}
+
+/// Opens a normal SQL session, over TLS as `tls` says; its connection task runs in the
+/// background.
+pub async fn connect(config: &tokio_postgres::Config, tls: &PgTls) -> Result<Client, SetupError> {
+    let rustls = tls.client_config().map_err(SetupError::Connect)?;
+    open(config, rustls)
+        .await
+        .map_err(|err| SetupError::Connect(describe_connect_error(&err, &user_name(config))))
+}
+
+/// [`connect`] with the TLS configuration built, keeping tokio-postgres's error, which
+/// tells a server's refusal from a network failure (see `liveness`).
+pub(crate) async fn open(
+    config: &tokio_postgres::Config,
+    rustls: Option<rustls::ClientConfig>,
+) -> Result<Client, tokio_postgres::Error> {
+    let client = match rustls {
+        None => {
+            let (client, connection) = config.connect(NoTls).await?;
+            tokio::spawn(log_close(connection));
+            client
+        }
+        Some(rustls) => {
+            let tls = tokio_postgres_rustls::MakeRustlsConnect::new(rustls);
+            let (client, connection) = config.connect(tls).await?;
+            tokio::spawn(log_close(connection));
+            client
+        }
+    };
+    Ok(client)
+}
+
+async fn log_close<F: std::future::Future<Output = Result<(), tokio_postgres::Error>>>(
+    connection: F,
+) {
+    if let Err(err) = connection.await {
+        tracing::debug!(error = %err, "SQL connection closed");
+    }
+}
+
+fn describe_connect_error(err: &tokio_postgres::Error, user: &str) -> String {
+    match err.as_db_error() {
+        Some(db) if db.code() == &SqlState::INVALID_PASSWORD => {
+            format!("password authentication failed for user {user:?}")
+        }
+        Some(db) => db.message().to_owned(),
+        None => {
+            let mut text = err.to_string();
+            let mut source = std::error::Error::source(err);
+            while let Some(inner) = source {
+                text = format!("{text}: {inner}");
+                source = inner.source();
+            }
+            text
+        }
+    }
+}
+
+/// Checks what the streamer needs before touching anything.
+pub async fn check_prerequisites(
+    client: &Client,
+    table: &TableName,
+    required_columns: &[(&str, &str)],
+) -> Result<(), SetupError> {
+    let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
+    if wal_level != "logical" {
+        return Err(SetupError::WalLevel(wal_level));
+    }
+    let row = client
+        .query_one(
+            "SELECT r.rolreplication OR r.rolsuper, current_user::text FROM pg_roles r \
+             WHERE r.rolname = current_user",
+            &[],
+        )
+        .await?;
+    if !row.get::<_, bool>(0) {
+        return Err(SetupError::NoReplication(row.get(1)));
+    }
+    let columns: Vec<String> = client
+        .query(
+            "SELECT a.attname::text FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&table.quoted()],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if columns.is_empty() {
+        return Err(SetupError::TableMissing(table.to_string()));
+    }
+    for (role, column) in required_columns {
+        if !columns.iter().any(|c| c == column) {
+            return Err(SetupError::ColumnMissing {
+                table: table.to_string(),
+                column: (*column).to_owned(),
+                role: (*role).to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Creates the publication if missing; safe when two instances race. A partitioned outbox
+/// is published through its root (`publish_via_partition_root`), so rows of every partition,
+/// attached now or later, arrive under the outbox's own name; a publication that would name
+/// the partitions instead, and a table with inheritance children, are refused before
+/// anything streams.
+pub async fn ensure_publication(
+    client: &Client,
+    publication: &str,
+    table: &TableName,
+) -> Result<bool, SetupError> {
+    let shape = client
+        .query_one(
+            "SELECT c.relkind = 'p', \
+                    (SELECT string_agg(i.inhrelid::regclass::text, ', ') FROM pg_inherits i \
+                     WHERE i.inhparent = c.oid) \
+             FROM pg_class c WHERE c.oid = to_regclass($1)",
+            &[&table.quoted()],
+        )
+        .await?;
+    let partitioned: bool = shape.get(0);
+    if let Some(children) = shape.get::<_, Option<String>>(1)
+        && !partitioned
+    {
+        return Err(SetupError::InheritanceChildren { table: table.to_string(), children });
+    }
+    let existing = client
+        .query_opt(
+            "SELECT p.pubinsert, p.pubviaroot, EXISTS (SELECT 1 FROM pg_publication_tables t \
+               WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3) \
+             FROM pg_publication p WHERE p.pubname = $1",
+            &[&publication, &table.schema, &table.name],
+        )
+        .await?;
+    if let Some(row) = existing {
+        let (inserts, via_root, covers): (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
+        if partitioned && !via_root {
+            return Err(SetupError::PartitionsNotViaRoot {
+                publication: publication.to_owned(),
+                table: table.to_string(),
+            });
+        }
+        if !(inserts && covers) {
+            return Err(SetupError::PublicationMismatch {
+                publication: publication.to_owned(),
+                table: table.to_string(),
+            });
+        }
+        return Ok(false);
+    }
+    let sql = format!(
+        "CREATE PUBLICATION {} FOR TABLE {} \
+         WITH (publish = 'insert', publish_via_partition_root = true)",
+        quote_ident(publication),
+        table.quoted()
+    );
+    match client.batch_execute(&sql).await {
+        Ok(()) => Ok(true),
+        Err(err) if is_duplicate(&err) => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// What Postgres says about the slot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotState {
+    pub plugin: Option<String>,
+    pub active: bool,
+    pub active_pid: Option<i32>,
+    pub confirmed_flush_lsn: Option<String>,
+    pub restart_lsn: Option<String>,
+    pub wal_status: Option<String>,
+    pub safe_wal_size: Option<i64>,
+    pub current_wal_lsn: String,
+    pub lag_bytes: Option<i64>,
+    pub retained_wal_bytes: Option<i64>,
+    /// How far the streamer's confirmations trail the server in time (pg_stat_replication's
+    /// flush_lag), while it is connected and the server has measured it.
+    pub lag_seconds: Option<f64>,
+    /// The streamer's `application_name` and client address, while it is connected.
+    pub holder_application_name: Option<String>,
+    pub holder_client_addr: Option<String>,
+    /// Whether the slot was made for the database we are connected to (slots are
+    /// cluster-wide, so two databases left on the default `--slot` meet here).
+    pub in_this_database: bool,
+}
+
+pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>, SetupError> {
+    let row = client
+        .query_opt(
+            "SELECT plugin::text, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, \
+                    wal_status, safe_wal_size, pg_current_wal_lsn()::text, \
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, \
+                    pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, \
+                    extract(epoch FROM r.flush_lag)::float8, r.application_name, \
+                    r.client_addr::text, s.database = current_database() \
+             FROM pg_replication_slots s \
+             LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid \
+             WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|r| SlotState {
+        plugin: r.get(0),
+        active: r.get(1),
+        active_pid: r.get(2),
+        confirmed_flush_lsn: r.get(3),
+        restart_lsn: r.get(4),
+        wal_status: r.get(5),
+        safe_wal_size: r.get(6),
+        current_wal_lsn: r.get(7),
+        lag_bytes: r.get(8),
+        retained_wal_bytes: r.get(9),
+        lag_seconds: r.get(10),
+        holder_application_name: r.get(11),
+        holder_client_addr: r.get(12),
+        in_this_database: r.get::<_, Option<bool>>(13).unwrap_or(false),
+    }))
+}
+
+/// Creates the logical slot; `Ok(false)` when it already existed (two instances racing).
+pub async fn create_slot(client: &Client, slot: &str) -> Result<bool, SetupError> {
+    match client
+        .query_one("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&slot])
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(err) if is_duplicate(&err) => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Drops the slot if present; fails if a streamer is using it.
+pub async fn teardown_slot(client: &Client, slot: &str) -> Result<(), SetupError> {
+    client
+        .execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+             WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(())
+}
+
+/// Drops the slot (if present and not in use) and the publication.
+pub async fn teardown(client: &Client, slot: &str, publication: &str) -> Result<(), SetupError> {
+    teardown_slot(client, slot).await?;
+    client
+        .batch_execute(&format!("DROP PUBLICATION IF EXISTS {}", quote_ident(publication)))
+        .await?;
+    Ok(())
+}
+
+fn is_duplicate(err: &tokio_postgres::Error) -> bool {
+    matches!(err.code(), Some(c) if *c == SqlState::DUPLICATE_OBJECT || *c == SqlState::UNIQUE_VIOLATION)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TableName;
+
+    #[test]
+    fn table_names_default_to_public_and_reject_extra_dots() {
+        let t: TableName = "outbox".parse().unwrap();
+        assert_eq!((t.schema.as_str(), t.name.as_str()), ("public", "outbox"));
+        let t: TableName = "app.events".parse().unwrap();
+        assert_eq!(t.quoted(), "\"app\".\"events\"");
+        assert!("a.b.c".parse::<TableName>().is_err());
+        assert!(".x".parse::<TableName>().is_err());
+    }
+}

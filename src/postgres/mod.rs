@@ -1,0 +1,14 @@
+//! Everything that talks to Postgres: connection parameters and TLS, the walsender session
+//! (`walsender`, over `socket`, with the pure CopyBoth envelope in `wire`), the pure
+//! pgoutput decoder, and SQL for setup and status on an ordinary connection (`admin`).
+
+pub mod admin;
+pub mod conninfo;
+pub mod pgoutput;
+mod socket;
+pub mod tls;
+pub mod walsender;
+pub mod wire;
+
+pub use walsender::{ConnectionError, ReplicationConnection, ServerError, SystemIdentity};
+pub use wire::{ReplicationMessage, StandbyStatus};

@@ -1,0 +1,259 @@
+//! Postgres TLS for both connections, with libpq's `sslmode` and `sslrootcert`.
+//!
+//! tokio-postgres parses neither `verify-ca`/`verify-full` nor `sslrootcert`, so both are
+//! taken out of the connection string here and turned into one rustls configuration that
+//! the SQL connection (through tokio-postgres-rustls) and the replication connection (our
+//! own SSLRequest) share. As in libpq: `require` without a root certificate encrypts but
+//! does not verify; with one it verifies the chain like `verify-ca`; `verify-full` also
+//! checks the host name; `prefer` (the default) and `allow` use TLS when the server offers
+//! it, without verification.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::WebPkiSupportedAlgorithms;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SslMode {
+    Disable,
+    Prefer,
+    Require,
+    VerifyCa,
+    VerifyFull,
+}
+
+/// TLS settings for Postgres, as given in the connection string.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTls {
+    pub mode: SslMode,
+    pub root_cert: Option<PathBuf>,
+}
+
+impl PgTls {
+    /// Whether a server that refuses TLS must be refused in turn.
+    pub fn required(&self) -> bool {
+        matches!(self.mode, SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull)
+    }
+
+    pub fn tokio_postgres_mode(&self) -> tokio_postgres::config::SslMode {
+        match self.mode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            _ => tokio_postgres::config::SslMode::Require,
+        }
+    }
+
+    /// The rustls configuration for this mode; `None` when TLS is disabled.
+    pub fn client_config(&self) -> Result<Option<rustls::ClientConfig>, String> {
+        if self.mode == SslMode::Disable {
+            return Ok(None);
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let algorithms = provider.signature_verification_algorithms;
+        let verify = match (self.mode, &self.root_cert) {
+            (SslMode::VerifyCa | SslMode::VerifyFull, None) => {
+                return Err(format!(
+                    "sslmode={} needs sslrootcert=<CA file> in --database-url",
+                    if self.mode == SslMode::VerifyCa { "verify-ca" } else { "verify-full" }
+                ));
+            }
+            (SslMode::Disable | SslMode::Prefer, _) | (SslMode::Require, None) => None,
+            (_, Some(path)) => Some(load_roots(path)?),
+        };
+        let verifier: Arc<dyn ServerCertVerifier> = match verify {
+            None => Arc::new(EncryptOnly { algorithms }),
+            Some(roots) => {
+                let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+                    .build()
+                    .map_err(|e| format!("sslrootcert: {e}"))?;
+                if self.mode == SslMode::VerifyFull {
+                    webpki
+                } else {
+                    Arc::new(ChainOnly { webpki })
+                }
+            }
+        };
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
+        Ok(Some(config))
+    }
+}
+
+fn load_roots(path: &PathBuf) -> Result<Arc<RootCertStore>, String> {
+    let mut roots = RootCertStore::empty();
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read sslrootcert {}: {e}", path.display()))?;
+    for cert in certs {
+        let cert = cert.map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
+        roots.add(cert).map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("sslrootcert {} holds no certificate", path.display()));
+    }
+    Ok(Arc::new(roots))
+}
+
+/// Takes `sslmode` and `sslrootcert` out of a connection string (URL or key=value) and
+/// returns the rest for tokio-postgres.
+pub fn split_connection_string(text: &str) -> Result<(String, PgTls), String> {
+    let mut tls = PgTls { mode: SslMode::Prefer, root_cert: None };
+    let take = |key: &str, value: &str| -> Result<bool, String> {
+        match key {
+            "sslmode" => {
+                tls.mode = match value {
+                    "disable" => SslMode::Disable,
+                    "allow" | "prefer" => SslMode::Prefer,
+                    "require" => SslMode::Require,
+                    "verify-ca" => SslMode::VerifyCa,
+                    "verify-full" => SslMode::VerifyFull,
+                    other => return Err(format!("unknown sslmode {other:?}")),
+                };
+                Ok(true)
+            }
+            "sslrootcert" => {
+                tls.root_cert = Some(PathBuf::from(value));
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    };
+    let rest = crate::postgres::conninfo::strip_params(text, take)?;
+    Ok((rest, tls))
+}
+
+/// `require` without a root certificate: encrypted, the server not authenticated (libpq's
+/// behaviour). Handshake signatures are still checked.
+#[derive(Debug)]
+struct EncryptOnly {
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for EncryptOnly {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// `verify-ca`: the chain must lead to the root certificate; the host name is not checked.
+#[derive(Debug)]
+struct ChainOnly {
+    webpki: Arc<WebPkiServerVerifier>,
+}
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self.webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ssl_options_are_taken_out_of_urls() {
+        let (rest, tls) = split_connection_string(
+            "postgres://u:p@h:5/db?sslmode=verify-full&application_name=x&sslrootcert=%2Ftmp%2Fca.pem",
+        )
+        .unwrap();
+        assert_eq!(rest, "postgres://u:p@h:5/db?application_name=x");
+        assert_eq!(tls.mode, SslMode::VerifyFull);
+        assert_eq!(tls.root_cert, Some(PathBuf::from("/tmp/ca.pem")));
+        let (rest, tls) = split_connection_string("postgres://h/db").unwrap();
+        assert_eq!((rest.as_str(), tls.mode), ("postgres://h/db", SslMode::Prefer));
+    }
+
+    #[test]
+    fn ssl_options_are_taken_out_of_key_value_strings() {
+        let (rest, tls) = split_connection_string(
+            "host=h password='a b' sslmode=verify-ca sslrootcert='/x y/ca.pem' dbname=d",
+        )
+        .unwrap();
+        assert_eq!(rest, "host=h password='a b' dbname=d");
+        assert_eq!(tls.mode, SslMode::VerifyCa);
+        assert_eq!(tls.root_cert, Some(PathBuf::from("/x y/ca.pem")));
+        assert!(split_connection_string("sslmode=sometimes").is_err());
+    }
+
+    #[test]
+    fn verify_modes_need_a_root_certificate() {
+        let tls = PgTls { mode: SslMode::VerifyFull, root_cert: None };
+        assert!(tls.client_config().unwrap_err().contains("sslrootcert"));
+        let tls = PgTls { mode: SslMode::Require, root_cert: None };
+        assert!(tls.client_config().unwrap().is_some());
+        let tls = PgTls { mode: SslMode::Disable, root_cert: None };
+        assert!(tls.client_config().unwrap().is_none());
+    }
+}

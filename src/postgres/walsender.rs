@@ -1,0 +1,504 @@
+//! The walsender connection, built on postgres-protocol over a raw socket.
+//!
+//! tokio-postgres on crates.io cannot open a `replication=database` session nor speak
+//! CopyBoth, so this type does the little that is needed: startup, authentication (trust,
+//! cleartext, md5, SCRAM-SHA-256), simple queries, `START_REPLICATION`, then reading
+//! replication messages and writing standby status updates. It knows nothing of outbox rows
+//! or NATS.
+//!
+//! Reads go through one `BytesMut`; a frame is split off it and frozen, so pgoutput
+//! payloads reach the decoder without a copy. [`ReplicationConnection::next_message`] only
+//! awaits `read_buf`, so it is cancel-safe inside `tokio::select!`.
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::{md5_hash, sasl};
+use postgres_protocol::escape::escape_identifier;
+use postgres_protocol::message::{backend, frontend};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::postgres::tls::PgTls;
+use tracing::{debug, warn};
+
+use super::socket::{Socket, open_socket};
+use super::wire::{
+    ReplicationMessage, StandbyStatus, WireError, parse_wal_sender_timeout, status_keepalive,
+};
+
+/// An error the server sent (ErrorResponse), with the fields operators need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerError {
+    pub code: String,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (SQLSTATE {})", self.message, self.code)?;
+        if let Some(detail) = &self.detail {
+            write!(f, "; {detail}")?;
+        }
+        if let Some(hint) = &self.hint {
+            write!(f, "; hint: {hint}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What can go wrong on the replication connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectionError {
+    #[error("could not connect to Postgres at {target}: {source}")]
+    Connect { target: String, source: io::Error },
+    #[error("Postgres connection lost: {0}")]
+    Io(#[from] io::Error),
+    #[error("Postgres: {0}")]
+    Server(ServerError),
+    #[error("authentication failed: {0}")]
+    Auth(String),
+    #[error("unexpected replication protocol message: {0}")]
+    Protocol(String),
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    #[error("the server ended the replication stream")]
+    StreamEnded,
+    #[error("Postgres TLS: {0}")]
+    Tls(String),
+    /// The connection looks open but the server no longer answers (see `liveness`), or the
+    /// handshake did not finish within `connect_timeout`.
+    #[error("Postgres stopped answering: {0}")]
+    Unresponsive(String),
+}
+
+/// The answer to `IDENTIFY_SYSTEM`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemIdentity {
+    pub system_id: u64,
+    pub timeline: u32,
+    /// The server's current WAL flush position.
+    pub wal_end: u64,
+    pub database: String,
+}
+
+/// One row of a simple query's result, as text.
+pub type TextRow = Vec<Option<String>>;
+
+pub struct ReplicationConnection {
+    socket: Box<dyn Socket>,
+    read_buf: BytesMut,
+    write_buf: BytesMut,
+    /// The walsender's process id (BackendKeyData), which `liveness` looks for as the
+    /// slot's `active_pid`.
+    backend_pid: Option<i32>,
+    /// The server's `wal_sender_timeout`; `None` when disabled (0).
+    wal_sender_timeout: Option<Duration>,
+}
+
+const READ_CHUNK: usize = 64 * 1024;
+impl ReplicationConnection {
+    /// Opens a `replication=database` session with the same settings as the SQL connection,
+    /// and reads the server's `wal_sender_timeout`.
+    ///
+    /// As with libpq's `connect_timeout`, each step (reaching a host, then logging in) must
+    /// finish in time: behind a proxy that black-holes traffic the TCP connection opens but
+    /// the server never answers, and keepalive cannot tell.
+    pub async fn connect(
+        config: &tokio_postgres::Config,
+        tls: &PgTls,
+    ) -> Result<Self, ConnectionError> {
+        let socket = open_socket(config, tls).await?;
+        let mut conn = ReplicationConnection {
+            socket,
+            read_buf: BytesMut::with_capacity(READ_CHUNK),
+            write_buf: BytesMut::with_capacity(1024),
+            backend_pid: None,
+            wal_sender_timeout: None,
+        };
+        let login = conn.log_in(config);
+        match config.get_connect_timeout() {
+            Some(&limit) => tokio::time::timeout(limit, login).await.map_err(|_| {
+                ConnectionError::Unresponsive(format!("no login within connect_timeout {limit:?}"))
+            })??,
+            None => login.await?,
+        }
+        Ok(conn)
+    }
+
+    /// Startup, authentication, then `SHOW wal_sender_timeout`.
+    async fn log_in(&mut self, config: &tokio_postgres::Config) -> Result<(), ConnectionError> {
+        let user = user_name(config);
+        let database = config.get_dbname().unwrap_or(&user).to_owned();
+        let mut params = vec![
+            ("user", user.as_str()),
+            ("database", database.as_str()),
+            ("replication", "database"),
+            ("application_name", config.get_application_name().unwrap_or("pgoutbox")),
+        ];
+        if let Some(options) = config.get_options() {
+            params.push(("options", options));
+        }
+        frontend::startup_message(params, &mut self.write_buf)?;
+        self.flush().await?;
+        self.authenticate(&user, config.get_password()).await?;
+        self.wait_ready().await?;
+        let rows = self.simple_query("SHOW wal_sender_timeout").await?;
+        let shown = rows.first().and_then(|row| row.first()).and_then(Option::as_deref);
+        self.wal_sender_timeout = match shown.map(parse_wal_sender_timeout) {
+            Some(Ok(timeout)) => timeout,
+            _ => {
+                // Assume the smallest setting that works at all: statuses cost little.
+                warn!(?shown, "cannot read wal_sender_timeout; assuming 1s");
+                Some(Duration::from_secs(1))
+            }
+        };
+        Ok(())
+    }
+
+    /// The walsender's process id, as the server announced it at startup.
+    pub fn backend_pid(&self) -> Option<i32> {
+        self.backend_pid
+    }
+
+    /// The server's `wal_sender_timeout` (`None`: disabled): the walsender ends a session
+    /// from which it heard nothing for that long.
+    pub fn wal_sender_timeout(&self) -> Option<Duration> {
+        self.wal_sender_timeout
+    }
+
+    /// The longest the client may stay silent towards the walsender: half its
+    /// `wal_sender_timeout`, at most 10 s. The server pings after half the timeout, but a
+    /// client that has stopped reading (its ack window full) never sees the ping, so its
+    /// own unprompted status updates are what keep the session alive.
+    pub fn status_keepalive(&self) -> Duration {
+        status_keepalive(self.wal_sender_timeout)
+    }
+
+    async fn authenticate(
+        &mut self,
+        user: &str,
+        password: Option<&[u8]>,
+    ) -> Result<(), ConnectionError> {
+        let need_password = || {
+            password.ok_or_else(|| {
+                ConnectionError::Auth("the server asks for a password and none was given".into())
+            })
+        };
+        loop {
+            match self.next_backend_message().await? {
+                backend::Message::AuthenticationOk => return Ok(()),
+                backend::Message::AuthenticationCleartextPassword => {
+                    frontend::password_message(need_password()?, &mut self.write_buf)?;
+                    self.flush().await?;
+                }
+                backend::Message::AuthenticationMd5Password(body) => {
+                    let hash = md5_hash(user.as_bytes(), need_password()?, body.salt());
+                    frontend::password_message(hash.as_bytes(), &mut self.write_buf)?;
+                    self.flush().await?;
+                }
+                backend::Message::AuthenticationSasl(body) => {
+                    let mut mechanisms = body.mechanisms();
+                    let mut scram_offered = false;
+                    while let Some(mechanism) = mechanisms.next()? {
+                        scram_offered |= mechanism == sasl::SCRAM_SHA_256;
+                    }
+                    if !scram_offered {
+                        return Err(ConnectionError::Auth(
+                            "the server offers no SASL mechanism we support (SCRAM-SHA-256)".into(),
+                        ));
+                    }
+                    self.authenticate_scram(need_password()?).await?;
+                }
+                other => {
+                    return Err(ConnectionError::Auth(format!(
+                        "unsupported authentication request {}",
+                        message_name(&other)
+                    )));
+                }
+            }
+        }
+    }
+
+    async fn authenticate_scram(&mut self, password: &[u8]) -> Result<(), ConnectionError> {
+        let mut scram = sasl::ScramSha256::new(password, sasl::ChannelBinding::unsupported());
+        frontend::sasl_initial_response(sasl::SCRAM_SHA_256, scram.message(), &mut self.write_buf)?;
+        self.flush().await?;
+        match self.next_backend_message().await? {
+            backend::Message::AuthenticationSaslContinue(body) => {
+                scram.update(body.data()).map_err(|e| ConnectionError::Auth(e.to_string()))?
+            }
+            other => return Err(unexpected(&other)),
+        }
+        frontend::sasl_response(scram.message(), &mut self.write_buf)?;
+        self.flush().await?;
+        match self.next_backend_message().await? {
+            backend::Message::AuthenticationSaslFinal(body) => {
+                scram.finish(body.data()).map_err(|e| ConnectionError::Auth(e.to_string()))
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// Reads past ParameterStatus and BackendKeyData up to the first ReadyForQuery.
+    async fn wait_ready(&mut self) -> Result<(), ConnectionError> {
+        loop {
+            match self.next_backend_message().await? {
+                backend::Message::ReadyForQuery(_) => return Ok(()),
+                backend::Message::BackendKeyData(key) => self.backend_pid = Some(key.process_id()),
+                backend::Message::ParameterStatus(_) => {}
+                other => return Err(unexpected(&other)),
+            }
+        }
+    }
+
+    /// Runs a replication command or SQL query and returns its rows as text.
+    pub async fn simple_query(&mut self, query: &str) -> Result<Vec<TextRow>, ConnectionError> {
+        frontend::query(query, &mut self.write_buf)?;
+        self.flush().await?;
+        let mut rows = Vec::new();
+        let mut failure = None;
+        loop {
+            match self.next_backend_message().await {
+                Ok(backend::Message::ReadyForQuery(_)) => break,
+                Ok(backend::Message::DataRow(row)) => rows.push(text_row(&row)?),
+                Ok(_) => {}
+                Err(ConnectionError::Server(err)) => failure = Some(err),
+                Err(err) => return Err(err),
+            }
+        }
+        match failure {
+            Some(err) => Err(ConnectionError::Server(err)),
+            None => Ok(rows),
+        }
+    }
+
+    /// `IDENTIFY_SYSTEM`: who the server is and where its WAL ends, to tell this source's
+    /// history from another's (see `crate::domain::source`).
+    pub async fn identify_system(&mut self) -> Result<SystemIdentity, ConnectionError> {
+        let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
+        let field = |i: usize| rows.first().and_then(|row| row.get(i)).and_then(Option::as_deref);
+        let malformed = || ConnectionError::Protocol("malformed IDENTIFY_SYSTEM answer".into());
+        let wal_end: tokio_postgres::types::PgLsn =
+            field(2).and_then(|lsn| lsn.parse().ok()).ok_or_else(malformed)?;
+        Ok(SystemIdentity {
+            system_id: field(0).and_then(|id| id.parse().ok()).ok_or_else(malformed)?,
+            timeline: field(1).and_then(|tli| tli.parse().ok()).ok_or_else(malformed)?,
+            wal_end: wal_end.into(),
+            database: field(3).unwrap_or_default().to_owned(),
+        })
+    }
+
+    /// The history file of `timeline` (`TIMELINE_HISTORY`); timeline 1 has none.
+    pub async fn timeline_history(&mut self, timeline: u32) -> Result<String, ConnectionError> {
+        if timeline <= 1 {
+            return Ok(String::new());
+        }
+        let rows = self.simple_query(&format!("TIMELINE_HISTORY {timeline}")).await?;
+        Ok(rows.first().and_then(|row| row.get(1)).cloned().flatten().unwrap_or_default())
+    }
+
+    /// Sends `START_REPLICATION` and waits for the server to enter CopyBoth mode.
+    pub async fn start_replication(
+        &mut self,
+        slot: &str,
+        start_lsn: u64,
+        publication: &str,
+    ) -> Result<(), ConnectionError> {
+        let query = format!(
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
+            escape_identifier(slot),
+            tokio_postgres::types::PgLsn::from(start_lsn),
+            command_literal(&escape_identifier(publication)),
+        );
+        debug!(%query, "starting replication");
+        frontend::query(&query, &mut self.write_buf)?;
+        self.flush().await?;
+        loop {
+            self.fill_frame().await?;
+            if self.read_buf[0] == b'W' {
+                let _ = self.split_frame();
+                return Ok(());
+            }
+            match self.next_backend_message().await {
+                Ok(backend::Message::NoticeResponse(_)) => {}
+                Ok(other) => return Err(unexpected(&other)),
+                Err(ConnectionError::Server(err)) => {
+                    // The server follows an error with ReadyForQuery; the session stays usable.
+                    let _ = self.wait_ready().await;
+                    return Err(ConnectionError::Server(err));
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// The next message of the replication stream. Cancel-safe.
+    pub async fn next_message(&mut self) -> Result<ReplicationMessage, ConnectionError> {
+        loop {
+            self.fill_frame().await?;
+            match self.read_buf[0] {
+                b'd' => {
+                    let (_, payload) = self.split_frame();
+                    return Ok(ReplicationMessage::parse(payload)?);
+                }
+                b'c' => return Err(ConnectionError::StreamEnded),
+                _ => match self.next_backend_message().await? {
+                    backend::Message::NoticeResponse(_) | backend::Message::ParameterStatus(_) => {}
+                    other => return Err(unexpected(&other)),
+                },
+            }
+        }
+    }
+
+    /// Reports `status.confirmed` as written, flushed and applied.
+    pub async fn send_status(&mut self, status: StandbyStatus) -> Result<(), ConnectionError> {
+        frontend::CopyData::new(status.encode())?.write(&mut self.write_buf);
+        self.flush().await
+    }
+
+    /// Ends a session that never started streaming; errors are irrelevant at this point.
+    pub async fn terminate(mut self) {
+        frontend::terminate(&mut self.write_buf);
+        let _ = self.flush().await;
+    }
+
+    /// Ends the session politely; errors are irrelevant at this point.
+    pub async fn close(mut self) {
+        frontend::copy_done(&mut self.write_buf);
+        frontend::terminate(&mut self.write_buf);
+        let _ = self.flush().await;
+    }
+
+    async fn flush(&mut self) -> Result<(), ConnectionError> {
+        self.socket.write_all(&self.write_buf).await?;
+        self.write_buf.clear();
+        self.socket.flush().await?;
+        Ok(())
+    }
+
+    /// Reads until `read_buf` holds at least one whole frame.
+    async fn fill_frame(&mut self) -> Result<(), ConnectionError> {
+        loop {
+            if let Some(len) = frame_len(&self.read_buf) {
+                if self.read_buf.len() >= len {
+                    return Ok(());
+                }
+                self.read_buf.reserve(len - self.read_buf.len());
+            } else {
+                self.read_buf.reserve(READ_CHUNK);
+            }
+            if self.socket.read_buf(&mut self.read_buf).await? == 0 {
+                return Err(ConnectionError::Io(io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+    }
+
+    /// Takes the whole frame at the front of `read_buf`: its tag and its body.
+    fn split_frame(&mut self) -> (u8, Bytes) {
+        let len = frame_len(&self.read_buf).unwrap_or(self.read_buf.len());
+        let frame = self.read_buf.split_to(len).freeze();
+        (frame[0], frame.slice(5..))
+    }
+
+    /// Reads one ordinary backend message; an ErrorResponse becomes `Err(Server)`.
+    async fn next_backend_message(&mut self) -> Result<backend::Message, ConnectionError> {
+        self.fill_frame().await?;
+        let message = backend::Message::parse(&mut self.read_buf)?.ok_or_else(|| {
+            ConnectionError::Protocol("incomplete frame after a full read".into())
+        })?;
+        match message {
+            backend::Message::ErrorResponse(body) => {
+                Err(ConnectionError::Server(server_error(body.fields())?))
+            }
+            other => Ok(other),
+        }
+    }
+}
+
+/// The length of the frame at the front of `buf` (tag byte included), once its header is in.
+fn frame_len(buf: &[u8]) -> Option<usize> {
+    let header: [u8; 4] = buf.get(1..5)?.try_into().ok()?;
+    Some(1 + u32::from_be_bytes(header) as usize)
+}
+
+/// The role to log in as: the one in the URL, else the OS user, as libpq does.
+pub fn user_name(config: &tokio_postgres::Config) -> String {
+    config
+        .get_user()
+        .map(str::to_owned)
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "postgres".to_owned())
+}
+
+fn text_row(row: &backend::DataRowBody) -> Result<TextRow, ConnectionError> {
+    let buffer = row.buffer();
+    let mut ranges = row.ranges();
+    let mut values = Vec::new();
+    while let Some(range) = ranges.next()? {
+        values.push(range.map(|r| String::from_utf8_lossy(&buffer[r]).into_owned()));
+    }
+    Ok(values)
+}
+
+fn server_error(mut fields: backend::ErrorFields<'_>) -> Result<ServerError, ConnectionError> {
+    let mut error =
+        ServerError { code: String::new(), message: String::new(), detail: None, hint: None };
+    while let Some(field) = fields.next()? {
+        let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
+        match field.type_() {
+            b'C' => error.code = value,
+            b'M' => error.message = value,
+            b'D' => error.detail = Some(value),
+            b'H' => error.hint = Some(value),
+            _ => {}
+        }
+    }
+    Ok(error)
+}
+
+fn unexpected(message: &backend::Message) -> ConnectionError {
+    ConnectionError::Protocol(message_name(message).to_owned())
+}
+
+fn message_name(message: &backend::Message) -> &'static str {
+    use backend::Message as M;
+    match message {
+        M::AuthenticationGss | M::AuthenticationGssContinue(_) => "GSSAPI authentication",
+        M::AuthenticationKerberosV5 => "Kerberos authentication",
+        M::AuthenticationSspi => "SSPI authentication",
+        M::AuthenticationScmCredential => "SCM credential authentication",
+        M::CopyInResponse(_) | M::CopyOutResponse(_) => "COPY response",
+        M::DataRow(_) => "DataRow",
+        M::RowDescription(_) => "RowDescription",
+        M::CommandComplete(_) => "CommandComplete",
+        M::ReadyForQuery(_) => "ReadyForQuery",
+        _ => "message",
+    }
+}
+
+/// Quotes a string for a replication command's option (`'a''b'`). The walsender's command
+/// grammar knows only standard strings, so `escape_literal`'s `E'…'` form cannot be used.
+fn command_literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_len_needs_the_whole_header() {
+        assert_eq!(frame_len(b"d\0\0\0"), None);
+        assert_eq!(frame_len(b"d\0\0\0\x08abcd"), Some(9));
+    }
+
+    #[test]
+    fn quoting_doubles_the_quote_character() {
+        assert_eq!(command_literal(&escape_identifier("it's")), "'\"it''s\"'");
+    }
+}

@@ -1,0 +1,155 @@
+//! Proof, while streaming, that the Postgres end of the replication connection still answers.
+//!
+//! Silence on the replication socket proves nothing: a walsender whose receiver confirmed
+//! everything sends nothing while the database is idle. TCP keepalive (see `conninfo`) finds
+//! a peer that vanished, but not a black hole behind a proxy or load balancer, where the
+//! kernel next door keeps acknowledging and nothing reaches the server. So every
+//! [`CHECK_EVERY`] this task asks Postgres, over an ordinary SQL connection to the same
+//! address, whether the slot is still held by our walsender:
+//! `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`. No answer within
+//! [`DEADLINE`], a lost connection, or another holder is a verdict the pipeline ends the
+//! attempt on; `commands::run` then reconnects and resumes from the slot, and nothing is
+//! lost because only acknowledged rows were ever confirmed.
+//!
+//! A black hole is found within `CHECK_EVERY + DEADLINE` (20 s) of starting. An error the
+//! server sends (a refused login, `idle_session_timeout`) proves the path alive and is only
+//! logged; the connection is opened again at the next check.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio_postgres::Client;
+use tracing::{debug, warn};
+
+use crate::postgres::tls::PgTls;
+
+/// How often the path to Postgres is checked.
+pub const CHECK_EVERY: Duration = Duration::from_secs(10);
+/// How long a check (connecting included) may take before the path counts as dead: a
+/// catalog lookup answers in milliseconds even on a busy server.
+pub const DEADLINE: Duration = Duration::from_secs(10);
+
+/// The running check, stopped when dropped (the attempt it watched is over).
+pub struct Liveness {
+    verdict: watch::Receiver<Option<String>>,
+    task: AbortHandle,
+}
+
+impl Liveness {
+    /// Starts checking that `slot` stays held by `walsender_pid` (when known), over a
+    /// connection made from `config`.
+    pub fn spawn(
+        config: &tokio_postgres::Config,
+        tls: &PgTls,
+        slot: &str,
+        walsender_pid: Option<i32>,
+    ) -> Liveness {
+        let (tell, verdict) = watch::channel(None);
+        let mut config = config.clone();
+        config.application_name("pgoutbox liveness check");
+        let task = match tls.client_config() {
+            Ok(rustls) => {
+                let slot = slot.to_owned();
+                let check = Check { config, rustls, slot, walsender_pid };
+                tokio::spawn(check.run(tell))
+            }
+            // The replication connection was just made with this very configuration.
+            Err(err) => {
+                warn!(error = %err, "no liveness check: Postgres TLS settings");
+                tokio::spawn(async move { drop(tell) })
+            }
+        };
+        Liveness { verdict, task: task.abort_handle() }
+    }
+
+    /// Changes to `Some(why)` once the path to Postgres is found dead.
+    pub fn verdict(&self) -> watch::Receiver<Option<String>> {
+        self.verdict.clone()
+    }
+}
+
+impl Drop for Liveness {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Check {
+    config: tokio_postgres::Config,
+    rustls: Option<rustls::ClientConfig>,
+    slot: String,
+    walsender_pid: Option<i32>,
+}
+
+impl Check {
+    async fn run(self, tell: watch::Sender<Option<String>>) {
+        let mut client = None;
+        let mut ticks = tokio::time::interval(CHECK_EVERY);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await; // the first tick is immediate; replication just proved the path
+        loop {
+            ticks.tick().await;
+            let verdict = match tokio::time::timeout(DEADLINE, self.once(&mut client)).await {
+                Err(_) => Some(format!("no answer to the liveness check in {DEADLINE:?}")),
+                Ok(Ok(verdict)) => verdict,
+                Ok(Err(err)) if err.as_db_error().is_some() => {
+                    warn!(error = %err, "liveness check refused by Postgres; trying again");
+                    client = None;
+                    None
+                }
+                Ok(Err(err)) => Some(format!("liveness check failed: {err}")),
+            };
+            if let Some(why) = verdict {
+                // Nobody listens once the attempt is over; the task ends either way.
+                let _ = tell.send(Some(why));
+                return;
+            }
+        }
+    }
+
+    /// One check: `Some(why)` when the slot is no longer ours.
+    async fn once(
+        &self,
+        client: &mut Option<Client>,
+    ) -> Result<Option<String>, tokio_postgres::Error> {
+        let connected = match client.take() {
+            Some(open) if !open.is_closed() => open,
+            _ => crate::postgres::admin::open(&self.config, self.rustls.clone()).await?,
+        };
+        let row = connected
+            .query_opt(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                &[&self.slot],
+            )
+            .await?;
+        *client = Some(connected);
+        let holder: Option<i32> = row.and_then(|r| r.get(0));
+        debug!(slot = %self.slot, ?holder, ours = ?self.walsender_pid, "liveness check");
+        Ok(verdict(&self.slot, self.walsender_pid, holder))
+    }
+}
+
+/// Whether the slot is still held by our walsender; `Some(why)` when not.
+fn verdict(slot: &str, ours: Option<i32>, holder: Option<i32>) -> Option<String> {
+    match (ours, holder) {
+        (_, None) => Some(format!("replication slot {slot} is no longer in use by our walsender")),
+        (Some(ours), Some(holder)) if ours != holder => Some(format!(
+            "replication slot {slot} is held by process {holder}, not by our walsender {ours}"
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::verdict;
+
+    #[test]
+    fn the_slot_must_stay_with_our_walsender() {
+        assert_eq!(verdict("s", Some(7), Some(7)), None);
+        assert_eq!(verdict("s", None, Some(7)), None, "pid unknown: any holder will do");
+        assert!(verdict("s", Some(7), Some(8)).unwrap().contains("process 8"));
+        assert!(verdict("s", Some(7), None).unwrap().contains("no longer in use"));
+    }
+}

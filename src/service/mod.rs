@@ -1,0 +1,9 @@
+//! The running service: the pipeline (the one loop, and the only place an LSN is
+//! confirmed), its errors, retention, the liveness check, telemetry and shutdown.
+
+pub mod error;
+pub mod liveness;
+pub mod pipeline;
+pub mod retention;
+pub mod shutdown;
+pub mod telemetry;

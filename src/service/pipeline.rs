@@ -1,0 +1,616 @@
+//! The one loop that moves rows from the WAL to JetStream and owns LSN bookkeeping.
+//!
+//! ```text
+//!  walsender ──XLogData──▶ pgoutput::parse ──Insert──▶ RowMapping::map ──▶ Publisher::publish
+//!      ▲                                                                       │ ack future
+//!      │ StandbyStatus(flush = LsnTracker::confirmed)                          ▼
+//!      └──────────────────────────── LsnTracker ◀── on_acked ◀── FIFO of acks, oldest first
+//! ```
+//! Rows are published as they arrive (a transaction is never held in memory) and up to
+//! [`MAX_IN_FLIGHT`] acks are outstanding. The flush position sent to Postgres comes only
+//! from [`LsnTracker::confirmed`], in [`Pipeline::send_status`]: that is the single place
+//! where an LSN is confirmed.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use std::str::FromStr;
+
+use async_nats::HeaderMap;
+use async_nats::header::HeaderValue;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::publish::PublishAck;
+use bytes::Bytes;
+use tracing::{debug, info, warn};
+
+use crate::domain::outbox::{DeadLetter, OutboxEvent, RefusedRows, Rejection, RowMapping};
+use crate::domain::progress::{LsnTracker, Position};
+use crate::domain::source::{SOURCE_HEADER, Source};
+use crate::domain::stall::Progress;
+use crate::nats::publisher::{
+    ADDED_HEADERS_ROOM, MAX_IN_FLIGHT, POSITION_HEADER, Publisher, refused_for_itself,
+};
+use crate::postgres::pgoutput::{Insert, LogicalMessage};
+use crate::postgres::wire::pg_now_micros;
+use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
+use crate::service::error::PipelineError;
+use crate::service::retention::{KeptRows, PublishedUpTo};
+use crate::service::shutdown::Shutdown;
+use crate::service::telemetry::Metrics;
+use crate::settings::config::PipelineConfig;
+
+/// How often the confirmed position is reported when it moved; when it did not, a report
+/// still goes out every [`ReplicationConnection::status_keepalive`].
+const STATUS_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a shutdown waits for acks of messages already sent.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// State that outlives one connection attempt.
+pub struct Memory {
+    /// What the stall detector watches.
+    pub progress: Arc<Progress>,
+    /// Counts lost NATS connections (see `commands::connect_nats_watched`).
+    pub nats_disconnects: tokio::sync::watch::Receiver<u64>,
+    /// Rows whose publish JetStream answered as a duplicate of an older message with the same
+    /// id: they are not stored again, and skipping them keeps the sequence guard in step.
+    pub duplicates: HashSet<Position>,
+    /// Rows JetStream refused for themselves: the next attempt publishes their dead letter.
+    pub refused: RefusedRows,
+    pub published: u64,
+    pub dead_letters: u64,
+    /// Shared with `--retention`: the commit time of the newest confirmed transaction.
+    pub published_up_to: PublishedUpTo,
+    /// Shared with `--retention`: rows whose dead letter lacks the payload stay in the table.
+    pub kept_rows: KeptRows,
+}
+
+impl Memory {
+    pub fn new(
+        progress: Arc<Progress>,
+        nats_disconnects: tokio::sync::watch::Receiver<u64>,
+    ) -> Self {
+        Memory {
+            progress,
+            nats_disconnects,
+            duplicates: HashSet::new(),
+            refused: RefusedRows::default(),
+            published: 0,
+            dead_letters: 0,
+            published_up_to: PublishedUpTo::default(),
+            kept_rows: KeptRows::default(),
+        }
+    }
+}
+
+type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
+
+struct InFlight {
+    ack: AckFuture,
+    /// The ack, when it was found ready before its turn (see `check_newest_ack`).
+    early: Option<Result<PublishAck, PublishError>>,
+    position: Position,
+    /// Kept until acknowledged, to be sent again after a duplicate (see
+    /// `resend_after_duplicate`); it shares the payload's buffer, so in-flight memory stays
+    /// within `--max-in-flight-bytes`.
+    message: Outgoing,
+}
+
+/// A message as sent, less its `Nats-Expected-Last-Sequence`.
+struct Outgoing {
+    subject: String,
+    headers: HeaderMap,
+    payload: Bytes,
+}
+
+struct Transaction {
+    commit_lsn: u64,
+    next_index: u32,
+}
+
+/// Where an attempt starts, and what the stream already holds.
+pub struct Resume {
+    /// The slot's `confirmed_flush_lsn`.
+    pub lsn: u64,
+    /// The stream's last sequence: the first publish expects it.
+    pub stream_sequence: u64,
+    /// Rows at or before this position are in the stream already (`crate::domain::source`).
+    pub skip_through: Option<Position>,
+    /// Named in every message's `Pgoutbox-Source` header.
+    pub source: Source,
+    /// The largest message the server and the stream accept (`StreamTail::message_limit`).
+    pub message_limit: usize,
+}
+
+pub struct Pipeline<'a> {
+    config: &'a PipelineConfig,
+    conn: ReplicationConnection,
+    publisher: &'a Publisher,
+    memory: &'a mut Memory,
+    tracker: LsnTracker,
+    in_flight: VecDeque<InFlight>,
+    /// Payload bytes of `in_flight`.
+    in_flight_bytes: usize,
+    /// Shared so that a row's mapping stays at hand while the row is published.
+    mappings: HashMap<u32, Option<Arc<RowMapping>>>,
+    transaction: Option<Transaction>,
+    /// Rows at or before this position are already in the stream.
+    skip_through: Option<Position>,
+    expected_last_sequence: u64,
+    /// `Pgoutbox-Source` of every message, rendered once.
+    source_header: HeaderValue,
+    /// How large a dead letter may be: the server's and the stream's limit, less the
+    /// headers `publish` adds.
+    letter_budget: usize,
+    reported: u64,
+    reported_at: Instant,
+    /// The furthest WAL position the server reported: lag is measured against it.
+    server_wal_end: u64,
+    /// Changes when the NATS connection is lost: the acks awaited on it will never come.
+    nats_disconnects: tokio::sync::watch::Receiver<u64>,
+    /// A decoded row could not be handed to NATS: it waits for the next attempt.
+    unsent_row: bool,
+    /// Becomes `Some(why)` when the path to Postgres is found dead (see `liveness`).
+    postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
+    metrics: Metrics,
+}
+
+/// How a pipeline run ended without error.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Shutdown was asked for; everything sent was acknowledged and confirmed.
+    Drained { confirmed: u64 },
+}
+
+impl<'a> Pipeline<'a> {
+    pub fn new(
+        config: &'a PipelineConfig,
+        conn: ReplicationConnection,
+        publisher: &'a Publisher,
+        memory: &'a mut Memory,
+        resume: Resume,
+        postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
+    ) -> Self {
+        let start_lsn = resume.lsn;
+        // Positions below the slot's start are never decoded again.
+        memory.duplicates.retain(|position| position.commit_lsn >= start_lsn);
+        let mut nats_disconnects = memory.nats_disconnects.clone();
+        nats_disconnects.mark_unchanged();
+        Pipeline {
+            nats_disconnects,
+            unsent_row: false,
+            postgres_dead,
+            config,
+            conn,
+            publisher,
+            memory,
+            tracker: LsnTracker::new(start_lsn),
+            in_flight: VecDeque::with_capacity(MAX_IN_FLIGHT),
+            in_flight_bytes: 0,
+            mappings: HashMap::new(),
+            transaction: None,
+            skip_through: resume.skip_through,
+            expected_last_sequence: resume.stream_sequence,
+            // Source fields are made header-safe in `Source::new`.
+            source_header: HeaderValue::from_str(&resume.source.to_string())
+                .unwrap_or_else(|_| HeaderValue::from("unknown")),
+            letter_budget: resume.message_limit.saturating_sub(ADDED_HEADERS_ROOM),
+            reported: start_lsn,
+            reported_at: Instant::now(),
+            server_wal_end: start_lsn,
+            metrics: Metrics::new(),
+        }
+    }
+
+    /// Streams until shutdown or an error. On error, what was acknowledged is still confirmed.
+    pub async fn run(mut self, shutdown: &mut Shutdown) -> Result<Ended, PipelineError> {
+        let result = self.stream(shutdown).await;
+        // Best effort: report what is safe, whatever happened.
+        let _ = self.send_status(false).await;
+        // Messages sent and not acknowledged, or a row that could not even be sent, wait for
+        // the next attempt; a lost connection with nothing in flight leaves nothing waiting.
+        let waiting = self.unsent_row || self.tracker.in_flight() > 0;
+        self.memory.progress.record(self.tracker.confirmed(), waiting);
+        match result {
+            Ok(()) => {
+                let confirmed = self.tracker.confirmed();
+                self.conn.close().await;
+                Ok(Ended::Drained { confirmed })
+            }
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn stream(&mut self, shutdown: &mut Shutdown) -> Result<(), PipelineError> {
+        let mut tick = tokio::time::interval(STATUS_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            // One message always fits, whatever its size; then the count and the bytes bound.
+            let room = self.in_flight.is_empty()
+                || (self.in_flight.len() < MAX_IN_FLIGHT
+                    && self.in_flight_bytes < self.config.max_in_flight_bytes);
+            tokio::select! {
+                biased;
+                () = shutdown.requested() => return self.drain().await,
+                ack = oldest_ack(&mut self.in_flight) => self.on_ack(ack).await?,
+                Ok(()) = self.nats_disconnects.changed() => {
+                    if !self.in_flight.is_empty() {
+                        Metrics::publish_error("connection");
+                    }
+                    return Err(PipelineError::Nats(
+                        "the connection to NATS was lost, and with it the acks awaited".into(),
+                    ));
+                }
+                Ok(()) = self.postgres_dead.changed() => {
+                    if let Some(why) = self.postgres_dead.borrow_and_update().clone() {
+                        return Err(ConnectionError::Unresponsive(why).into());
+                    }
+                }
+                message = self.conn.next_message(), if room => match message? {
+                    ReplicationMessage::XLogData { data, wal_end, .. } => {
+                        self.server_wal_end = self.server_wal_end.max(wal_end);
+                        self.on_wal(data).await?;
+                    }
+                    ReplicationMessage::Keepalive { wal_end, reply_requested } => {
+                        self.server_wal_end = self.server_wal_end.max(wal_end);
+                        if self.transaction.is_none() {
+                            self.tracker.on_keepalive(wal_end);
+                        }
+                        if reply_requested {
+                            self.send_status(false).await?;
+                        }
+                    }
+                },
+                _ = tick.tick() => {
+                    self.check_newest_ack()?;
+                    self.update_gauges();
+                    let moved = self.tracker.confirmed() != self.reported;
+                    if moved || self.reported_at.elapsed() >= self.conn.status_keepalive() {
+                        self.send_status(false).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops taking changes and waits (bounded) for the acks of what was sent. A drain that
+    /// cannot finish is an error that ends `run` non-zero: what was not acknowledged was not
+    /// confirmed and is published again on the next start, and the exit status says so.
+    async fn drain(&mut self) -> Result<(), PipelineError> {
+        let waiting = self.in_flight.len();
+        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+        while !self.in_flight.is_empty() {
+            let left = self.in_flight.len();
+            let acked =
+                match tokio::time::timeout_at(deadline, oldest_ack(&mut self.in_flight)).await {
+                    Ok(ack) => self.on_ack(ack).await,
+                    Err(_) => Err(PipelineError::Nats(format!("no ack within {DRAIN_TIMEOUT:?}"))),
+                };
+            if let Err(cause) = acked {
+                return Err(PipelineError::DrainIncomplete { left, cause: Box::new(cause) });
+            }
+        }
+        info!(
+            drained = waiting,
+            confirmed = %lsn(self.tracker.confirmed()),
+            "shutdown: drained in-flight messages"
+        );
+        Ok(())
+    }
+
+    async fn on_ack(&mut self, ack: Result<PublishAck, PublishError>) -> Result<(), PipelineError> {
+        let Some(done) = self.in_flight.pop_front() else {
+            return Ok(());
+        };
+        let bytes = done.message.payload.len();
+        self.in_flight_bytes -= bytes;
+        let ack = ack.map_err(|err| self.refused(done.position, &err))?;
+        self.metrics.rows_published.increment(1);
+        self.metrics.bytes_published.increment(bytes as u64);
+        self.tracker.on_acked();
+        self.observe_confirmed();
+        if ack.duplicate {
+            warn!(position = %done.position, sequence = ack.sequence,
+                "JetStream already had a message with this row's id; not stored again");
+            self.memory.duplicates.insert(done.position);
+            self.resend_after_duplicate().await?;
+        }
+        Ok(())
+    }
+
+    /// JetStream did not store a duplicate, so every message sent after it expected one
+    /// sequence too many and is refused as out of order. Rather than ending the attempt
+    /// (and having Postgres decode everything again, once per duplicate), wait for those
+    /// refusals and send the same messages again, chained to the stream's real end. The
+    /// tracker's counts do not change: the same messages stay in flight, in the same order.
+    async fn resend_after_duplicate(&mut self) -> Result<(), PipelineError> {
+        let stale = std::mem::take(&mut self.in_flight);
+        // The duplicate and every message behind it each counted one stored message.
+        self.expected_last_sequence -= 1 + stale.len() as u64;
+        self.in_flight_bytes = 0;
+        for entry in stale {
+            let refusal = match entry.early {
+                Some(ack) => ack,
+                None => entry.ack.await,
+            };
+            match refusal {
+                Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {}
+                // Not stored either (JetStream checks duplicates first): sent again, it is
+                // acknowledged as a duplicate in its turn.
+                Ok(ack) if ack.duplicate => {}
+                Ok(_) => {
+                    return Err(PipelineError::Nats(
+                        "a message chained behind a duplicate was stored: another writer on \
+                         the stream?"
+                            .into(),
+                    ));
+                }
+                Err(err) => return Err(self.refused(entry.position, &err)),
+            }
+            self.send(entry.message, entry.position).await.map_err(|err| {
+                self.unsent_row = true;
+                PipelineError::Nats(err.to_string())
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Acks are consumed oldest first, but when the oldest waits for its timeout (it went to
+    /// a stream leader that died), the ones after it are refused at once (no leader yet).
+    /// Looking at the newest ack every tick ends such an attempt within 100 ms instead of
+    /// after the ack timeout; any refused ack means the attempt must restart anyway.
+    fn check_newest_ack(&mut self) -> Result<(), PipelineError> {
+        use futures_util::FutureExt;
+        if self.in_flight.len() < 2 {
+            return Ok(());
+        }
+        let Some(newest) = self.in_flight.back_mut().filter(|n| n.early.is_none()) else {
+            return Ok(());
+        };
+        let position = newest.position;
+        match (&mut newest.ack).now_or_never() {
+            Some(Err(err)) => Err(self.refused(position, &err)),
+            ready => {
+                newest.early = ready;
+                Ok(())
+            }
+        }
+    }
+
+    /// Records commit-to-ack latency for the transactions that just became confirmable.
+    fn observe_confirmed(&mut self) {
+        let now = pg_now_micros();
+        for commit_time in self.tracker.take_confirmed_commit_times() {
+            let seconds = (now - commit_time).max(0) as f64 / 1e6;
+            self.metrics.commit_to_ack.record(seconds);
+            self.memory.published_up_to.advance(commit_time);
+        }
+    }
+
+    fn update_gauges(&mut self) {
+        let confirmed = self.tracker.confirmed();
+        self.memory.progress.record(confirmed, self.tracker.in_flight() > 0);
+        self.metrics.messages_in_flight.set(self.tracker.in_flight() as f64);
+        self.metrics.confirmed_lsn.set(confirmed as f64);
+        let lag = self.server_wal_end.saturating_sub(confirmed);
+        self.metrics.replication_lag_bytes.set(lag as f64);
+    }
+
+    async fn on_wal(&mut self, data: Bytes) -> Result<(), PipelineError> {
+        match LogicalMessage::parse(&data)? {
+            LogicalMessage::Begin(begin) => {
+                if self.transaction.is_some() {
+                    return Err(PipelineError::Protocol("Begin inside a transaction"));
+                }
+                self.transaction = Some(Transaction { commit_lsn: begin.final_lsn, next_index: 0 });
+            }
+            LogicalMessage::Commit(commit) => {
+                if self.transaction.take().is_none() {
+                    return Err(PipelineError::Protocol("Commit outside a transaction"));
+                }
+                self.tracker.on_commit(commit.end_lsn, commit.commit_time);
+                self.metrics.transactions.increment(1);
+                self.observe_confirmed();
+            }
+            LogicalMessage::Relation(relation) => {
+                let ours =
+                    relation.namespace == self.config.schema && relation.name == self.config.table;
+                let mapping = if ours {
+                    let config = self.config;
+                    Some(Arc::new(RowMapping::new(&relation, &config.roles, &config.template)?))
+                } else {
+                    None
+                };
+                debug!(rel_id = relation.rel_id, ours, "relation");
+                self.mappings.insert(relation.rel_id, mapping);
+            }
+            LogicalMessage::Insert(insert) => self.on_insert(insert).await?,
+            LogicalMessage::Origin(_)
+            | LogicalMessage::Type(_)
+            | LogicalMessage::Update { .. }
+            | LogicalMessage::Delete { .. }
+            | LogicalMessage::Truncate(_)
+            | LogicalMessage::Message(_) => {}
+        }
+        Ok(())
+    }
+
+    async fn on_insert(&mut self, insert: Insert) -> Result<(), PipelineError> {
+        let Some(transaction) = self.transaction.as_mut() else {
+            return Err(PipelineError::Protocol("Insert outside a transaction"));
+        };
+        let position =
+            Position { commit_lsn: transaction.commit_lsn, index: transaction.next_index };
+        transaction.next_index += 1;
+        let mapping = match self.mappings.get(&insert.rel_id) {
+            Some(Some(mapping)) => Arc::clone(mapping),
+            Some(None) => return Ok(()), // another table in the publication
+            None => {
+                return Err(PipelineError::Protocol("Insert for a relation never described"));
+            }
+        };
+        if self.skip_through.is_some_and(|last| position <= last)
+            || self.memory.duplicates.contains(&position)
+        {
+            return Ok(());
+        }
+        let reason = match self.memory.refused.get(&position) {
+            Some(refused) => refused.clone(),
+            None => match mapping.map(&insert.tuple) {
+                Ok(event) => match self.publish(event, position).await {
+                    Ok(()) => {
+                        self.memory.published += 1;
+                        return Ok(());
+                    }
+                    Err(err) => match refused_for_itself(&err) {
+                        Some(why) => Rejection(why),
+                        None => {
+                            self.unsent_row = true;
+                            return Err(PipelineError::Nats(err.to_string()));
+                        }
+                    },
+                },
+                Err(reason) => reason,
+            },
+        };
+        let subject = &self.config.dead_letter_subject;
+        let letter =
+            mapping.dead_letter(&insert.tuple, position, &reason, subject, self.letter_budget);
+        self.publish_dead_letter(letter, position).await
+    }
+
+    /// Publishes a row's dead letter in its place. It was built to fit, so only a transient
+    /// error can keep it from being sent; that one is retried like any other.
+    async fn publish_dead_letter(
+        &mut self,
+        letter: DeadLetter,
+        position: Position,
+    ) -> Result<(), PipelineError> {
+        let DeadLetter { event, reason, payload_omitted, row_id } = letter;
+        warn!(position = %position, id = %event.id, reason = %reason, payload_omitted,
+            subject = %event.subject, "row sent to the dead-letter subject");
+        if let Err(err) = self.publish(event, position).await {
+            self.unsent_row = true;
+            return Err(match refused_for_itself(&err) {
+                Some(why) => PipelineError::DeadLetter(why),
+                None => PipelineError::Nats(err.to_string()),
+            });
+        }
+        if payload_omitted && let Some(id) = row_id {
+            // Kept before its ack can move `published_up_to` past it.
+            self.memory.kept_rows.keep(id);
+        }
+        self.memory.dead_letters += 1;
+        self.metrics.dead_letters.increment(1);
+        Ok(())
+    }
+
+    /// The error that ends an attempt whose publish at `position` was not acknowledged.
+    /// A refusal of the message itself is remembered in [`Memory::refused`], so that the
+    /// next attempt publishes the row's dead letter in its place (the slot sends the row
+    /// again, since nothing past it was confirmed): the row is retried once, not forever.
+    /// Refused again, it was the dead letter that was refused, and pgoutbox stops.
+    fn refused(&mut self, position: Position, err: &PublishError) -> PipelineError {
+        let message = unacknowledged(err);
+        match refused_for_itself(err) {
+            Some(why) if self.memory.refused.get(&position).is_some() => {
+                PipelineError::DeadLetter(format!("{why} (position {position})"))
+            }
+            Some(why) => {
+                warn!(position = %position, reason = %why,
+                    "JetStream refused the row; its dead letter goes in its place on retry");
+                self.memory.refused.insert(position, Rejection(why));
+                PipelineError::Nats(message)
+            }
+            None => PipelineError::Nats(message),
+        }
+    }
+
+    /// Hands one message to JetStream, chained to the previous one by sequence.
+    async fn publish(
+        &mut self,
+        event: OutboxEvent,
+        position: Position,
+    ) -> Result<(), PublishError> {
+        let OutboxEvent { subject, mut headers, payload, .. } = event;
+        headers.insert(POSITION_HEADER, position.to_string());
+        headers.insert(SOURCE_HEADER, self.source_header.clone());
+        self.send(Outgoing { subject, headers, payload }, position).await?;
+        self.tracker.on_sent();
+        Ok(())
+    }
+
+    /// Sends `message` with the next expected sequence and keeps it in flight.
+    async fn send(&mut self, message: Outgoing, position: Position) -> Result<(), PublishError> {
+        let mut headers = message.headers.clone();
+        headers.insert(
+            async_nats::header::NATS_EXPECTED_LAST_SEQUENCE,
+            self.expected_last_sequence.to_string(),
+        );
+        let ack = self
+            .publisher
+            .publish(message.subject.clone(), headers, message.payload.clone())
+            .await?;
+        self.expected_last_sequence += 1;
+        self.in_flight_bytes += message.payload.len();
+        self.in_flight.push_back(InFlight {
+            ack: ack.into_future(),
+            early: None,
+            position,
+            message,
+        });
+        Ok(())
+    }
+
+    /// Reports [`LsnTracker::confirmed`] to Postgres: the only place an LSN is confirmed.
+    async fn send_status(&mut self, reply_requested: bool) -> Result<(), PipelineError> {
+        let confirmed = self.tracker.confirmed();
+        self.conn
+            .send_status(StandbyStatus { confirmed, now_micros: pg_now_micros(), reply_requested })
+            .await?;
+        if confirmed != self.reported {
+            debug!(confirmed = %lsn(confirmed), in_flight = self.tracker.in_flight(), "confirmed");
+        }
+        self.reported = confirmed;
+        self.reported_at = Instant::now();
+        Ok(())
+    }
+}
+
+/// Why a publish was not acknowledged, in the words an operator needs; also counted in
+/// `pgoutbox_publish_errors_total` by kind.
+fn unacknowledged(err: &PublishError) -> String {
+    Metrics::publish_error(match err.kind() {
+        PublishErrorKind::TimedOut => "timeout",
+        PublishErrorKind::StreamNotFound => "no_leader",
+        PublishErrorKind::WrongLastSequence => "out_of_order",
+        PublishErrorKind::BrokenPipe => "connection",
+        _ => "other",
+    });
+    match err.kind() {
+        // Nothing subscribes to the subject: on a cluster, the stream has no leader yet.
+        PublishErrorKind::StreamNotFound => "publish not acknowledged: no JetStream server \
+            answers for the stream (a leader election under way, quorum lost, or the stream \
+            was deleted)"
+            .to_owned(),
+        _ => format!("publish not acknowledged: {err}"),
+    }
+}
+
+/// Waits for the oldest ack; never resolves when nothing is in flight. Cancel-safe: the
+/// boxed future keeps its state across polls.
+async fn oldest_ack(in_flight: &mut VecDeque<InFlight>) -> Result<PublishAck, PublishError> {
+    match in_flight.front_mut() {
+        Some(oldest) => match oldest.early.take() {
+            Some(ack) => ack,
+            None => (&mut oldest.ack).await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+fn lsn(value: u64) -> tokio_postgres::types::PgLsn {
+    value.into()
+}

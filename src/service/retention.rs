@@ -1,0 +1,174 @@
+//! `--retention`: deleting outbox rows that are old *and* already published, in small
+//! batches, so the table does not grow forever.
+//!
+//! "Published" is known from the pipeline: it records the commit time of the newest
+//! transaction confirmed to Postgres; transactions are published in commit order, so every
+//! row committed before it is in JetStream. A row is deleted only when its created-at
+//! column is older than that commit time minus the retention. (A keepalive confirmed while
+//! idle says nothing about *when* the rows behind it committed, so it does not count: on an
+//! idle outbox the last rows wait for the next transaction.) This assumes no transaction writing the outbox stays open longer than the
+//! retention (its rows could carry an older created_at than their commit). Logical
+//! decoding reads the WAL, not the table, so even then no event would be lost: only the
+//! copy kept in the table for manual recovery.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use tracing::{info, warn};
+
+use crate::domain::outbox::TRUNCATED;
+use crate::postgres::admin::{self, TableName};
+use crate::postgres::wire::PG_EPOCH_OFFSET_MICROS;
+use crate::service::shutdown::Shutdown;
+use postgres_protocol::escape::escape_identifier as quote_ident;
+
+/// Rows deleted per statement: short transactions, short locks.
+const BATCH: i64 = 1_000;
+
+/// The commit time of the newest transaction confirmed to Postgres, in µs since
+/// 2000-01-01; 0 until the pipeline confirmed something.
+#[derive(Clone, Default)]
+pub struct PublishedUpTo(Arc<AtomicI64>);
+
+impl PublishedUpTo {
+    pub fn advance(&self, pg_micros: i64) {
+        self.0.fetch_max(pg_micros, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> Option<i64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|t| *t > 0)
+    }
+}
+
+/// Rows never to delete: those whose dead letter lacks the payload (it was too large to
+/// fit), so the table holds the only copy. Filled from the stream's dead letters at start
+/// and by the pipeline as it publishes more.
+#[derive(Clone, Default)]
+pub struct KeptRows(Arc<Mutex<Kept>>);
+
+#[derive(Default)]
+struct Kept {
+    ids: HashSet<String>,
+    /// Ids a dead letter had to shorten (over 256 bytes): rows starting with one are kept.
+    prefixes: HashSet<String>,
+}
+
+impl KeptRows {
+    pub fn keep(&self, id: String) {
+        if let Ok(mut kept) = self.0.lock() {
+            kept.ids.insert(id);
+        }
+    }
+
+    /// An id as a dead letter's body gives it, which may be shortened.
+    pub fn keep_letter_id(&self, id: &str) {
+        match id.strip_suffix(TRUNCATED) {
+            Some(prefix) => {
+                if let Ok(mut kept) = self.0.lock() {
+                    kept.prefixes.insert(prefix.to_owned());
+                }
+            }
+            None => self.keep(id.to_owned()),
+        }
+    }
+
+    /// The ids and the id prefixes to keep, as query parameters.
+    fn snapshot(&self) -> (Vec<String>, Vec<String>) {
+        match self.0.lock() {
+            Ok(kept) => {
+                (kept.ids.iter().cloned().collect(), kept.prefixes.iter().cloned().collect())
+            }
+            Err(_) => (Vec::new(), Vec::new()),
+        }
+    }
+}
+
+/// The columns retention reads.
+pub struct Columns {
+    pub created_at: String,
+    pub id: String,
+}
+
+/// Deletes published rows older than `keep` until shutdown; errors are logged and retried.
+/// Rows in `kept` are never deleted.
+#[allow(clippy::too_many_arguments)]
+pub async fn run(
+    database: tokio_postgres::Config,
+    tls: crate::postgres::tls::PgTls,
+    table: TableName,
+    columns: Columns,
+    keep: Duration,
+    published: PublishedUpTo,
+    kept: KeptRows,
+    mut shutdown: Shutdown,
+) {
+    let every = (keep / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    let deleted_total = metrics::counter!("pgoutbox_retention_deleted_total");
+    let sql = format!(
+        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
+         WHERE {created_at} < to_timestamp($1::float8) AND NOT ({id}::text = ANY($2::text[])) \
+           AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS p WHERE starts_with({id}::text, p)) \
+         LIMIT {BATCH}))",
+        table = table.quoted(),
+        created_at = quote_ident(&columns.created_at),
+        id = quote_ident(&columns.id),
+    );
+    let mut client = None;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = shutdown.requested() => return,
+        }
+        let Some(published_at) = published.get() else { continue };
+        let cutoff_unix = (published_at + PG_EPOCH_OFFSET_MICROS) as f64 / 1e6 - keep.as_secs_f64();
+        if client.is_none() {
+            match admin::connect(&database, &tls).await {
+                Ok(c) => client = Some(c),
+                Err(err) => {
+                    warn!(error = %err, "retention: cannot connect; will retry");
+                    continue;
+                }
+            }
+        }
+        let Some(db) = client.as_ref() else { continue };
+        let mut deleted = 0;
+        let (kept_ids, kept_prefixes) = kept.snapshot();
+        loop {
+            match db.execute(&sql, &[&cutoff_unix, &kept_ids, &kept_prefixes]).await {
+                Ok(n) => {
+                    deleted += n;
+                    if n < BATCH as u64 {
+                        break;
+                    }
+                }
+                Err(err) => {
+                    warn!(error = %err, "retention: delete failed; will retry");
+                    client = None;
+                    break;
+                }
+            }
+        }
+        if deleted > 0 {
+            deleted_total.increment(deleted);
+            info!(deleted, table = %table, "retention: deleted published rows");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn published_time_only_moves_forward() {
+        let p = PublishedUpTo::default();
+        assert_eq!(p.get(), None);
+        p.advance(10);
+        p.advance(5);
+        assert_eq!(p.get(), Some(10));
+    }
+}

@@ -1,0 +1,249 @@
+//! The ops surface over HTTP: `/metrics` (Prometheus text), `/healthz` (alive) and
+//! `/readyz` (streaming from Postgres and connected to NATS, else 503 with the reason).
+//!
+//! Metrics go through the `metrics` facade; [`Metrics`] keeps the handles so the pipeline
+//! updates them with an atomic add, without a registry lookup per row.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::domain::stall::{Progress, StallDetector};
+
+/// Where `/metrics`, `/healthz` and `/readyz` are served unless `--http-addr` says otherwise.
+pub const DEFAULT_HTTP_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], 9717);
+
+/// The replication connection's `application_name` names where its process serves HTTP,
+/// e.g. `pgoutbox@127.0.0.1:9717`: `status` finds the slot holder's `/metrics` through
+/// `pg_stat_replication`, and a DBA sees where to look.
+pub const ADVERTISED_PREFIX: &str = "pgoutbox@";
+
+/// The HTTP address a slot holder advertised in its `application_name`, made reachable
+/// (see [`reachable`]) from the address it connected to Postgres from.
+pub fn advertised_http_addr(
+    application_name: &str,
+    client_addr: Option<&str>,
+) -> Option<SocketAddr> {
+    let addr: SocketAddr = application_name.strip_prefix(ADVERTISED_PREFIX)?.parse().ok()?;
+    let host = client_addr.and_then(|c| c.split('/').next()?.parse().ok());
+    Some(reachable(addr, host))
+}
+
+/// Where to reach a listen address: one that listens on every interface is reached on
+/// `host` (its machine), or on loopback when that is unknown.
+pub fn reachable(addr: SocketAddr, host: Option<std::net::IpAddr>) -> SocketAddr {
+    match addr.ip().is_unspecified() {
+        true => {
+            SocketAddr::new(host.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])), addr.port())
+        }
+        false => addr,
+    }
+}
+
+/// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream ack
+/// of its last message.
+const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
+const LATENCY_BUCKETS: &[f64] =
+    &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// The pipeline's instruments.
+#[derive(Clone)]
+pub struct Metrics {
+    pub rows_published: Counter,
+    pub bytes_published: Counter,
+    pub transactions: Counter,
+    pub dead_letters: Counter,
+    pub messages_in_flight: Gauge,
+    pub confirmed_lsn: Gauge,
+    pub replication_lag_bytes: Gauge,
+    pub commit_to_ack: Histogram,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        Metrics {
+            rows_published: counter!("pgoutbox_rows_published_total"),
+            bytes_published: counter!("pgoutbox_bytes_published_total"),
+            transactions: counter!("pgoutbox_transactions_total"),
+            dead_letters: counter!("pgoutbox_dead_letters_total"),
+            messages_in_flight: gauge!("pgoutbox_messages_in_flight"),
+            confirmed_lsn: gauge!("pgoutbox_confirmed_lsn"),
+            replication_lag_bytes: gauge!("pgoutbox_replication_lag_bytes"),
+            commit_to_ack: histogram!(COMMIT_TO_ACK),
+        }
+    }
+
+    /// A publish that was not acknowledged, by kind (timeout, refused, ...).
+    pub fn publish_error(kind: &str) {
+        counter!("pgoutbox_publish_errors_total", "kind" => kind.to_owned()).increment(1);
+    }
+
+    /// A reconnection after a failure of `target` (postgres or nats).
+    pub fn reconnect(target: &'static str) {
+        counter!("pgoutbox_reconnects_total", "target" => target).increment(1);
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What `/readyz` answers from.
+#[derive(Default)]
+pub struct Readiness {
+    streaming: AtomicBool,
+    nats: Mutex<Option<async_nats::Client>>,
+    stalled: Mutex<Option<String>>,
+    /// Why the last connection attempt ended, while pgoutbox waits to reconnect.
+    retrying_after: Mutex<Option<String>>,
+}
+
+impl Readiness {
+    pub fn set_streaming(&self, streaming: bool) {
+        if streaming && let Ok(mut reason) = self.retrying_after.lock() {
+            *reason = None;
+        }
+        self.streaming.store(streaming, Ordering::Relaxed);
+        gauge!("pgoutbox_streaming").set(f64::from(u8::from(streaming)));
+    }
+
+    pub fn set_nats(&self, client: async_nats::Client) {
+        if let Ok(mut nats) = self.nats.lock() {
+            *nats = Some(client);
+        }
+    }
+
+    /// Records why streaming stopped, for `/readyz` to say until it resumes.
+    pub fn set_retrying_after(&self, error: String) {
+        if let Ok(mut reason) = self.retrying_after.lock() {
+            *reason = Some(error);
+        }
+    }
+
+    /// Records the stall detector's verdict: `Some(reason)` while stalled.
+    pub fn set_stalled(&self, reason: Option<String>) {
+        gauge!("pgoutbox_stalled").set(f64::from(u8::from(reason.is_some())));
+        if let Ok(mut stalled) = self.stalled.lock() {
+            *stalled = reason;
+        }
+    }
+
+    /// `Ok` when ready, else why not.
+    pub fn check(&self) -> Result<(), String> {
+        if let Some(reason) = self.stalled.lock().ok().and_then(|s| s.clone()) {
+            return Err(reason);
+        }
+        let nats_connected = self
+            .nats
+            .lock()
+            .ok()
+            .and_then(|n| n.as_ref().map(|c| c.connection_state()))
+            .is_some_and(|s| s == async_nats::connection::State::Connected);
+        let streaming = self.streaming.load(Ordering::Relaxed);
+        let not_streaming = match self.retrying_after.lock().ok().and_then(|r| r.clone()) {
+            Some(error) => format!("not streaming, reconnecting after: {error}"),
+            None => "not streaming from Postgres".to_owned(),
+        };
+        match (streaming, nats_connected) {
+            (true, true) => Ok(()),
+            (false, true) => Err(not_streaming),
+            (true, false) => Err("not connected to NATS".into()),
+            (false, false) => Err(format!("{not_streaming}; not connected to NATS")),
+        }
+    }
+}
+
+/// Installs the Prometheus recorder; call once, before any metric is touched.
+pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+    Ok(PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(COMMIT_TO_ACK.into()), LATENCY_BUCKETS)?
+        .install_recorder()?)
+}
+
+#[derive(Clone)]
+struct AppState {
+    prometheus: PrometheusHandle,
+    readiness: Arc<Readiness>,
+}
+
+/// Binds `addr` (failing now if it cannot) and serves until the process ends; returns the
+/// address bound.
+pub async fn serve(
+    addr: SocketAddr,
+    prometheus: PrometheusHandle,
+    readiness: Arc<Readiness>,
+) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let addr = listener.local_addr()?;
+    let app = Router::new()
+        .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .with_state(AppState { prometheus, readiness });
+    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(error = %err, "HTTP server stopped");
+        }
+    });
+    Ok(addr)
+}
+
+async fn metrics_text(State(state): State<AppState>) -> String {
+    state.prometheus.run_upkeep();
+    state.prometheus.render()
+}
+
+async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
+    match state.readiness.check() {
+        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    }
+}
+
+/// How often [`watch_stalls`] looks at [`Progress`].
+const STALL_WATCH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Judges `progress` every 250 ms for as long as the process runs; reports to `/readyz`,
+/// `pgoutbox_stalled` and `pgoutbox_last_confirmation_age_seconds`.
+pub async fn watch_stalls(progress: Arc<Progress>, readiness: Arc<Readiness>, timeout: Duration) {
+    let mut detector = StallDetector::new(timeout, Instant::now());
+    let age = metrics::gauge!("pgoutbox_last_confirmation_age_seconds");
+    let mut tick = tokio::time::interval(STALL_WATCH_INTERVAL);
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        let (confirmed, waiting) = progress.read();
+        readiness.set_stalled(detector.observe(confirmed, waiting, now));
+        age.set(detector.age(now).as_secs_f64());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertised_http_addr;
+
+    #[test]
+    fn the_advertised_address_is_read_back_from_application_name() {
+        let addr = |name, client| advertised_http_addr(name, client).map(|a| a.to_string());
+        assert_eq!(addr("pgoutbox@127.0.0.1:9717", None).as_deref(), Some("127.0.0.1:9717"));
+        assert_eq!(addr("pgoutbox@[::1]:80", None).as_deref(), Some("[::1]:80"));
+        assert_eq!(
+            addr("pgoutbox@0.0.0.0:9717", Some("10.1.2.3/32")).as_deref(),
+            Some("10.1.2.3:9717")
+        );
+        assert_eq!(addr("pgoutbox@0.0.0.0:9717", None).as_deref(), Some("127.0.0.1:9717"));
+        assert_eq!(addr("pgoutbox", None), None);
+        assert_eq!(addr("psql", Some("10.1.2.3")), None);
+    }
+}

@@ -1,0 +1,183 @@
+//! Command-line arguments → validated settings. Every user mistake is caught here, with a
+//! message that says what to change.
+
+use anyhow::{Context, anyhow};
+
+use crate::domain::outbox::{ColumnRoles, SubjectTemplate};
+use crate::nats::connect::{NatsAuth, NatsSettings};
+use crate::postgres::admin::TableName;
+use crate::postgres::conninfo::percent_decode;
+use crate::settings::cli::CommonArgs;
+
+pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
+/// `run --max-in-flight-bytes`'s default; other commands never publish.
+const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 32 << 20;
+
+/// Validated settings. Holds no raw URL: the Postgres config's `Debug` hides the password.
+pub struct Config {
+    pub database: tokio_postgres::Config,
+    pub pg_tls: crate::postgres::tls::PgTls,
+    pub nats: NatsSettings,
+    pub table: TableName,
+    pub slot: String,
+    pub publication: String,
+    pub stream: String,
+    pub stream_replicas: usize,
+    pub pipeline: PipelineConfig,
+}
+
+/// Where rows come from and how they become messages.
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    pub schema: String,
+    pub table: String,
+    pub roles: ColumnRoles,
+    pub template: SubjectTemplate,
+    pub dead_letter_subject: String,
+    /// Stop reading WAL while this many payload bytes wait for acks (`--max-in-flight-bytes`).
+    pub max_in_flight_bytes: usize,
+}
+
+/// Looks a variable up; a seam so tests need not touch the process environment.
+pub trait Env {
+    fn var(&self, name: &str) -> Option<String>;
+}
+
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok().filter(|v| !v.is_empty())
+    }
+}
+
+impl Config {
+    pub fn from_args(args: &CommonArgs, env: &dyn Env) -> anyhow::Result<Config> {
+        let database_url = args
+            .database_url
+            .clone()
+            .or_else(|| env.var("PGOUTBOX_DATABASE_URL"))
+            .or_else(|| env.var("DATABASE_URL"))
+            .ok_or_else(|| {
+                anyhow!("no database given: pass --database-url or set PGOUTBOX_DATABASE_URL")
+            })?;
+        let (database_url, pg_tls) = crate::postgres::tls::split_connection_string(&database_url)
+            .map_err(|err| anyhow!("--database-url: {err}"))?;
+        let (database_url, tcp) = crate::postgres::conninfo::split_tcp_settings(&database_url)
+            .map_err(|err| anyhow!("--database-url: {err}"))?;
+        let mut database: tokio_postgres::Config = database_url.parse().map_err(|err| {
+            anyhow!("--database-url is not a valid Postgres connection string: {err}")
+        })?;
+        database.ssl_mode(pg_tls.tokio_postgres_mode());
+        tcp.apply(&mut database);
+        let nats_url = args
+            .nats_url
+            .clone()
+            .or_else(|| env.var("PGOUTBOX_NATS_URL"))
+            .or_else(|| env.var("NATS_URL"))
+            .unwrap_or_else(|| DEFAULT_NATS_URL.to_owned());
+        let nats_servers = nats_url
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.parse::<async_nats::ServerAddr>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|err| anyhow!("--nats-url is not a valid NATS server list: {err}"))?;
+        if nats_servers.is_empty() {
+            return Err(anyhow!("--nats-url names no server"));
+        }
+        let auth = nats_auth(args, &nats_servers[0]);
+        let table: TableName = args.table.parse().map_err(|e: String| anyhow!("--table: {e}"))?;
+        let template: SubjectTemplate =
+            args.subject_template.parse().context("--subject-template")?;
+        check_name("--slot", &args.slot, |c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'
+        })?;
+        check_name("--stream", &args.stream, |c| !c.is_whitespace() && !".*>/\\".contains(c))?;
+        check_subject("--dead-letter-subject", &args.dead_letter_subject)?;
+        let roles = ColumnRoles {
+            id: args.id_column.clone(),
+            payload: args.payload_column.clone(),
+            headers: args.headers_column.clone(),
+            aggregate_type: args.aggregate_type_column.clone(),
+            aggregate_id: args.aggregate_id_column.clone(),
+            event_type: args.event_type_column.clone(),
+            created_at: args.created_at_column.clone(),
+        };
+        Ok(Config {
+            database,
+            pg_tls,
+            nats: NatsSettings { servers: nats_servers, auth },
+            pipeline: PipelineConfig {
+                schema: table.schema.clone(),
+                table: table.name.clone(),
+                roles,
+                template,
+                dead_letter_subject: args.dead_letter_subject.clone(),
+                max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+            },
+            table,
+            slot: args.slot.clone(),
+            publication: args.publication.clone(),
+            stream: args.stream.clone(),
+            stream_replicas: args.stream_replicas.max(1),
+        })
+    }
+
+    /// The subjects the stream must cover: the template's wildcard and the dead-letter subject.
+    pub fn stream_subjects(&self) -> Vec<String> {
+        let wildcard = self.pipeline.template.wildcard();
+        let dead_letter = &self.pipeline.dead_letter_subject;
+        if crate::nats::publisher::subject_covers(&wildcard, dead_letter) {
+            vec![wildcard]
+        } else {
+            vec![wildcard, dead_letter.clone()]
+        }
+    }
+
+    /// Columns that must exist in the table, with their role.
+    pub fn required_columns(&self) -> Vec<(&str, &str)> {
+        let roles = &self.pipeline.roles;
+        let mut columns =
+            vec![("id column", roles.id.as_str()), ("payload column", roles.payload.as_str())];
+        columns.extend(self.pipeline.template.columns().map(|c| ("subject placeholder", c)));
+        columns
+    }
+}
+
+/// The NATS authentication the arguments and the first server's URL ask for.
+fn nats_auth(args: &CommonArgs, first: &async_nats::ServerAddr) -> NatsAuth {
+    let (user_password, token) = match (first.username(), first.password()) {
+        (Some(user), Some(pass)) => (Some((percent_decode(user), percent_decode(pass))), None),
+        (Some(token), None) => (None, Some(percent_decode(token))),
+        _ => (None, None),
+    };
+    NatsAuth {
+        user_password,
+        token,
+        creds_file: args.nats_creds.clone(),
+        nkey_file: args.nats_nkey.clone(),
+        tls_ca: args.nats_tls_ca.clone(),
+        tls_client: args.nats_tls_cert.clone().zip(args.nats_tls_key.clone()),
+    }
+}
+
+fn check_name(flag: &str, value: &str, allowed: impl Fn(char) -> bool) -> anyhow::Result<()> {
+    if value.is_empty() || !value.chars().all(allowed) {
+        return Err(anyhow!("{flag} {value:?} is not a valid name"));
+    }
+    Ok(())
+}
+
+fn check_subject(flag: &str, subject: &str) -> anyhow::Result<()> {
+    let valid = subject
+        .split('.')
+        .all(|t| !t.is_empty() && !t.contains(|c: char| c.is_whitespace() || c == '*' || c == '>'));
+    if !valid {
+        return Err(anyhow!("{flag} {subject:?} is not a valid NATS subject"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,81 @@
+use std::collections::HashMap;
+
+use clap::Parser;
+
+use super::*;
+use crate::settings::cli::Cli;
+
+struct FakeEnv(HashMap<&'static str, &'static str>);
+
+impl Env for FakeEnv {
+    fn var(&self, name: &str) -> Option<String> {
+        self.0.get(name).map(|v| v.to_string())
+    }
+}
+
+fn config(args: &[&str], env: &[(&'static str, &'static str)]) -> anyhow::Result<Config> {
+    let mut argv = vec!["pgoutbox"];
+    argv.extend_from_slice(args);
+    argv.push("status");
+    let cli = Cli::try_parse_from(argv)?;
+    Config::from_args(&cli.common, &FakeEnv(env.iter().copied().collect()))
+}
+
+#[test]
+fn database_url_falls_back_to_the_unprefixed_variable() {
+    let c = config(&[], &[("DATABASE_URL", "postgres://u@h:1/db")]).unwrap();
+    assert_eq!(c.database.get_dbname(), Some("db"));
+    let c = config(
+        &[],
+        &[("DATABASE_URL", "postgres://u@h:1/db"), ("PGOUTBOX_DATABASE_URL", "host=x dbname=mine")],
+    )
+    .unwrap();
+    assert_eq!(c.database.get_dbname(), Some("mine"));
+    let c = config(&["--database-url", "dbname=flag"], &[("PGOUTBOX_DATABASE_URL", "dbname=env")])
+        .unwrap();
+    assert_eq!(c.database.get_dbname(), Some("flag"));
+}
+
+#[test]
+fn nats_url_defaults_and_falls_back() {
+    let base = [("DATABASE_URL", "dbname=x")];
+    let c = config(&[], &base).unwrap();
+    assert_eq!(c.nats.servers.len(), 1);
+    assert_eq!(c.nats.servers[0].port(), 4222);
+    let c = config(&[], &[base[0], ("NATS_URL", "nats://a:1,nats://b:2")]).unwrap();
+    assert_eq!(c.nats.servers.len(), 2);
+    let c =
+        config(&[], &[base[0], ("NATS_URL", "nats://a:1"), ("PGOUTBOX_NATS_URL", "nats://c:3")])
+            .unwrap();
+    assert_eq!(c.nats.servers[0].port(), 3);
+}
+
+#[test]
+fn missing_database_url_says_how_to_give_one() {
+    let err = config(&[], &[]).err().unwrap().to_string();
+    assert!(err.contains("--database-url"), "{err}");
+}
+
+#[test]
+fn bad_settings_are_refused_with_the_flag_named() {
+    let base = [("DATABASE_URL", "dbname=x")];
+    for (args, flag) in [
+        (vec!["--subject-template", "outbox.{a"], "--subject-template"),
+        (vec!["--table", "a.b.c"], "--table"),
+        (vec!["--slot", "Bad-Slot"], "--slot"),
+        (vec!["--dead-letter-subject", "a..b"], "--dead-letter-subject"),
+        (vec!["--database-url", "postgres://x:notaport"], "--database-url"),
+    ] {
+        let err = format!("{:#}", config(&args, &base).err().unwrap());
+        assert!(err.contains(flag), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn stream_subjects_add_the_dead_letter_subject_unless_covered() {
+    let base = [("DATABASE_URL", "dbname=x")];
+    let c = config(&[], &base).unwrap();
+    assert_eq!(c.stream_subjects(), ["outbox.*.*", "outbox.dead_letter"]);
+    let c = config(&["--subject-template", "outbox.{event_type}"], &base).unwrap();
+    assert_eq!(c.stream_subjects(), ["outbox.*"]);
+}
