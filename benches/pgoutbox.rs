@@ -6,7 +6,7 @@
 //! nats-server processes are started exactly as the integration tests start them.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(unused_imports)]
+#[allow(unused_imports, dead_code)]
 mod support;
 
 use std::collections::VecDeque;

@@ -1,7 +1,5 @@
 //! Shared helpers for the integration tests: throwaway servers, the pgoutbox binary, and
-//! readers that check what reached JetStream. Every test file includes it with `mod support;`
-//! and uses a subset, hence the `dead_code` allowance.
-#![allow(dead_code)]
+//! readers that check what reached JetStream. Compiled once, into the one test binary.
 
 pub mod certs;
 pub mod cluster;

@@ -1,6 +1,6 @@
 //! A throwaway `nats-server -js` on free loopback ports, with its own store directory.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -67,10 +67,6 @@ impl Nats {
 
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
-    }
-
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     /// Graceful stop (SIGTERM), waiting for the process to exit.

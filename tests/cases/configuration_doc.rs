@@ -1,6 +1,6 @@
 //! docs/configuration.md is generated from `--help`, so it cannot drift: this test renders
 //! it again and fails on any difference. To update the file after changing a flag:
-//! `PGOUTBOX_UPDATE_DOCS=1 cargo test --test configuration_doc`.
+//! `PGOUTBOX_UPDATE_DOCS=1 cargo test --test main configuration_doc`.
 
 use std::process::Command;
 
@@ -10,8 +10,8 @@ Every setting is a flag with an environment variable; flags win over the environ
 `--database-url` also falls back to `DATABASE_URL`, and `--nats-url` to `NATS_URL`.
 Log verbosity is set with `RUST_LOG` (for example `RUST_LOG=info,pgoutbox=debug`).
 
-This file is generated from `pgoutbox --help` and checked by `tests/configuration_doc.rs`;
-regenerate it with `PGOUTBOX_UPDATE_DOCS=1 cargo test --test configuration_doc`.
+This file is generated from `pgoutbox --help` and checked by `tests/cases/configuration_doc.rs`;
+regenerate it with `PGOUTBOX_UPDATE_DOCS=1 cargo test --test main configuration_doc`.
 ";
 
 fn help(args: &[&str]) -> String {
@@ -51,6 +51,6 @@ fn configuration_doc_matches_help() {
     assert!(
         current == rendered,
         "docs/configuration.md is out of date with --help; regenerate it with \
-         PGOUTBOX_UPDATE_DOCS=1 cargo test --test configuration_doc"
+         PGOUTBOX_UPDATE_DOCS=1 cargo test --test main configuration_doc"
     );
 }

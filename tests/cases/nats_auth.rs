@@ -1,13 +1,11 @@
 //! pgoutbox authenticates to nats-server configured for each method: user and password,
 //! token (both in the URL), an NKey seed file, and TLS verified with a CA.
 
-mod support;
-
 use std::path::Path;
 use std::time::Duration;
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::{Nats, Postgres, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::{Nats, Postgres, numbered_rows, wait_until_streaming};
 
 /// Starts pgoutbox with `url` and extra args, and proves a row reaches the stream by
 /// reading it back with the same credentials through `pgoutbox status --json`.
@@ -39,7 +37,7 @@ fn nats_with_config(dir: &Path, config: &str) -> Nats {
 
 fn fresh_pg() -> Postgres {
     let pg = Postgres::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     pg
 }
 
@@ -77,7 +75,7 @@ async fn nkey_seed_file() {
 async fn tls_verified_with_a_ca() {
     let dir = tempfile::tempdir().expect("dir");
     let d = dir.path();
-    support::certs::ca_and_server(d, "IP:127.0.0.1,DNS:localhost");
+    crate::support::certs::ca_and_server(d, "IP:127.0.0.1,DNS:localhost");
     let config = format!(
         "tls {{ cert_file: \"{}\", key_file: \"{}\" }}\n",
         d.join("server.pem").display(),

@@ -1,19 +1,19 @@
 //! One transaction of 1,000,000 rows streams through with pgoutbox's resident memory well
 //! under 100 MB: rows are published as they arrive, never held per transaction.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{count, jetstream};
-use support::{Nats, Postgres, eventually, numbered_rows, peak_rss_bytes, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{count, jetstream};
+use crate::support::{
+    Nats, Postgres, eventually, numbered_rows, peak_rss_bytes, wait_until_streaming,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_million_row_transaction_streams_in_bounded_memory() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
 
@@ -43,7 +43,7 @@ async fn a_million_row_transaction_streams_in_bounded_memory() {
 async fn large_rows_stream_within_the_in_flight_byte_budget() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let budget = 16 << 20;
     let app = Pgoutbox::run(&pg, &nats, &["--max-in-flight-bytes", "16MiB"]);
     wait_until_streaming(&pg, &app).await;

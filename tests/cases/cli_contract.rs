@@ -1,14 +1,12 @@
 //! The errors a user will meet: one clear line and a non-zero exit within seconds, never a
 //! panic or a backtrace; and the operator commands' contract.
 
-mod support;
-
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::stream::{count, jetstream};
-use support::{Nats, Postgres, eventually, free_port, wait_until_streaming};
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::stream::{count, jetstream};
+use crate::support::{Nats, Postgres, eventually, free_port, wait_until_streaming};
 
 /// Runs a pgoutbox command to completion (it must finish within 20 s).
 fn run(mut cmd: std::process::Command) -> (Output, Duration) {
@@ -64,7 +62,7 @@ fn wrong_password_is_named() {
 #[test]
 fn wal_level_replica_says_how_to_fix_it() {
     let pg = Postgres::builder().conf("wal_level = replica").start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let nats = Nats::start();
     let mut cmd = command(&pg, &nats);
     cmd.arg("run");
@@ -85,7 +83,7 @@ fn missing_table_is_named() {
 #[test]
 fn role_without_replication_is_told_what_to_grant() {
     let pg = Postgres::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("CREATE ROLE plain LOGIN; GRANT SELECT ON outbox TO plain");
     let nats = Nats::start();
     let mut cmd = command(&pg, &nats);
@@ -97,7 +95,7 @@ fn role_without_replication_is_told_what_to_grant() {
 #[test]
 fn jetstream_disabled_is_named() {
     let pg = Postgres::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let nats = Nats::start_without_jetstream();
     let mut cmd = command(&pg, &nats);
     cmd.arg("run");
@@ -129,7 +127,7 @@ fn bad_subject_template_is_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn nats_unreachable_at_start_is_retried_until_it_appears() {
     let pg = Postgres::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let port = free_port();
     let mut cmd = command_without_pg_url(&pg);
     cmd.arg("run").arg("--nats-url").arg(format!("nats://127.0.0.1:{port}"));
@@ -140,7 +138,7 @@ async fn nats_unreachable_at_start_is_retried_until_it_appears() {
     .await;
     let nats = Nats::start_on_port(port);
     wait_until_streaming(&pg, &app).await;
-    pg.psql(&support::numbered_rows(0, 10, 10));
+    pg.psql(&crate::support::numbered_rows(0, 10, 10));
     let js = jetstream(&nats.url()).await;
     eventually(Duration::from_secs(20), "10 rows stored", || async {
         (count(&js, "OUTBOX").await == 10).then_some(())
@@ -151,7 +149,7 @@ async fn nats_unreachable_at_start_is_retried_until_it_appears() {
 #[tokio::test(flavor = "multi_thread")]
 async fn status_json_reports_the_slot_and_exits_by_health() {
     let pg = Postgres::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let nats = Nats::start();
 
     let mut before_setup = command(&pg, &nats);
@@ -161,7 +159,7 @@ async fn status_json_reports_the_slot_and_exits_by_health() {
 
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
-    pg.psql(&support::numbered_rows(0, 5, 5));
+    pg.psql(&crate::support::numbered_rows(0, 5, 5));
     let js = jetstream(&nats.url()).await;
     eventually(Duration::from_secs(20), "5 rows stored", || async {
         (count(&js, "OUTBOX").await == 5).then_some(())
@@ -213,7 +211,7 @@ fn command_without_pg_url(pg: &Postgres) -> std::process::Command {
 #[tokio::test(flavor = "multi_thread")]
 async fn json_logs_are_one_object_per_line() {
     let pg = Postgres::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let nats = Nats::start();
     let mut cmd = command(&pg, &nats);
     cmd.env("PGOUTBOX_LOG_FORMAT", "json").env("RUST_LOG", "info").arg("run");

@@ -1,19 +1,17 @@
 //! Postgres restarted (fast and immediate) while pgoutbox streams: it reconnects with
 //! backoff, resumes from the slot, and every row is stored once, in commit order.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn reconnects_after_fast_and_immediate_restarts_without_loss_or_duplicates() {
     let mut pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
     let js = jetstream(&nats.url()).await;

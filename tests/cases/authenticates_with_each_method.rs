@@ -2,13 +2,11 @@
 //! (SCRAM-SHA-256, md5, cleartext password, trust) and over a Unix socket, with the same
 //! connection string as the SQL connection.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::stream::{count, jetstream};
-use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::stream::{count, jetstream};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn streams_with_scram_md5_password_and_trust_over_tcp_and_unix_socket() {
@@ -17,7 +15,7 @@ async fn streams_with_scram_md5_password_and_trust_over_tcp_and_unix_socket() {
         .hba("host all md5_user 127.0.0.1/32 md5")
         .hba("host all password_user 127.0.0.1/32 password")
         .start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql(
         "SET password_encryption = 'scram-sha-256'; \
          CREATE ROLE scram_user LOGIN REPLICATION PASSWORD 's3cret'; \
@@ -55,6 +53,6 @@ async fn streams_with_scram_md5_password_and_trust_over_tcp_and_unix_socket() {
             (count(&js, "OUTBOX").await == want).then_some(())
         })
         .await;
-        support::stop_and_wait_released(&pg, app).await;
+        crate::support::stop_and_wait_released(&pg, app).await;
     }
 }

@@ -1,26 +1,24 @@
 //! pgoutbox runs as a role with only REPLICATION and SELECT on the outbox table, after an
 //! admin ran sql/grants.sql; and no command ever prints a password it was given.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::stream::{count, jetstream};
-use support::{
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::stream::{count, jetstream};
+use crate::support::{
     Nats, Postgres, eventually, free_port, http_get, numbered_rows, wait_until_streaming,
 };
 
 const PASSWORD: &str = "Pw-9f3b-Secret";
 
 fn grants_with_password() -> String {
-    include_str!("../sql/grants.sql").replace(":password", &format!("'{PASSWORD}'"))
+    include_str!("../../sql/grants.sql").replace(":password", &format!("'{PASSWORD}'"))
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn streams_as_a_role_with_only_replication_and_select() {
     let pg = Postgres::builder().hba("host all pgoutbox 127.0.0.1/32 scram-sha-256").start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql(&grants_with_password());
     let rights = pg.psql(
         "SELECT rolsuper, rolcreatedb, rolcreaterole, rolreplication FROM pg_roles \
@@ -45,7 +43,7 @@ async fn streams_as_a_role_with_only_replication_and_select() {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_command_prints_the_password_from_the_url() {
     let pg = Postgres::builder().hba("host all pgoutbox 127.0.0.1/32 scram-sha-256").start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql(&grants_with_password());
     let nats = Nats::start();
     let url = pg.url_for("pgoutbox", Some(PASSWORD), "postgres");

@@ -2,21 +2,19 @@
 //! must not be stored before k. A proxy drops exactly one publish; every message after it
 //! carries Nats-Expected-Last-Sequence and is refused, and pgoutbox resumes from the slot.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::proxy::FaultProxy;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::proxy::FaultProxy;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lost_publish_never_lets_later_rows_overtake_it() {
     let pg = Postgres::start();
     let nats = Nats::start();
     let proxy = FaultProxy::start(nats.port()).await;
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let mut cmd = command(&pg, &nats);
     cmd.env("PGOUTBOX_NATS_URL", proxy.url()).arg("run");
     let app = Pgoutbox::spawn(cmd);

@@ -3,13 +3,11 @@
 //! to an earlier point skips none of its new rows; a missing slot is re-created only when
 //! the stream holds nothing of this source, whatever the stream's tail looks like.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, numbered_rows, wait_until_slot_active};
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_slot_active};
 
 /// `pgoutbox run` for database `db` through slot `slot`, plus `args`.
 fn run_for(pg: &Postgres, nats: &Nats, db: &str, slot: &str, args: &[&str]) -> Pgoutbox {
@@ -33,7 +31,7 @@ async fn a_second_database_on_the_same_stream_is_refused_and_loses_nothing() {
     let nats = Nats::start();
     for db in ["app_a", "app_b"] {
         pg.psql(&format!("CREATE DATABASE {db}"));
-        pg.psql_db(db, include_str!("../sql/outbox.sql"));
+        pg.psql_db(db, include_str!("../../sql/outbox.sql"));
     }
     let a = run_for(&pg, &nats, "app_a", "slot_a", &[]);
     wait_until_slot_active(&pg, "slot_a", &a).await;
@@ -99,13 +97,13 @@ async fn stream_rows(pg: &Postgres, nats: &Nats, from: usize, rows: usize, args:
     let js = jetstream(&nats.url()).await;
     let before = count(&js, "OUTBOX").await;
     let app = Pgoutbox::run(pg, nats, args);
-    support::wait_until_streaming(pg, &app).await;
+    crate::support::wait_until_streaming(pg, &app).await;
     pg.psql(&numbered_rows(from, from + rows, 10));
     eventually(Duration::from_secs(30), "rows stored", || async {
         (count(&js, "OUTBOX").await == before + rows as u64).then_some(())
     })
     .await;
-    support::stop_and_wait_released(pg, app).await;
+    crate::support::stop_and_wait_released(pg, app).await;
 }
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
@@ -118,7 +116,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 async fn a_cluster_restored_to_an_earlier_point_skips_none_of_its_new_rows() {
     let mut pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     stream_rows(&pg, &nats, 0, 10, &[]).await;
 
     // A file-level backup, then more rows: the stream's tail moves past the backup's WAL.
@@ -134,7 +132,7 @@ async fn a_cluster_restored_to_an_earlier_point_skips_none_of_its_new_rows() {
     std::fs::rename(&backup, pg.data_dir()).expect("restore the backup");
     pg.start_again();
     let app = Pgoutbox::run(&pg, &nats, &[]);
-    support::wait_until_streaming(&pg, &app).await;
+    crate::support::wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(1_000, 1_010, 1));
     let js = jetstream(&nats.url()).await;
     eventually(Duration::from_secs(30), "the 10 rows committed after the restore", || async {
@@ -162,7 +160,7 @@ async fn assert_missing_slot_refused(pg: &Postgres, nats: &Nats) {
 async fn a_lost_slot_is_never_recreated_silently_after_the_stream_was_purged() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     stream_rows(&pg, &nats, 0, 10, &[]).await;
     let js = jetstream(&nats.url()).await;
     js.get_stream("OUTBOX").await.expect("stream").purge().await.expect("purge");
@@ -174,7 +172,7 @@ async fn a_lost_slot_is_never_recreated_silently_after_the_stream_was_purged() {
 async fn a_lost_slot_is_never_recreated_silently_behind_another_writers_message() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     stream_rows(&pg, &nats, 0, 10, &[]).await;
     let js = jetstream(&nats.url()).await;
     js.publish("outbox.other.app", "not from pgoutbox".into())

@@ -2,20 +2,20 @@
 //! part of a transaction was stored but before its LSN was confirmed, wait 3 s, restart:
 //! still no duplicate, because pgoutbox reads where the stream ends and skips what is there.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{
+    Nats, Postgres, confirmed_flush, eventually, numbered_rows, wait_until_streaming,
+};
 use async_nats::jetstream::stream;
-use support::pgoutbox::Pgoutbox;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, confirmed_flush, eventually, numbered_rows, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn replay_after_the_dedup_window_stores_nothing_twice() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let js = jetstream(&nats.url()).await;
     js.create_stream(stream::Config {
         name: "OUTBOX".into(),

@@ -1,19 +1,17 @@
 //! kill -9 at 20 random moments while 20,000 rows stream from 1-row and 1,000-row
 //! transactions, restarting each time: every row is stored exactly once, in commit order.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Lcg, Nats, Postgres, eventually, mixed_rows, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Lcg, Nats, Postgres, eventually, mixed_rows, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_at_random_moments_loses_and_duplicates_nothing() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let first = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &first).await;
     drop(first);

@@ -3,13 +3,11 @@
 //! instead of the outbox, and legacy inheritance children, are refused before anything is
 //! confirmed.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, wait_until_streaming};
 
 const PARTITIONED_OUTBOX: &str = "CREATE TABLE outbox ( \
     id uuid NOT NULL DEFAULT gen_random_uuid(), aggregate_type text NOT NULL, \
@@ -50,7 +48,10 @@ async fn every_partition_streams_including_one_attached_while_running() {
     })
     .await;
     let stored = read_all(&js, "OUTBOX").await;
-    assert_eq!(audit(&stored, 30), support::stream::Audit { stored: 30, ..Default::default() });
+    assert_eq!(
+        audit(&stored, 30),
+        crate::support::stream::Audit { stored: 30, ..Default::default() }
+    );
     assert!(stored.iter().all(|m| m.subject == "outbox.order.created"));
 }
 
@@ -76,7 +77,7 @@ async fn a_publication_naming_the_partitions_is_refused_with_the_fix() {
 async fn inheritance_children_are_refused_clearly() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("CREATE TABLE outbox_old () INHERITS (outbox)");
     assert_refused(&pg, &nats, "inheritance children (outbox_old)");
 }

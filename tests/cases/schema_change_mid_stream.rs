@@ -2,19 +2,17 @@
 //! type. pgoutput re-sends the Relation, pgoutbox rebuilds its mapping, and the rows before
 //! and after map correctly.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_before_and_after_alter_table_map_correctly() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
 

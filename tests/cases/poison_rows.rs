@@ -4,14 +4,12 @@
 //! hostile bytes (line breaks in an id, payloads that grow when escaped, rows a stream's
 //! `max_msg_size` refuses) cannot stop the stream either.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::stream::Stored;
-use support::stream::{count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, wait_until_streaming};
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::stream::Stored;
+use crate::support::stream::{count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, wait_until_streaming};
 
 /// A nats-server whose max_payload is 8 KiB.
 fn small_payload_nats() -> (Nats, tempfile::TempDir) {

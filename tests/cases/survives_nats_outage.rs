@@ -1,13 +1,11 @@
 //! With NATS stopped while rows are inserted, the slot's confirmed_flush_lsn does not move
 //! past them; after NATS is back every row arrives once, in order.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
 
 fn confirmed_flush(pg: &Postgres) -> String {
     pg.psql("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'pgoutbox'")
@@ -17,7 +15,7 @@ fn confirmed_flush(pg: &Postgres) -> String {
 async fn confirmed_lsn_waits_for_nats_and_every_row_arrives_once() {
     let pg = Postgres::start();
     let mut nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
 

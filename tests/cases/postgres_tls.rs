@@ -2,22 +2,20 @@
 //! streams with sslmode=verify-full and a CA the test generated; a wrong CA and
 //! sslmode=disable are refused with a clear error.
 
-mod support;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::postgres::give_to_postgres;
-use support::stream::{count, jetstream};
-use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::postgres::give_to_postgres;
+use crate::support::stream::{count, jetstream};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
 
 /// A CA, a server certificate for 127.0.0.1 signed by it, and an unrelated CA; the server's
 /// files owned by the user Postgres runs as, its key private.
 fn certificates(dir: &Path) {
-    support::certs::ca_and_server(dir, "IP:127.0.0.1");
-    support::certs::ca(dir, "other-ca");
+    crate::support::certs::ca_and_server(dir, "IP:127.0.0.1");
+    crate::support::certs::ca(dir, "other-ca");
     for file in ["server.pem", "server.key"] {
         let path = dir.join(file);
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -37,7 +35,7 @@ async fn streams_over_verified_tls_and_refuses_what_it_cannot_verify() {
         .hba("hostssl all all 127.0.0.1/32 trust")
         .hba("hostnossl all all 127.0.0.1/32 reject")
         .start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let nats = Nats::start();
     let with_tls = |query: &str| format!("{}?{query}", pg.url());
     let ca = dir.path().join("ca.pem");

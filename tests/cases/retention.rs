@@ -3,13 +3,11 @@
 //! is the commit time of the newest confirmed transaction, so each step commits one more
 //! row after the retention has passed.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{count, jetstream};
-use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{count, jetstream};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
 
 fn rows_in_table(pg: &Postgres) -> u64 {
     pg.psql("SELECT count(*) FROM outbox").parse().expect("count")
@@ -19,7 +17,7 @@ fn rows_in_table(pg: &Postgres) -> u64 {
 async fn deletes_published_rows_after_the_retention_and_never_unpublished_ones() {
     let pg = Postgres::start();
     let mut nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s"]);
     wait_until_streaming(&pg, &app).await;
 
@@ -84,7 +82,7 @@ async fn keeps_rows_whose_dead_letter_lacks_the_payload() {
     let conf = conf_dir.path().join("nats.conf");
     std::fs::write(&conf, "max_payload: 8192\n").expect("write nats.conf");
     let nats = Nats::start_with_args(&["-c", conf.to_str().expect("utf-8 path")]);
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s"]);
     wait_until_streaming(&pg, &app).await;
 
@@ -106,7 +104,7 @@ async fn keeps_rows_whose_dead_letter_lacks_the_payload() {
     .await;
     assert_eq!(pg.psql(big_row), "1", "the only copy of a dead-lettered row was deleted");
 
-    support::stop_and_wait_released(&pg, app).await;
+    crate::support::stop_and_wait_released(&pg, app).await;
     let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s"]);
     wait_until_streaming(&pg, &app).await;
     age_past_retention_then_publish_one_more(&pg, &js, 13).await;

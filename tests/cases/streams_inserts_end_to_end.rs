@@ -1,19 +1,17 @@
 //! 10,000 rows in 100 transactions arrive as exactly 10,000 messages, in commit order, with
 //! the right subjects, bodies and headers; rolled-back rows and other tables never appear.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn streams_committed_inserts_in_commit_order_with_headers() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("CREATE TABLE other (id int)");
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
@@ -70,7 +68,7 @@ async fn streams_committed_inserts_in_commit_order_with_headers() {
 async fn interleaved_transactions_arrive_in_commit_order_and_contiguous() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
 

@@ -3,15 +3,13 @@
 //! to killed, and quorum lost. pgoutbox never exits, the slot is never confirmed past a row
 //! JetStream has not stored, and afterwards every row is stored once, in commit order.
 
-mod support;
-
 use std::time::Duration;
 
-use support::cluster::NatsCluster;
-use support::pgoutbox::{Pgoutbox, command};
-use support::postgres::Writer;
-use support::stream::{audit, confirmed_ahead_of_stored, count, jetstream, read_all};
-use support::{ConfirmedSampler, Lcg, Postgres, eventually, wait_until_streaming};
+use crate::support::cluster::NatsCluster;
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::postgres::Writer;
+use crate::support::stream::{audit, confirmed_ahead_of_stored, count, jetstream, read_all};
+use crate::support::{ConfirmedSampler, Lcg, Postgres, eventually, wait_until_streaming};
 
 const STREAM: &str = "OUTBOX";
 
@@ -29,7 +27,7 @@ impl Cluster {
     async fn start() -> Cluster {
         let pg = Postgres::start();
         let mut nats = NatsCluster::start();
-        pg.psql(include_str!("../sql/outbox.sql"));
+        pg.psql(include_str!("../../sql/outbox.sql"));
         let mut cmd = command(&pg, nats.node(0));
         cmd.env("PGOUTBOX_NATS_URL", nats.urls()).env("PGOUTBOX_STREAM_REPLICAS", "3").arg("run");
         let app = Pgoutbox::spawn(cmd);

@@ -1,19 +1,17 @@
 //! Two instances, one slot: the second waits as a hot standby, says so in its log, and takes
 //! over within 10 s of a kill -9 of the active one, with no loss and no duplicate.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, mixed_rows, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, mixed_rows, numbered_rows, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn standby_takes_over_after_kill_9_of_the_active_instance() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let mut active = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &active).await;
     let standby = Pgoutbox::run(&pg, &nats, &[]);

@@ -2,18 +2,16 @@
 //! 200 MB of WAL: the slot's lag falls under 1 MB within 30 s of the writes stopping,
 //! because pgoutbox confirms keepalives when nothing is in flight.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::{Nats, Postgres, eventually, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::{Nats, Postgres, eventually, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn idle_outbox_does_not_hold_wal_back() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("CREATE TABLE busy (id int, filler text)");
     pg.psql("CREATE DATABASE elsewhere");
     pg.psql_db("elsewhere", "CREATE TABLE busy (id int, filler text)");

@@ -3,14 +3,12 @@
 //! move; afterwards every row is stored once, in commit order. Also: nats-server stopped and
 //! restarted while rows keep coming.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::proxy::FaultProxy;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::proxy::FaultProxy;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{
     Nats, Postgres, confirmed_flush, eventually, mixed_rows, numbered_rows, wait_until_streaming,
 };
 
@@ -30,7 +28,7 @@ async fn cut_and_black_holed_connections_lose_and_duplicate_nothing() {
     let pg = Postgres::start();
     let nats = Nats::start();
     let proxy = FaultProxy::start(nats.port()).await;
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let mut cmd = command(&pg, &nats);
     cmd.env("PGOUTBOX_NATS_URL", proxy.url()).arg("run");
     let app = Pgoutbox::spawn(cmd);
@@ -78,7 +76,7 @@ async fn cut_and_black_holed_connections_lose_and_duplicate_nothing() {
 async fn nats_server_restarted_mid_stream() {
     let pg = Postgres::start();
     let mut nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
     let writer = pg.psql_in_background(mixed_rows(0, 6_000, 1_000, 0.1));

@@ -4,20 +4,18 @@
 //! back, pgoutbox resumes from the slot on its own, and every row, including those committed
 //! while the path was dark, is stored exactly once, in commit order.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::proxy::FaultProxy;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::proxy::FaultProxy;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_black_holed_postgres_is_noticed_and_streaming_resumes_without_loss() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let proxy = FaultProxy::start_bytes(pg.port()).await;
     let mut cmd = command(&pg, &nats);
     let via_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());

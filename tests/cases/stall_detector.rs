@@ -6,14 +6,12 @@
 //! The timeout (15 s) is longer than the ack timeout (10 s), so the stall is still seen
 //! after the pipeline gave up on its acks and is reconnecting.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::proxy::FaultProxy;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::proxy::FaultProxy;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
 
 fn stalled_gauge(port: u16) -> Option<f64> {
     let (_, text) = http_get(port, "/metrics")?;
@@ -38,7 +36,7 @@ async fn a_frozen_nats_is_reported_as_a_stall_and_recovers() {
     let pg = Postgres::start();
     let nats = Nats::start();
     let proxy = FaultProxy::start(nats.port()).await;
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let mut cmd = command(&pg, &nats);
     cmd.env("PGOUTBOX_NATS_URL", proxy.url()).args(["run", "--stall-timeout", "15s"]);
     let app = Pgoutbox::spawn(cmd);

@@ -1,19 +1,17 @@
 //! SIGTERM mid-stream: pgoutbox drains and exits 0; after a restart every row is in the
 //! stream exactly once, in commit order.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_mid_stream_then_restart_stores_every_row_once() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let mut app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
 
@@ -47,12 +45,12 @@ async fn sigterm_mid_stream_then_restart_stores_every_row_once() {
 /// arrive once after a restart.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_whose_drain_cannot_finish_exits_non_zero_and_loses_nothing() {
-    use support::pgoutbox::command;
-    use support::proxy::FaultProxy;
+    use crate::support::pgoutbox::command;
+    use crate::support::proxy::FaultProxy;
     let pg = Postgres::start();
     let nats = Nats::start();
     let proxy = FaultProxy::start(nats.port()).await;
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let mut cmd = command(&pg, &nats);
     cmd.env("PGOUTBOX_NATS_URL", proxy.url()).arg("run");
     let mut app = Pgoutbox::spawn(cmd);
@@ -68,7 +66,7 @@ async fn sigterm_whose_drain_cannot_finish_exits_non_zero_and_loses_nothing() {
     pg.psql(&numbered_rows(10, 20, 10));
     let port = app.http_port();
     eventually(Duration::from_secs(20), "messages awaiting acks", || async {
-        let (_, metrics) = support::http_get(port, "/metrics")?;
+        let (_, metrics) = crate::support::http_get(port, "/metrics")?;
         metrics
             .lines()
             .any(|l| l.starts_with("pgoutbox_messages_in_flight ") && !l.ends_with(" 0"))

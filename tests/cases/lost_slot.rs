@@ -2,13 +2,11 @@
 //! exceeded) or it was dropped, pgoutbox exits non-zero saying what happened and how to
 //! recover; `--recreate-slot` is the explicit way on.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{count, jetstream};
-use support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{count, jetstream};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
 
 async fn stream_some_rows(pg: &Postgres, nats: &Nats) {
     let app = Pgoutbox::run(pg, nats, &[]);
@@ -19,7 +17,7 @@ async fn stream_some_rows(pg: &Postgres, nats: &Nats) {
         (count(&js, "OUTBOX").await == 10).then_some(())
     })
     .await;
-    support::stop_and_wait_released(pg, app).await;
+    crate::support::stop_and_wait_released(pg, app).await;
 }
 
 fn assert_exits_explaining(pg: &Postgres, nats: &Nats, needles: &[&str]) {
@@ -38,7 +36,7 @@ fn assert_exits_explaining(pg: &Postgres, nats: &Nats, needles: &[&str]) {
 async fn a_dropped_slot_stops_pgoutbox_until_the_operator_recreates_it() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     stream_some_rows(&pg, &nats).await;
 
     pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
@@ -70,7 +68,7 @@ async fn an_invalidated_slot_stops_pgoutbox_with_the_reason() {
         .conf("max_wal_size = 64MB")
         .start();
     let nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     stream_some_rows(&pg, &nats).await;
 
     pg.psql("CREATE TABLE filler (x text)");

@@ -2,13 +2,11 @@
 //! again, and they cost nothing else: the attempt goes on (no reconnection, no second
 //! decoding of the transaction), and every other row arrives once, in commit order.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, wait_until_streaming};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn duplicate_ids_in_a_big_transaction_do_not_end_the_attempt() {

@@ -1,13 +1,11 @@
 //! /healthz, /readyz and /metrics over real HTTP: ready only while streaming with NATS
 //! connected (503 with the reason while NATS is down), and the pipeline's figures.
 
-mod support;
-
 use std::time::Duration;
 
-use support::pgoutbox::Pgoutbox;
-use support::stream::{count, jetstream};
-use support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{count, jetstream};
+use crate::support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
 
 /// The value of an unlabelled metric in Prometheus text.
 fn metric(text: &str, name: &str) -> Option<f64> {
@@ -20,7 +18,7 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 async fn health_readiness_and_metrics_follow_the_pipeline() {
     let pg = Postgres::start();
     let mut nats = Nats::start();
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &[]);
     let port = app.http_port();
     wait_until_streaming(&pg, &app).await;

@@ -4,14 +4,12 @@
 //! same walsender holds the slot throughout, and Postgres ends no walsender for a
 //! replication timeout.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::pgoutbox::{Pgoutbox, command};
-use support::proxy::FaultProxy;
-use support::stream::{audit, count, jetstream, read_all};
-use support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::proxy::FaultProxy;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
 
 fn slot_holder(pg: &Postgres) -> String {
     pg.psql("SELECT coalesce(active_pid::text, 'none') FROM pg_replication_slots")
@@ -28,7 +26,7 @@ async fn statuses_keep_a_short_wal_sender_timeout_satisfied_while_the_ack_window
     let pg = Postgres::builder().conf("wal_sender_timeout = '2s'").start();
     let nats = Nats::start();
     let proxy = FaultProxy::start(nats.port()).await;
-    pg.psql(include_str!("../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/outbox.sql"));
     let mut cmd = command(&pg, &nats);
     cmd.env("PGOUTBOX_NATS_URL", proxy.url()).arg("run");
     let app = Pgoutbox::spawn(cmd);

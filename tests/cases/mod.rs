@@ -1,0 +1,31 @@
+//! One module per behaviour, each against real PostgreSQL and nats-server processes.
+
+mod authenticates_with_each_method;
+mod cli_contract;
+mod configuration_doc;
+mod crash_anywhere;
+mod dedup_window_expired;
+mod duplicate_ids;
+mod hot_standby;
+mod huge_transaction;
+mod idle_lag_stays_small;
+mod least_privilege;
+mod lost_slot;
+mod nats_auth;
+mod one_source_per_stream;
+mod ops_http;
+mod order_under_lost_publish;
+mod partitioned_outbox;
+mod poison_rows;
+mod postgres_black_hole;
+mod postgres_tls;
+mod retention;
+mod schema_change_mid_stream;
+mod short_wal_sender_timeout;
+mod sigterm_drains_then_exits_zero;
+mod stall_detector;
+mod streams_inserts_end_to_end;
+mod survives_nats_cluster_faults;
+mod survives_nats_network_faults;
+mod survives_nats_outage;
+mod survives_postgres_restart;
