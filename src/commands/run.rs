@@ -8,13 +8,13 @@ use anyhow::Context;
 use tracing::{info, warn};
 
 use super::setup::{ensure_stream_and_slot, prepare_database};
-use crate::domain::retry::Backoff;
+use crate::domain::retry::{Backoff, Next, RetryPolicy};
 use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::domain::stall::Progress;
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
-use crate::service::error::PipelineError;
+use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::Liveness;
 use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
 use crate::service::shutdown::Shutdown;
@@ -23,17 +23,9 @@ use crate::settings::cli::RunArgs;
 use crate::settings::config::Config;
 use crate::settings::config::PipelineConfig;
 
-/// A connection that streamed at least this long earns a fresh backoff.
-const HEALTHY_RUN: Duration = Duration::from_secs(10);
-/// The longest wait before retrying after a NATS failure. A retry costs Postgres nothing until
-/// JetStream answers again, and a cluster that has just elected a leader should not wait
-/// out a long backoff.
-const NATS_RETRY_CAP: Duration = Duration::from_millis(500);
 /// Reading the stream's end takes milliseconds; no answer means no stream leader yet (an
 /// election), and retrying soon beats waiting out the ack timeout.
 const TAIL_TIMEOUT: Duration = Duration::from_secs(1);
-/// How often a standby checks whether the slot became free.
-const STANDBY_POLL: Duration = Duration::from_secs(1);
 
 pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     let mut shutdown = Shutdown::listen()?;
@@ -124,7 +116,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         publisher,
         claims,
     };
-    let mut backoff = Backoff::new();
+    let mut policy = RetryPolicy::default();
     let mut standby_announced = false;
     let mut repeats = RepeatedError::default();
     loop {
@@ -132,7 +124,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         let published_before = memory.published;
         let outcome = target.stream_once(&mut memory, &mut shutdown, &readiness).await;
         readiness.set_streaming(false);
-        let delay = match outcome {
+        let err = match outcome {
             Ok(Ended::Drained { confirmed }) => {
                 info!(
                     confirmed = %tokio_postgres::types::PgLsn::from(confirmed),
@@ -142,37 +134,39 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
-            Err(PipelineError::SlotBusy { slot }) => {
+            Err(err) => err,
+        };
+        let Next::RetryAfter(delay) = policy.after(err.failure(), started.elapsed()) else {
+            return Err(err.into());
+        };
+        match &err {
+            PipelineError::SlotBusy { slot } => {
                 if !standby_announced {
                     info!(%slot, "slot is in use by another pgoutbox; waiting as hot standby");
                     standby_announced = true;
                 }
-                STANDBY_POLL
             }
-            Err(err) if err.is_retryable() => {
+            _ => {
                 if memory.published > published_before {
                     repeats = RepeatedError::default(); // it recovered in between
                 }
-                if let PipelineError::Postgres(_) = err {
-                    Metrics::reconnect("postgres");
+                match &err {
+                    PipelineError::Postgres(_) => Metrics::reconnect("postgres"),
+                    PipelineError::Nats(failure) => {
+                        if let Some(kind) = failure.kind.publish_error_label() {
+                            Metrics::publish_error(kind);
+                        }
+                    }
+                    _ => {}
                 }
-                if started.elapsed() >= HEALTHY_RUN {
-                    backoff.reset();
-                }
-                let delay = match err {
-                    PipelineError::Nats(_) => backoff.next_delay().min(NATS_RETRY_CAP),
-                    _ => backoff.next_delay(),
-                };
                 let error = err.to_string();
                 match repeats.note(&error) {
                     Some(repeated) => warn!(%error, retry_in = ?delay, repeated, "reconnecting"),
                     None => tracing::debug!(%error, retry_in = ?delay, "reconnecting"),
                 }
                 readiness.set_retrying_after(error);
-                delay
             }
-            Err(err) => return Err(err.into()),
-        };
+        }
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = shutdown.requested() => return Ok(()),
@@ -230,12 +224,19 @@ impl Target<'_> {
         let publisher = &publisher.with_fresh_ack_window();
         let tail = match tokio::time::timeout(TAIL_TIMEOUT, publisher.tail()).await {
             Ok(tail) => tail.map_err(|err| {
-                PipelineError::Nats(format!("reading the end of the stream: {err}"))
+                PipelineError::Nats(NatsFailure::new(
+                    NatsFailureKind::Request,
+                    format!("reading the end of the stream: {err}"),
+                ))
             })?,
             Err(_) => {
                 let waited = TAIL_TIMEOUT.as_secs();
-                return Err(PipelineError::Nats(format!(
-                    "reading the end of the stream: no answer in {waited} s (no stream leader?)"
+                return Err(PipelineError::Nats(NatsFailure::new(
+                    NatsFailureKind::Request,
+                    format!(
+                        "reading the end of the stream: no answer in {waited} s (no stream \
+                         leader?)"
+                    ),
                 )));
             }
         };
@@ -252,7 +253,9 @@ impl Target<'_> {
                 ));
             }
             Ok(_) => {}
-            Err(err) => return Err(PipelineError::Nats(err.to_string())),
+            Err(err) => {
+                return Err(NatsFailure::new(NatsFailureKind::Request, err.to_string()).into());
+            }
         }
         let history = match tail.origin.source.as_deref().and_then(|s| s.parse::<Source>().ok()) {
             Some(theirs) if theirs.timeline < source.timeline => {

@@ -1,6 +1,57 @@
-//! How long to wait before the next attempt.
+//! Whether to try again after a failed attempt, and how soon: a pure decision, so every
+//! rule is a unit test.
 
 use std::time::Duration;
+
+/// What an attempt's failure means for the next one (`PipelineError::failure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Another process streams from the slot: wait as a hot standby.
+    SlotBusy,
+    /// NATS failed; Postgres costs nothing until JetStream answers again.
+    Nats,
+    /// Postgres failed or went silent.
+    Postgres,
+    /// Retrying cannot help (a lost slot, a stream of another source, ...): stop.
+    Fatal,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    RetryAfter(Duration),
+    Stop,
+}
+
+/// Backoff per failure kind: NATS retries are capped low, because a cluster that has just
+/// elected a leader should not wait out a long backoff; an attempt that ran long enough to
+/// be healthy earns a fresh backoff.
+#[derive(Default)]
+pub struct RetryPolicy {
+    backoff: Backoff,
+}
+
+impl RetryPolicy {
+    /// A connection that streamed at least this long earns a fresh backoff.
+    pub const HEALTHY_RUN: Duration = Duration::from_secs(10);
+    /// The longest wait before retrying after a NATS failure.
+    pub const NATS_CAP: Duration = Duration::from_millis(500);
+    /// How often a standby checks whether the slot became free.
+    pub const STANDBY_POLL: Duration = Duration::from_secs(1);
+
+    /// The decision after an attempt that ran for `ran_for` and failed with `failure`.
+    pub fn after(&mut self, failure: Failure, ran_for: Duration) -> Next {
+        if ran_for >= Self::HEALTHY_RUN {
+            self.backoff.reset();
+        }
+        match failure {
+            Failure::SlotBusy => Next::RetryAfter(Self::STANDBY_POLL),
+            Failure::Nats => Next::RetryAfter(self.backoff.next_delay().min(Self::NATS_CAP)),
+            Failure::Postgres => Next::RetryAfter(self.backoff.next_delay()),
+            Failure::Fatal => Next::Stop,
+        }
+    }
+}
 
 /// Capped exponential backoff: 200 ms doubling up to 30 s.
 pub struct Backoff {
@@ -35,6 +86,22 @@ impl Default for Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_policy_backs_off_per_failure_and_forgives_a_healthy_run() {
+        let short = Duration::from_secs(1);
+        let mut policy = RetryPolicy::default();
+        assert_eq!(policy.after(Failure::Fatal, short), Next::Stop);
+        assert_eq!(
+            policy.after(Failure::SlotBusy, short),
+            Next::RetryAfter(RetryPolicy::STANDBY_POLL)
+        );
+        let postgres: Vec<_> = (0..4).map(|_| policy.after(Failure::Postgres, short)).collect();
+        let ms = |ms| Next::RetryAfter(Duration::from_millis(ms));
+        assert_eq!(postgres, [ms(200), ms(400), ms(800), ms(1600)]);
+        assert_eq!(policy.after(Failure::Nats, short), ms(500), "NATS retries are capped");
+        assert_eq!(policy.after(Failure::Postgres, RetryPolicy::HEALTHY_RUN), ms(200));
+    }
 
     #[test]
     fn backoff_doubles_up_to_its_cap_and_resets() {

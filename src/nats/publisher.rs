@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use async_nats::jetstream::context::CreateStreamErrorKind;
 use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode, stream};
 use bytes::Bytes;
@@ -131,13 +132,19 @@ impl Publisher {
                         Ok(())
                     }
                     // Another instance created it first: check it like any existing stream.
-                    Err(err) if err.to_string().contains("already in use") => {
+                    Err(err)
+                        if matches!(err.kind(), CreateStreamErrorKind::JetStream(e)
+                            if e.error_code() == jetstream::ErrorCode::STREAM_NAME_EXIST) =>
+                    {
                         Box::pin(self.ensure_stream(subjects, replicas)).await
                     }
-                    Err(err) => Err(classify(err.to_string())),
+                    Err(err) if err.kind() == CreateStreamErrorKind::JetStreamUnavailable => {
+                        Err(PublisherError::JetStreamDisabled)
+                    }
+                    Err(err) => Err(request_error(err)),
                 }
             }
-            Err(err) => Err(classify(err.to_string())),
+            Err(err) => Err(request_error(err)),
         }
     }
 
@@ -267,20 +274,35 @@ fn is_stream_not_found(err: &jetstream::context::GetStreamError) -> bool {
     )
 }
 
-fn request_error(err: impl std::fmt::Display) -> PublisherError {
-    classify(err.to_string())
-}
-
-/// Without JetStream, nothing answers on `$JS.API`: async-nats reports that missing
-/// responder as "requested JetStream resource does not exist".
-fn classify(message: String) -> PublisherError {
-    let no_responder = message.contains("no responders")
-        || message.contains("requested JetStream resource does not exist");
-    if no_responder || message.contains("not enabled") {
-        PublisherError::JetStreamDisabled
-    } else {
-        PublisherError::Request(message)
+/// Sorts a failed JetStream request by its kind and API error code, never its words.
+/// Without JetStream nothing answers on `$JS.API` (no responders), or the server says
+/// JetStream is not enabled (for the account).
+fn request_error(err: impl std::error::Error + 'static) -> PublisherError {
+    use async_nats::jetstream::context::{RequestError, RequestErrorKind};
+    let disabled_code = |code| {
+        code == jetstream::ErrorCode::JETSTREAM_NOT_ENABLED
+            || code == jetstream::ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+    while let Some(error) = cause {
+        let disabled = if let Some(request) = error.downcast_ref::<RequestError>() {
+            request.kind() == RequestErrorKind::NoResponders
+        } else if let Some(request) = error.downcast_ref::<async_nats::RequestError>() {
+            request.kind() == async_nats::RequestErrorKind::NoResponders
+        } else if let Some(api) = error.downcast_ref::<jetstream::Error>() {
+            disabled_code(api.error_code())
+        } else if let Some(get) = error.downcast_ref::<jetstream::context::GetStreamError>() {
+            matches!(get.kind(), jetstream::context::GetStreamErrorKind::JetStream(api)
+                if disabled_code(api.error_code()))
+        } else {
+            false
+        };
+        if disabled {
+            return PublisherError::JetStreamDisabled;
+        }
+        cause = error.source();
     }
+    PublisherError::Request(err.to_string())
 }
 
 /// Whether the stream subject filter `filter` matches every subject `wanted` can match.

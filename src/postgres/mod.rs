@@ -3,6 +3,7 @@
 //! pgoutput decoder, and SQL for setup and status on an ordinary connection (`admin`).
 
 pub mod admin;
+mod backend;
 pub mod conninfo;
 pub mod pgoutput;
 mod socket;
@@ -10,5 +11,6 @@ pub mod tls;
 pub mod walsender;
 pub mod wire;
 
-pub use walsender::{ConnectionError, ReplicationConnection, ServerError, SystemIdentity};
+pub use backend::ServerError;
+pub use walsender::{ConnectionError, ReplicationConnection, SystemIdentity};
 pub use wire::{ReplicationMessage, StandbyStatus};

@@ -10,7 +10,6 @@
 //! payloads reach the decoder without a copy. [`ReplicationConnection::next_message`] only
 //! awaits `read_buf`, so it is cancel-safe inside `tokio::select!`.
 
-use std::fmt;
 use std::io;
 use std::time::Duration;
 
@@ -24,32 +23,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::postgres::tls::PgTls;
 use tracing::{debug, warn};
 
+use super::backend::{ServerError, message_name, server_error};
 use super::socket::{Socket, open_socket};
 use super::wire::{
     ReplicationMessage, StandbyStatus, WireError, parse_wal_sender_timeout, status_keepalive,
 };
-
-/// An error the server sent (ErrorResponse), with the fields operators need.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerError {
-    pub code: String,
-    pub message: String,
-    pub detail: Option<String>,
-    pub hint: Option<String>,
-}
-
-impl fmt::Display for ServerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (SQLSTATE {})", self.message, self.code)?;
-        if let Some(detail) = &self.detail {
-            write!(f, "; {detail}")?;
-        }
-        if let Some(hint) = &self.hint {
-            write!(f, "; hint: {hint}")?;
-        }
-        Ok(())
-    }
-}
 
 /// What can go wrong on the replication connection.
 #[derive(Debug, thiserror::Error)]
@@ -445,40 +423,8 @@ fn text_row(row: &backend::DataRowBody) -> Result<TextRow, ConnectionError> {
     Ok(values)
 }
 
-fn server_error(mut fields: backend::ErrorFields<'_>) -> Result<ServerError, ConnectionError> {
-    let mut error =
-        ServerError { code: String::new(), message: String::new(), detail: None, hint: None };
-    while let Some(field) = fields.next()? {
-        let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
-        match field.type_() {
-            b'C' => error.code = value,
-            b'M' => error.message = value,
-            b'D' => error.detail = Some(value),
-            b'H' => error.hint = Some(value),
-            _ => {}
-        }
-    }
-    Ok(error)
-}
-
 fn unexpected(message: &backend::Message) -> ConnectionError {
     ConnectionError::Protocol(message_name(message).to_owned())
-}
-
-fn message_name(message: &backend::Message) -> &'static str {
-    use backend::Message as M;
-    match message {
-        M::AuthenticationGss | M::AuthenticationGssContinue(_) => "GSSAPI authentication",
-        M::AuthenticationKerberosV5 => "Kerberos authentication",
-        M::AuthenticationSspi => "SSPI authentication",
-        M::AuthenticationScmCredential => "SCM credential authentication",
-        M::CopyInResponse(_) | M::CopyOutResponse(_) => "COPY response",
-        M::DataRow(_) => "DataRow",
-        M::RowDescription(_) => "RowDescription",
-        M::CommandComplete(_) => "CommandComplete",
-        M::ReadyForQuery(_) => "ReadyForQuery",
-        _ => "message",
-    }
 }
 
 /// Quotes a string for a replication command's option (`'a''b'`). The walsender's command

@@ -1,7 +1,9 @@
 //! The pipeline's error, split by what the caller must do about it.
 
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use tokio_postgres::error::SqlState;
 
+use crate::domain::retry::Failure;
 use crate::postgres::pgoutput::DecodeError;
 use crate::postgres::{ConnectionError, ServerError};
 
@@ -10,10 +12,10 @@ pub enum PipelineError {
     /// Postgres went away or the walsender ended: reconnect and resume from the slot.
     #[error(transparent)]
     Postgres(#[from] ConnectionError),
-    /// NATS did not acknowledge (timeout, lost connection, refused as out of order):
-    /// reconnect and resume from the slot and the stream's tail.
+    /// NATS did not acknowledge (timeout, lost connection, refused as out of order) or did
+    /// not answer: reconnect and resume from the slot and the stream's tail.
     #[error("NATS: {0}")]
-    Nats(String),
+    Nats(#[from] NatsFailure),
     /// Another connection streams from the slot; wait and try again (hot standby).
     #[error("replication slot {slot} is in use by another process")]
     SlotBusy { slot: String },
@@ -63,9 +65,14 @@ impl PipelineError {
         Self::StreamClaimed { stream: stream.to_owned(), writer, database_token }
     }
 
-    /// Whether reconnecting may help.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Postgres(_) | Self::Nats(_) | Self::SlotBusy { .. })
+    /// What this failure means for the next attempt (`domain::retry::RetryPolicy`).
+    pub fn failure(&self) -> Failure {
+        match self {
+            Self::SlotBusy { .. } => Failure::SlotBusy,
+            Self::Nats(_) => Failure::Nats,
+            Self::Postgres(_) => Failure::Postgres,
+            _ => Failure::Fatal,
+        }
     }
 
     /// Sorts a server error raised by START_REPLICATION by its SQLSTATE. An invalidated
@@ -84,5 +91,71 @@ impl PipelineError {
         } else {
             Self::Postgres(err)
         }
+    }
+}
+
+/// What went wrong with NATS, with the kind that `pgoutbox_publish_errors_total{kind}` and
+/// the retry policy read; the detail is for people.
+#[derive(Debug, thiserror::Error)]
+#[error("{detail}")]
+pub struct NatsFailure {
+    pub kind: NatsFailureKind,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatsFailureKind {
+    /// An ack did not come within the ack timeout.
+    Timeout,
+    /// Nothing answers for the stream: a leader election, quorum lost, or the stream deleted.
+    NoLeader,
+    /// Refused by `Nats-Expected-Last-Sequence`: a message before it was lost.
+    OutOfOrder,
+    /// The connection was lost with acks awaited on it.
+    Connection,
+    /// Another refusal of a publish.
+    Other,
+    /// A request that is not a publish (the stream's tail, its claim) failed, or the
+    /// connection was lost with nothing in flight: not a publish error.
+    Request,
+}
+
+impl NatsFailureKind {
+    /// The `kind` label of `pgoutbox_publish_errors_total`, for publish errors.
+    pub fn publish_error_label(self) -> Option<&'static str> {
+        match self {
+            Self::Timeout => Some("timeout"),
+            Self::NoLeader => Some("no_leader"),
+            Self::OutOfOrder => Some("out_of_order"),
+            Self::Connection => Some("connection"),
+            Self::Other => Some("other"),
+            Self::Request => None,
+        }
+    }
+}
+
+impl NatsFailure {
+    pub fn new(kind: NatsFailureKind, detail: impl Into<String>) -> Self {
+        NatsFailure { kind, detail: detail.into() }
+    }
+
+    /// Why a publish was not acknowledged, in the words an operator needs.
+    pub fn unacknowledged(err: &PublishError) -> Self {
+        let kind = match err.kind() {
+            PublishErrorKind::TimedOut => NatsFailureKind::Timeout,
+            PublishErrorKind::StreamNotFound => NatsFailureKind::NoLeader,
+            PublishErrorKind::WrongLastSequence => NatsFailureKind::OutOfOrder,
+            PublishErrorKind::BrokenPipe => NatsFailureKind::Connection,
+            _ => NatsFailureKind::Other,
+        };
+        let detail = match kind {
+            // Nothing subscribes to the subject: on a cluster, the stream has no leader yet.
+            NatsFailureKind::NoLeader => "publish not acknowledged: no JetStream server \
+                answers for the stream (a leader election under way, quorum lost, or the \
+                stream was deleted)"
+                .to_owned(),
+            _ => format!("publish not acknowledged: {err}"),
+        };
+        NatsFailure { kind, detail }
     }
 }

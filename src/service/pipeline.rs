@@ -11,33 +11,35 @@
 //! from [`LsnTracker::confirmed`], in [`Pipeline::send_status`]: that is the single place
 //! where an LSN is confirmed.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::future::{Future, IntoFuture};
-use std::pin::Pin;
+use std::collections::HashMap;
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use std::str::FromStr;
 
-use async_nats::HeaderMap;
 use async_nats::header::HeaderValue;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::publish::PublishAck;
 use bytes::Bytes;
 use tracing::{debug, info, warn};
 
-use crate::domain::outbox::{DeadLetter, OutboxEvent, RefusedRows, Rejection, RowMapping};
+use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping};
 use crate::domain::progress::{LsnTracker, Position};
-use crate::domain::source::{SOURCE_HEADER, Source};
-use crate::domain::stall::Progress;
+use crate::domain::source::SOURCE_HEADER;
 use crate::nats::publisher::{
     ADDED_HEADERS_ROOM, MAX_IN_FLIGHT, POSITION_HEADER, Publisher, refused_for_itself,
 };
 use crate::postgres::pgoutput::{Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
-use crate::service::error::PipelineError;
-use crate::service::retention::{KeptRows, PublishedUpTo};
+mod memory;
+mod window;
+
+pub use memory::{Memory, Resume};
+use window::{InFlight, Outgoing, Window};
+
+use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::Metrics;
 use crate::settings::config::PipelineConfig;
@@ -48,80 +50,9 @@ const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a shutdown waits for acks of messages already sent.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// State that outlives one connection attempt.
-pub struct Memory {
-    /// What the stall detector watches.
-    pub progress: Arc<Progress>,
-    /// Counts lost NATS connections (see `commands::connect_nats_watched`).
-    pub nats_disconnects: tokio::sync::watch::Receiver<u64>,
-    /// Rows whose publish JetStream answered as a duplicate of an older message with the same
-    /// id: they are not stored again, and skipping them keeps the sequence guard in step.
-    pub duplicates: HashSet<Position>,
-    /// Rows JetStream refused for themselves: the next attempt publishes their dead letter.
-    pub refused: RefusedRows,
-    pub published: u64,
-    pub dead_letters: u64,
-    /// Shared with `--retention`: the commit time of the newest confirmed transaction.
-    pub published_up_to: PublishedUpTo,
-    /// Shared with `--retention`: rows whose dead letter lacks the payload stay in the table.
-    pub kept_rows: KeptRows,
-}
-
-impl Memory {
-    pub fn new(
-        progress: Arc<Progress>,
-        nats_disconnects: tokio::sync::watch::Receiver<u64>,
-    ) -> Self {
-        Memory {
-            progress,
-            nats_disconnects,
-            duplicates: HashSet::new(),
-            refused: RefusedRows::default(),
-            published: 0,
-            dead_letters: 0,
-            published_up_to: PublishedUpTo::default(),
-            kept_rows: KeptRows::default(),
-        }
-    }
-}
-
-type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
-
-struct InFlight {
-    ack: AckFuture,
-    /// The ack, when it was found ready before its turn (see `check_newest_ack`).
-    early: Option<Result<PublishAck, PublishError>>,
-    position: Position,
-    /// Kept until acknowledged, to be sent again after a duplicate (see
-    /// `resend_after_duplicate`); it shares the payload's buffer, so in-flight memory stays
-    /// within `--max-in-flight-bytes`.
-    message: Outgoing,
-}
-
-/// A message as sent, less its `Nats-Expected-Last-Sequence`.
-struct Outgoing {
-    subject: String,
-    headers: HeaderMap,
-    payload: Bytes,
-}
-
 struct Transaction {
     commit_lsn: u64,
     next_index: u32,
-}
-
-/// Where an attempt starts, and what the stream already holds.
-pub struct Resume {
-    /// The slot's `confirmed_flush_lsn`.
-    pub lsn: u64,
-    /// The stream's last sequence: the first publish expects it.
-    pub stream_sequence: u64,
-    /// Rows at or before this position are in the stream already (`crate::domain::source`).
-    pub skip_through: Option<Position>,
-    /// Named in every message's `Pgoutbox-Source` header.
-    pub source: Source,
-    /// The largest message the server and the stream accept (`StreamTail::message_limit`).
-    pub message_limit: usize,
 }
 
 pub struct Pipeline<'a> {
@@ -130,9 +61,7 @@ pub struct Pipeline<'a> {
     publisher: &'a Publisher,
     memory: &'a mut Memory,
     tracker: LsnTracker,
-    in_flight: VecDeque<InFlight>,
-    /// Payload bytes of `in_flight`.
-    in_flight_bytes: usize,
+    in_flight: Window,
     /// Shared so that a row's mapping stays at hand while the row is published.
     mappings: HashMap<u32, Option<Arc<RowMapping>>>,
     transaction: Option<Transaction>,
@@ -187,8 +116,7 @@ impl<'a> Pipeline<'a> {
             publisher,
             memory,
             tracker: LsnTracker::new(start_lsn),
-            in_flight: VecDeque::with_capacity(MAX_IN_FLIGHT),
-            in_flight_bytes: 0,
+            in_flight: Window::default(),
             mappings: HashMap::new(),
             transaction: None,
             skip_through: resume.skip_through,
@@ -227,21 +155,18 @@ impl<'a> Pipeline<'a> {
         let mut tick = tokio::time::interval(STATUS_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            // One message always fits, whatever its size; then the count and the bytes bound.
-            let room = self.in_flight.is_empty()
-                || (self.in_flight.len() < MAX_IN_FLIGHT
-                    && self.in_flight_bytes < self.config.max_in_flight_bytes);
+            let room = self.in_flight.has_room(MAX_IN_FLIGHT, self.config.max_in_flight_bytes);
             tokio::select! {
                 biased;
                 () = shutdown.requested() => return self.drain().await,
-                ack = oldest_ack(&mut self.in_flight) => self.on_ack(ack).await?,
+                ack = self.in_flight.oldest() => self.on_ack(ack).await?,
                 Ok(()) = self.nats_disconnects.changed() => {
-                    if !self.in_flight.is_empty() {
-                        Metrics::publish_error("connection");
-                    }
-                    return Err(PipelineError::Nats(
-                        "the connection to NATS was lost, and with it the acks awaited".into(),
-                    ));
+                    let kind = match self.in_flight.is_empty() {
+                        true => NatsFailureKind::Request,
+                        false => NatsFailureKind::Connection,
+                    };
+                    let detail = "the connection to NATS was lost, and with it the acks awaited";
+                    return Err(NatsFailure::new(kind, detail).into());
                 }
                 Ok(()) = self.postgres_dead.changed() => {
                     if let Some(why) = self.postgres_dead.borrow_and_update().clone() {
@@ -283,11 +208,14 @@ impl<'a> Pipeline<'a> {
         let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
         while !self.in_flight.is_empty() {
             let left = self.in_flight.len();
-            let acked =
-                match tokio::time::timeout_at(deadline, oldest_ack(&mut self.in_flight)).await {
-                    Ok(ack) => self.on_ack(ack).await,
-                    Err(_) => Err(PipelineError::Nats(format!("no ack within {DRAIN_TIMEOUT:?}"))),
-                };
+            let acked = match tokio::time::timeout_at(deadline, self.in_flight.oldest()).await {
+                Ok(ack) => self.on_ack(ack).await,
+                Err(_) => Err(NatsFailure::new(
+                    NatsFailureKind::Timeout,
+                    format!("no ack within {DRAIN_TIMEOUT:?}"),
+                )
+                .into()),
+            };
             if let Err(cause) = acked {
                 return Err(PipelineError::DrainIncomplete { left, cause: Box::new(cause) });
             }
@@ -301,11 +229,10 @@ impl<'a> Pipeline<'a> {
     }
 
     async fn on_ack(&mut self, ack: Result<PublishAck, PublishError>) -> Result<(), PipelineError> {
-        let Some(done) = self.in_flight.pop_front() else {
+        let Some(done) = self.in_flight.pop_oldest() else {
             return Ok(());
         };
         let bytes = done.message.payload.len();
-        self.in_flight_bytes -= bytes;
         let ack = ack.map_err(|err| self.refused(done.position, &err))?;
         self.metrics.rows_published.increment(1);
         self.metrics.bytes_published.increment(bytes as u64);
@@ -326,10 +253,9 @@ impl<'a> Pipeline<'a> {
     /// refusals and send the same messages again, chained to the stream's real end. The
     /// tracker's counts do not change: the same messages stay in flight, in the same order.
     async fn resend_after_duplicate(&mut self) -> Result<(), PipelineError> {
-        let stale = std::mem::take(&mut self.in_flight);
+        let stale = self.in_flight.take_all();
         // The duplicate and every message behind it each counted one stored message.
         self.expected_last_sequence -= 1 + stale.len() as u64;
-        self.in_flight_bytes = 0;
         for entry in stale {
             let refusal = match entry.early {
                 Some(ack) => ack,
@@ -341,41 +267,29 @@ impl<'a> Pipeline<'a> {
                 // acknowledged as a duplicate in its turn.
                 Ok(ack) if ack.duplicate => {}
                 Ok(_) => {
-                    return Err(PipelineError::Nats(
+                    return Err(NatsFailure::new(
+                        NatsFailureKind::Other,
                         "a message chained behind a duplicate was stored: another writer on \
-                         the stream?"
-                            .into(),
-                    ));
+                         the stream?",
+                    )
+                    .into());
                 }
                 Err(err) => return Err(self.refused(entry.position, &err)),
             }
             self.send(entry.message, entry.position).await.map_err(|err| {
                 self.unsent_row = true;
-                PipelineError::Nats(err.to_string())
+                PipelineError::Nats(NatsFailure::unacknowledged(&err))
             })?;
         }
         Ok(())
     }
 
-    /// Acks are consumed oldest first, but when the oldest waits for its timeout (it went to
-    /// a stream leader that died), the ones after it are refused at once (no leader yet).
-    /// Looking at the newest ack every tick ends such an attempt within 100 ms instead of
-    /// after the ack timeout; any refused ack means the attempt must restart anyway.
+    /// A refusal of the newest ack ends the attempt within a tick (see
+    /// [`Window::refused_newest`]).
     fn check_newest_ack(&mut self) -> Result<(), PipelineError> {
-        use futures_util::FutureExt;
-        if self.in_flight.len() < 2 {
-            return Ok(());
-        }
-        let Some(newest) = self.in_flight.back_mut().filter(|n| n.early.is_none()) else {
-            return Ok(());
-        };
-        let position = newest.position;
-        match (&mut newest.ack).now_or_never() {
-            Some(Err(err)) => Err(self.refused(position, &err)),
-            ready => {
-                newest.early = ready;
-                Ok(())
-            }
+        match self.in_flight.refused_newest() {
+            Some((position, err)) => Err(self.refused(position, &err)),
+            None => Ok(()),
         }
     }
 
@@ -468,7 +382,7 @@ impl<'a> Pipeline<'a> {
                         Some(why) => Rejection(why),
                         None => {
                             self.unsent_row = true;
-                            return Err(PipelineError::Nats(err.to_string()));
+                            return Err(PipelineError::Nats(NatsFailure::unacknowledged(&err)));
                         }
                     },
                 },
@@ -495,7 +409,7 @@ impl<'a> Pipeline<'a> {
             self.unsent_row = true;
             return Err(match refused_for_itself(&err) {
                 Some(why) => PipelineError::DeadLetter(why),
-                None => PipelineError::Nats(err.to_string()),
+                None => PipelineError::Nats(NatsFailure::unacknowledged(&err)),
             });
         }
         if payload_omitted && let Some(id) = row_id {
@@ -513,7 +427,7 @@ impl<'a> Pipeline<'a> {
     /// again, since nothing past it was confirmed): the row is retried once, not forever.
     /// Refused again, it was the dead letter that was refused, and pgoutbox stops.
     fn refused(&mut self, position: Position, err: &PublishError) -> PipelineError {
-        let message = unacknowledged(err);
+        let failure = NatsFailure::unacknowledged(err);
         match refused_for_itself(err) {
             Some(why) if self.memory.refused.get(&position).is_some() => {
                 PipelineError::DeadLetter(format!("{why} (position {position})"))
@@ -522,9 +436,9 @@ impl<'a> Pipeline<'a> {
                 warn!(position = %position, reason = %why,
                     "JetStream refused the row; its dead letter goes in its place on retry");
                 self.memory.refused.insert(position, Rejection(why));
-                PipelineError::Nats(message)
+                failure.into()
             }
-            None => PipelineError::Nats(message),
+            None => failure.into(),
         }
     }
 
@@ -554,13 +468,7 @@ impl<'a> Pipeline<'a> {
             .publish(message.subject.clone(), headers, message.payload.clone())
             .await?;
         self.expected_last_sequence += 1;
-        self.in_flight_bytes += message.payload.len();
-        self.in_flight.push_back(InFlight {
-            ack: ack.into_future(),
-            early: None,
-            position,
-            message,
-        });
+        self.in_flight.push(InFlight { ack: ack.into_future(), early: None, position, message });
         Ok(())
     }
 
@@ -576,38 +484,6 @@ impl<'a> Pipeline<'a> {
         self.reported = confirmed;
         self.reported_at = Instant::now();
         Ok(())
-    }
-}
-
-/// Why a publish was not acknowledged, in the words an operator needs; also counted in
-/// `pgoutbox_publish_errors_total` by kind.
-fn unacknowledged(err: &PublishError) -> String {
-    Metrics::publish_error(match err.kind() {
-        PublishErrorKind::TimedOut => "timeout",
-        PublishErrorKind::StreamNotFound => "no_leader",
-        PublishErrorKind::WrongLastSequence => "out_of_order",
-        PublishErrorKind::BrokenPipe => "connection",
-        _ => "other",
-    });
-    match err.kind() {
-        // Nothing subscribes to the subject: on a cluster, the stream has no leader yet.
-        PublishErrorKind::StreamNotFound => "publish not acknowledged: no JetStream server \
-            answers for the stream (a leader election under way, quorum lost, or the stream \
-            was deleted)"
-            .to_owned(),
-        _ => format!("publish not acknowledged: {err}"),
-    }
-}
-
-/// Waits for the oldest ack; never resolves when nothing is in flight. Cancel-safe: the
-/// boxed future keeps its state across polls.
-async fn oldest_ack(in_flight: &mut VecDeque<InFlight>) -> Result<PublishAck, PublishError> {
-    match in_flight.front_mut() {
-        Some(oldest) => match oldest.early.take() {
-            Some(ack) => ack,
-            None => (&mut oldest.ack).await,
-        },
-        None => std::future::pending().await,
     }
 }
 

@@ -1,0 +1,61 @@
+//! What outlives one connection attempt, and where the next one starts.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::domain::outbox::RefusedRows;
+use crate::domain::progress::Position;
+use crate::domain::source::Source;
+use crate::domain::stall::Progress;
+use crate::service::retention::{KeptRows, PublishedUpTo};
+
+/// State that outlives one connection attempt.
+pub struct Memory {
+    /// What the stall detector watches.
+    pub progress: Arc<Progress>,
+    /// Counts lost NATS connections (see `commands::connect_nats_watched`).
+    pub nats_disconnects: tokio::sync::watch::Receiver<u64>,
+    /// Rows whose publish JetStream answered as a duplicate of an older message with the same
+    /// id: they are not stored again, and skipping them keeps the sequence guard in step.
+    pub duplicates: HashSet<Position>,
+    /// Rows JetStream refused for themselves: the next attempt publishes their dead letter.
+    pub refused: RefusedRows,
+    pub published: u64,
+    pub dead_letters: u64,
+    /// Shared with `--retention`: the commit time of the newest confirmed transaction.
+    pub published_up_to: PublishedUpTo,
+    /// Shared with `--retention`: rows whose dead letter lacks the payload stay in the table.
+    pub kept_rows: KeptRows,
+}
+
+impl Memory {
+    pub fn new(
+        progress: Arc<Progress>,
+        nats_disconnects: tokio::sync::watch::Receiver<u64>,
+    ) -> Self {
+        Memory {
+            progress,
+            nats_disconnects,
+            duplicates: HashSet::new(),
+            refused: RefusedRows::default(),
+            published: 0,
+            dead_letters: 0,
+            published_up_to: PublishedUpTo::default(),
+            kept_rows: KeptRows::default(),
+        }
+    }
+}
+
+/// Where an attempt starts, and what the stream already holds.
+pub struct Resume {
+    /// The slot's `confirmed_flush_lsn`.
+    pub lsn: u64,
+    /// The stream's last sequence: the first publish expects it.
+    pub stream_sequence: u64,
+    /// Rows at or before this position are in the stream already (`crate::domain::source`).
+    pub skip_through: Option<Position>,
+    /// Named in every message's `Pgoutbox-Source` header.
+    pub source: Source,
+    /// The largest message the server and the stream accept (`StreamTail::message_limit`).
+    pub message_limit: usize,
+}
