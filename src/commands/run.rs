@@ -14,6 +14,7 @@ use crate::domain::stall::Progress;
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
+use crate::postgres::admin::WalStatus;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::Liveness;
 use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
@@ -289,7 +290,8 @@ impl Target<'_> {
         let Some(row) = rows.first() else {
             return Err(PipelineError::SlotMissing { slot: slot.clone() });
         };
-        if row.get(1).and_then(Option::as_deref) == Some("lost") {
+        if row.get(1).and_then(Option::as_deref).and_then(WalStatus::parse) == Some(WalStatus::Lost)
+        {
             let detail = "wal_status = lost".to_owned();
             return Err(PipelineError::SlotInvalidated { slot: slot.clone(), detail });
         }

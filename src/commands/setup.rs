@@ -7,7 +7,7 @@ use crate::domain::source::Source;
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
-use crate::postgres::admin;
+use crate::postgres::admin::{self, WalStatus};
 use crate::service::error::PipelineError;
 use crate::settings::cli::SlotArgs;
 use crate::settings::config::Config;
@@ -64,7 +64,7 @@ pub async fn ensure_stream_and_slot(
         .with_context(|| format!("reading the claim on stream {}", config.stream))?;
     let holder = claims.holder(&config.stream, &source).await?;
     match state {
-        Some(state) if state.wal_status.as_deref() == Some("lost") => {
+        Some(state) if state.wal_status == Some(WalStatus::Lost) => {
             if !recreate {
                 return Err(PipelineError::SlotInvalidated {
                     slot: name.clone(),

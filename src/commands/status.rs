@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::nats::publisher::Publisher;
-use crate::postgres::admin::{self, SlotState};
+use crate::postgres::admin::{self, SlotState, WalStatus};
 use crate::service::telemetry;
 use crate::settings::config::Config;
 
@@ -83,7 +83,7 @@ fn judge(state: Option<&SlotState>, max_lag_bytes: i64) -> (Health, Vec<String>)
     };
     let mut problems = Vec::new();
     let mut health = Health::Healthy;
-    if state.wal_status.as_deref() == Some("lost") {
+    if state.wal_status == Some(WalStatus::Lost) {
         problems.push("slot is lost: the WAL it needs was removed".into());
         health = Health::Critical;
     }
@@ -107,7 +107,7 @@ fn slot_report(name: &str, state: Option<&SlotState>) -> serde_json::Value {
             "plugin": s.plugin,
             "active": s.active,
             "active_pid": s.active_pid,
-            "wal_status": s.wal_status,
+            "wal_status": s.wal_status.map(WalStatus::as_str),
             "safe_wal_size": s.safe_wal_size,
             "confirmed_flush_lsn": s.confirmed_flush_lsn,
             "restart_lsn": s.restart_lsn,

@@ -241,6 +241,37 @@ pub async fn ensure_publication(
     }
 }
 
+/// `pg_replication_slots.wal_status`: whether the WAL the slot needs is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WalStatus {
+    Reserved,
+    Extended,
+    Unreserved,
+    /// The WAL the slot needs was removed (`max_slot_wal_keep_size`): the slot is unusable.
+    Lost,
+}
+
+impl WalStatus {
+    pub fn parse(text: &str) -> Option<WalStatus> {
+        match text {
+            "reserved" => Some(Self::Reserved),
+            "extended" => Some(Self::Extended),
+            "unreserved" => Some(Self::Unreserved),
+            "lost" => Some(Self::Lost),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reserved => "reserved",
+            Self::Extended => "extended",
+            Self::Unreserved => "unreserved",
+            Self::Lost => "lost",
+        }
+    }
+}
+
 /// What Postgres says about the slot.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlotState {
@@ -249,7 +280,7 @@ pub struct SlotState {
     pub active_pid: Option<i32>,
     pub confirmed_flush_lsn: Option<String>,
     pub restart_lsn: Option<String>,
-    pub wal_status: Option<String>,
+    pub wal_status: Option<WalStatus>,
     pub safe_wal_size: Option<i64>,
     pub current_wal_lsn: String,
     pub lag_bytes: Option<i64>,
@@ -286,7 +317,7 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
         active_pid: r.get(2),
         confirmed_flush_lsn: r.get(3),
         restart_lsn: r.get(4),
-        wal_status: r.get(5),
+        wal_status: r.get::<_, Option<&str>>(5).and_then(WalStatus::parse),
         safe_wal_size: r.get(6),
         current_wal_lsn: r.get(7),
         lag_bytes: r.get(8),
@@ -338,6 +369,17 @@ fn is_duplicate(err: &tokio_postgres::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::TableName;
+
+    #[test]
+    fn wal_status_round_trips_and_refuses_unknown_words() {
+        use super::WalStatus;
+        for status in
+            [WalStatus::Reserved, WalStatus::Extended, WalStatus::Unreserved, WalStatus::Lost]
+        {
+            assert_eq!(WalStatus::parse(status.as_str()), Some(status));
+        }
+        assert_eq!(WalStatus::parse("gone"), None);
+    }
 
     #[test]
     fn table_names_default_to_public_and_reject_extra_dots() {
