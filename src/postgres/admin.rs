@@ -80,8 +80,7 @@ pub enum SetupError {
 /// Opens a normal SQL session, over TLS as `tls` says; its connection task runs in the
 /// background.
 pub async fn connect(config: &tokio_postgres::Config, tls: &PgTls) -> Result<Client, SetupError> {
-    let rustls = tls.client_config().map_err(SetupError::Connect)?;
-    open(config, rustls)
+    open(config, tls.client_config())
         .await
         .map_err(|err| SetupError::Connect(describe_connect_error(&err, &user_name(config))))
 }
@@ -90,7 +89,7 @@ pub async fn connect(config: &tokio_postgres::Config, tls: &PgTls) -> Result<Cli
 /// tells a server's refusal from a network failure (see `liveness`).
 pub(crate) async fn open(
     config: &tokio_postgres::Config,
-    rustls: Option<rustls::ClientConfig>,
+    rustls: Option<std::sync::Arc<rustls::ClientConfig>>,
 ) -> Result<Client, tokio_postgres::Error> {
     let client = match rustls {
         None => {
@@ -99,7 +98,7 @@ pub(crate) async fn open(
             client
         }
         Some(rustls) => {
-            let tls = tokio_postgres_rustls::MakeRustlsConnect::new(rustls);
+            let tls = tokio_postgres_rustls::MakeRustlsConnect::new((*rustls).clone());
             let (client, connection) = config.connect(tls).await?;
             tokio::spawn(log_close(connection));
             client

@@ -94,7 +94,7 @@ async fn negotiate_tls(
     host: &str,
     tls: &PgTls,
 ) -> Result<Box<dyn Socket>, ConnectionError> {
-    let Some(client_config) = tls.client_config().map_err(ConnectionError::Tls)? else {
+    let Some(client_config) = tls.client_config() else {
         return Ok(Box::new(stream));
     };
     let mut request = BytesMut::new();
@@ -104,7 +104,7 @@ async fn negotiate_tls(
         b'S' => {
             let name = ServerName::try_from(host.to_owned())
                 .map_err(|e| ConnectionError::Tls(format!("host {host:?}: {e}")))?;
-            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client_config));
+            let connector = tokio_rustls::TlsConnector::from(client_config);
             let stream = connector
                 .connect(name, stream)
                 .await

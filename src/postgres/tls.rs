@@ -27,14 +27,28 @@ pub enum SslMode {
     VerifyFull,
 }
 
-/// TLS settings for Postgres, as given in the connection string.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// TLS settings for Postgres, as given in the connection string, with the rustls
+/// configuration built once from them when the settings are validated: a missing or
+/// unreadable `sslrootcert` is a start-up error, and no reconnection reads the CA file.
+#[derive(Debug, Clone)]
 pub struct PgTls {
     pub mode: SslMode,
     pub root_cert: Option<PathBuf>,
+    client: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl PgTls {
+    fn new(mode: SslMode, root_cert: Option<PathBuf>) -> Result<PgTls, String> {
+        let mut tls = PgTls { mode, root_cert, client: None };
+        tls.client = tls.build_client_config()?.map(Arc::new);
+        Ok(tls)
+    }
+
+    /// The rustls configuration for this mode; `None` when TLS is disabled.
+    pub fn client_config(&self) -> Option<Arc<rustls::ClientConfig>> {
+        self.client.clone()
+    }
+
     /// Whether a server that refuses TLS must be refused in turn.
     pub fn required(&self) -> bool {
         matches!(self.mode, SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull)
@@ -48,8 +62,7 @@ impl PgTls {
         }
     }
 
-    /// The rustls configuration for this mode; `None` when TLS is disabled.
-    pub fn client_config(&self) -> Result<Option<rustls::ClientConfig>, String> {
+    fn build_client_config(&self) -> Result<Option<rustls::ClientConfig>, String> {
         if self.mode == SslMode::Disable {
             return Ok(None);
         }
@@ -105,11 +118,11 @@ fn load_roots(path: &PathBuf) -> Result<Arc<RootCertStore>, String> {
 /// Takes `sslmode` and `sslrootcert` out of a connection string (URL or key=value) and
 /// returns the rest for tokio-postgres.
 pub fn split_connection_string(text: &str) -> Result<(String, PgTls), String> {
-    let mut tls = PgTls { mode: SslMode::Prefer, root_cert: None };
+    let (mut mode, mut root_cert) = (SslMode::Prefer, None);
     let take = |key: &str, value: &str| -> Result<bool, String> {
         match key {
             "sslmode" => {
-                tls.mode = match value {
+                mode = match value {
                     "disable" => SslMode::Disable,
                     "allow" | "prefer" => SslMode::Prefer,
                     "require" => SslMode::Require,
@@ -120,14 +133,14 @@ pub fn split_connection_string(text: &str) -> Result<(String, PgTls), String> {
                 Ok(true)
             }
             "sslrootcert" => {
-                tls.root_cert = Some(PathBuf::from(value));
+                root_cert = Some(PathBuf::from(value));
                 Ok(true)
             }
             _ => Ok(false),
         }
     };
     let rest = crate::postgres::conninfo::strip_params(text, take)?;
-    Ok((rest, tls))
+    Ok((rest, PgTls::new(mode, root_cert)?))
 }
 
 /// `require` without a root certificate: encrypted, the server not authenticated (libpq's
@@ -224,36 +237,36 @@ mod tests {
 
     #[test]
     fn ssl_options_are_taken_out_of_urls() {
-        let (rest, tls) = split_connection_string(
-            "postgres://u:p@h:5/db?sslmode=verify-full&application_name=x&sslrootcert=%2Ftmp%2Fca.pem",
+        let err = split_connection_string(
+            "postgres://u:p@h:5/db?sslmode=verify-full&application_name=x&sslrootcert=%2Fnope%2Fca.pem",
         )
-        .unwrap();
+        .unwrap_err();
+        assert!(err.contains("cannot read sslrootcert /nope/ca.pem"), "{err}");
+        let (rest, tls) =
+            split_connection_string("postgres://u:p@h:5/db?sslmode=require&application_name=x")
+                .unwrap();
         assert_eq!(rest, "postgres://u:p@h:5/db?application_name=x");
-        assert_eq!(tls.mode, SslMode::VerifyFull);
-        assert_eq!(tls.root_cert, Some(PathBuf::from("/tmp/ca.pem")));
+        assert_eq!(tls.mode, SslMode::Require);
         let (rest, tls) = split_connection_string("postgres://h/db").unwrap();
         assert_eq!((rest.as_str(), tls.mode), ("postgres://h/db", SslMode::Prefer));
     }
 
     #[test]
     fn ssl_options_are_taken_out_of_key_value_strings() {
-        let (rest, tls) = split_connection_string(
-            "host=h password='a b' sslmode=verify-ca sslrootcert='/x y/ca.pem' dbname=d",
-        )
-        .unwrap();
+        let (rest, tls) =
+            split_connection_string("host=h password='a b' sslmode=require dbname=d").unwrap();
         assert_eq!(rest, "host=h password='a b' dbname=d");
-        assert_eq!(tls.mode, SslMode::VerifyCa);
-        assert_eq!(tls.root_cert, Some(PathBuf::from("/x y/ca.pem")));
+        assert_eq!(tls.mode, SslMode::Require);
+        let err =
+            split_connection_string("sslmode=verify-ca sslrootcert='/x y/ca.pem'").unwrap_err();
+        assert!(err.contains("/x y/ca.pem"), "{err}");
         assert!(split_connection_string("sslmode=sometimes").is_err());
     }
 
     #[test]
     fn verify_modes_need_a_root_certificate() {
-        let tls = PgTls { mode: SslMode::VerifyFull, root_cert: None };
-        assert!(tls.client_config().unwrap_err().contains("sslrootcert"));
-        let tls = PgTls { mode: SslMode::Require, root_cert: None };
-        assert!(tls.client_config().unwrap().is_some());
-        let tls = PgTls { mode: SslMode::Disable, root_cert: None };
-        assert!(tls.client_config().unwrap().is_none());
+        assert!(PgTls::new(SslMode::VerifyFull, None).unwrap_err().contains("sslrootcert"));
+        assert!(PgTls::new(SslMode::Require, None).unwrap().client_config().is_some());
+        assert!(PgTls::new(SslMode::Disable, None).unwrap().client_config().is_none());
     }
 }

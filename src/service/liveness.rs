@@ -48,18 +48,9 @@ impl Liveness {
         let (tell, verdict) = watch::channel(None);
         let mut config = config.clone();
         config.application_name("pgoutbox liveness check");
-        let task = match tls.client_config() {
-            Ok(rustls) => {
-                let slot = slot.to_owned();
-                let check = Check { config, rustls, slot, walsender_pid };
-                tokio::spawn(check.run(tell))
-            }
-            // The replication connection was just made with this very configuration.
-            Err(err) => {
-                warn!(error = %err, "no liveness check: Postgres TLS settings");
-                tokio::spawn(async move { drop(tell) })
-            }
-        };
+        let rustls = tls.client_config();
+        let check = Check { config, rustls, slot: slot.to_owned(), walsender_pid };
+        let task = tokio::spawn(check.run(tell));
         Liveness { verdict, task: task.abort_handle() }
     }
 
@@ -77,7 +68,7 @@ impl Drop for Liveness {
 
 struct Check {
     config: tokio_postgres::Config,
-    rustls: Option<rustls::ClientConfig>,
+    rustls: Option<std::sync::Arc<rustls::ClientConfig>>,
     slot: String,
     walsender_pid: Option<i32>,
 }

@@ -47,6 +47,31 @@ fn database_unreachable_fails_fast() {
     assert!(took < Duration::from_secs(10), "took {took:?}");
 }
 
+/// TLS settings are checked when the settings are read, before anything is connected:
+/// a verify mode without a CA file, or a CA file that cannot be read, is one line at
+/// start-up, not a "could not connect" at each reconnection.
+#[test]
+fn postgres_tls_mistakes_are_refused_at_start_up() {
+    let nats = Nats::start();
+    let port = free_port();
+    for (query, needle) in [
+        ("sslmode=verify-full", "sslmode=verify-full needs sslrootcert"),
+        (
+            "sslmode=verify-ca&sslrootcert=/nonexistent/ca.pem",
+            "cannot read sslrootcert /nonexistent/ca.pem",
+        ),
+    ] {
+        let mut cmd = command_without_pg(&nats);
+        cmd.arg("run")
+            .arg("--database-url")
+            .arg(format!("postgres://postgres@127.0.0.1:{port}/postgres?{query}"));
+        let (output, _) = run(cmd);
+        assert_fails_with(&output, &[needle]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!stderr.contains("could not connect"), "checked only at connect time: {stderr}");
+    }
+}
+
 #[test]
 fn wrong_password_is_named() {
     let pg = Postgres::builder().hba("host all app 127.0.0.1/32 scram-sha-256").start();
