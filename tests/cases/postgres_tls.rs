@@ -59,7 +59,6 @@ async fn streams_over_verified_tls_and_refuses_what_it_cannot_verify() {
     for (query, needle) in [
         (format!("sslmode=verify-ca&sslrootcert={}", other.display()), "certificate"),
         ("sslmode=disable".to_owned(), "pg_hba.conf"),
-        ("sslmode=verify-full".to_owned(), "sslrootcert"),
     ] {
         let mut cmd = command(&pg, &nats);
         cmd.env("PGOUTBOX_DATABASE_URL", with_tls(&query)).arg("status");
@@ -68,4 +67,10 @@ async fn streams_over_verified_tls_and_refuses_what_it_cannot_verify() {
         assert_eq!(output.status.code(), Some(2), "{query}: {stdout}");
         assert!(stdout.contains(needle), "{query}: {needle:?} not in {stdout}");
     }
+    // A settings mistake, not a health verdict: refused before connecting, on stderr.
+    let mut cmd = command(&pg, &nats);
+    cmd.env("PGOUTBOX_DATABASE_URL", with_tls("sslmode=verify-full")).arg("status");
+    let output = cmd.output().expect("status runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("sslrootcert"), "{stderr}");
 }
