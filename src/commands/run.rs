@@ -76,8 +76,10 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         ensure_stream_and_slot(config, &client, &publisher, args.slot.recreate_slot).await?;
     drop(client);
 
+    // The tasks beside the pipeline, stopped and awaited when `run` ends.
+    let mut tasks = tokio::task::JoinSet::new();
     let progress = Arc::new(Progress::default());
-    tokio::spawn(crate::service::telemetry::watch_stalls(
+    tasks.spawn(crate::service::telemetry::watch_stalls(
         progress.clone(),
         readiness.clone(),
         args.stall_timeout,
@@ -96,7 +98,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
             created_at: roles.created_at.clone(),
             id: roles.id.clone(),
         };
-        tokio::spawn(crate::service::retention::run(
+        tasks.spawn(crate::service::retention::run(
             config.database.clone(),
             config.pg_tls.clone(),
             config.table.clone(),
@@ -117,13 +119,26 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         publisher,
         claims,
     };
+    let outcome = attempts(&target, &mut memory, &mut shutdown, &readiness).await;
+    tasks.shutdown().await;
+    outcome
+}
+
+/// Connection attempts until shutdown or a failure that retrying cannot mend, waiting
+/// between them as `RetryPolicy` says.
+async fn attempts(
+    target: &Target<'_>,
+    memory: &mut Memory,
+    shutdown: &mut Shutdown,
+    readiness: &Readiness,
+) -> anyhow::Result<()> {
     let mut policy = RetryPolicy::default();
     let mut standby_announced = false;
     let mut repeats = RepeatedError::default();
     loop {
         let started = Instant::now();
         let published_before = memory.published;
-        let outcome = target.stream_once(&mut memory, &mut shutdown, &readiness).await;
+        let outcome = target.stream_once(memory, shutdown, readiness).await;
         readiness.set_streaming(false);
         let err = match outcome {
             Ok(Ended::Drained { confirmed }) => {

@@ -16,6 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::nats::publisher::Publisher;
 use crate::postgres::admin::{self, SlotState, WalStatus};
 use crate::service::telemetry;
+use crate::service::telemetry::names;
 use crate::settings::config::Config;
 
 /// The health verdict, which is also the exit code.
@@ -152,12 +153,12 @@ async fn process_report(addr: SocketAddr) -> serde_json::Value {
                 .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
                 .and_then(|value| value.trim().parse::<f64>().ok())
         };
-        let age = gauge("pgoutbox_last_confirmation_age_seconds")
+        let age = gauge(names::LAST_CONFIRMATION_AGE)
             .context("its /metrics has no pgoutbox_last_confirmation_age_seconds")?;
         anyhow::Ok(json!({
             "http_addr": addr.to_string(),
             "last_confirmation_age_seconds": (age * 10.0).round() / 10.0,
-            "stalled": gauge("pgoutbox_stalled") == Some(1.0),
+            "stalled": gauge(names::STALLED) == Some(1.0),
         }))
     };
     match tokio::time::timeout(Duration::from_secs(3), gauges).await {

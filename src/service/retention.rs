@@ -107,7 +107,7 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) {
     let every = (keep / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
-    let deleted_total = metrics::counter!("pgoutbox_retention_deleted_total");
+    let deleted_total = metrics::counter!(crate::service::telemetry::names::RETENTION_DELETED);
     let sql = format!(
         "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
          WHERE {created_at} < to_timestamp($1::float8) AND NOT ({id}::text = ANY($2::text[])) \

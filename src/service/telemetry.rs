@@ -48,11 +48,30 @@ pub fn reachable(addr: SocketAddr, host: Option<std::net::IpAddr>) -> SocketAddr
     }
 }
 
-/// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream ack
-/// of its last message.
-const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
+/// Buckets of the commit-to-ack histogram, in seconds.
 const LATENCY_BUCKETS: &[f64] =
     &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
+
+/// Every metric's name, defined once: the instruments below, `retention` and `status`
+/// (which reads two of them back from a running pgoutbox) use these.
+pub mod names {
+    pub const ROWS_PUBLISHED: &str = "pgoutbox_rows_published_total";
+    pub const BYTES_PUBLISHED: &str = "pgoutbox_bytes_published_total";
+    pub const TRANSACTIONS: &str = "pgoutbox_transactions_total";
+    pub const DEAD_LETTERS: &str = "pgoutbox_dead_letters_total";
+    pub const MESSAGES_IN_FLIGHT: &str = "pgoutbox_messages_in_flight";
+    pub const CONFIRMED_LSN: &str = "pgoutbox_confirmed_lsn";
+    pub const REPLICATION_LAG_BYTES: &str = "pgoutbox_replication_lag_bytes";
+    pub const PUBLISH_ERRORS: &str = "pgoutbox_publish_errors_total";
+    pub const RECONNECTS: &str = "pgoutbox_reconnects_total";
+    pub const STREAMING: &str = "pgoutbox_streaming";
+    pub const STALLED: &str = "pgoutbox_stalled";
+    pub const LAST_CONFIRMATION_AGE: &str = "pgoutbox_last_confirmation_age_seconds";
+    pub const RETENTION_DELETED: &str = "pgoutbox_retention_deleted_total";
+    /// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream
+    /// ack of its last message.
+    pub const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
+}
 
 /// The pipeline's instruments.
 #[derive(Clone)]
@@ -70,25 +89,25 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Self {
         Metrics {
-            rows_published: counter!("pgoutbox_rows_published_total"),
-            bytes_published: counter!("pgoutbox_bytes_published_total"),
-            transactions: counter!("pgoutbox_transactions_total"),
-            dead_letters: counter!("pgoutbox_dead_letters_total"),
-            messages_in_flight: gauge!("pgoutbox_messages_in_flight"),
-            confirmed_lsn: gauge!("pgoutbox_confirmed_lsn"),
-            replication_lag_bytes: gauge!("pgoutbox_replication_lag_bytes"),
-            commit_to_ack: histogram!(COMMIT_TO_ACK),
+            rows_published: counter!(names::ROWS_PUBLISHED),
+            bytes_published: counter!(names::BYTES_PUBLISHED),
+            transactions: counter!(names::TRANSACTIONS),
+            dead_letters: counter!(names::DEAD_LETTERS),
+            messages_in_flight: gauge!(names::MESSAGES_IN_FLIGHT),
+            confirmed_lsn: gauge!(names::CONFIRMED_LSN),
+            replication_lag_bytes: gauge!(names::REPLICATION_LAG_BYTES),
+            commit_to_ack: histogram!(names::COMMIT_TO_ACK),
         }
     }
 
     /// A publish that was not acknowledged, by kind (timeout, refused, ...).
     pub fn publish_error(kind: &str) {
-        counter!("pgoutbox_publish_errors_total", "kind" => kind.to_owned()).increment(1);
+        counter!(names::PUBLISH_ERRORS, "kind" => kind.to_owned()).increment(1);
     }
 
     /// A reconnection after a failure of `target` (postgres or nats).
     pub fn reconnect(target: &'static str) {
-        counter!("pgoutbox_reconnects_total", "target" => target).increment(1);
+        counter!(names::RECONNECTS, "target" => target).increment(1);
     }
 }
 
@@ -114,7 +133,7 @@ impl Readiness {
             *reason = None;
         }
         self.streaming.store(streaming, Ordering::Relaxed);
-        gauge!("pgoutbox_streaming").set(f64::from(u8::from(streaming)));
+        gauge!(names::STREAMING).set(f64::from(u8::from(streaming)));
     }
 
     pub fn set_nats(&self, client: async_nats::Client) {
@@ -132,7 +151,7 @@ impl Readiness {
 
     /// Records the stall detector's verdict: `Some(reason)` while stalled.
     pub fn set_stalled(&self, reason: Option<String>) {
-        gauge!("pgoutbox_stalled").set(f64::from(u8::from(reason.is_some())));
+        gauge!(names::STALLED).set(f64::from(u8::from(reason.is_some())));
         if let Ok(mut stalled) = self.stalled.lock() {
             *stalled = reason;
         }
@@ -166,7 +185,7 @@ impl Readiness {
 /// Installs the Prometheus recorder; call once, before any metric is touched.
 pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
     Ok(PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(COMMIT_TO_ACK.into()), LATENCY_BUCKETS)?
+        .set_buckets_for_metric(Matcher::Full(names::COMMIT_TO_ACK.into()), LATENCY_BUCKETS)?
         .install_recorder()?)
 }
 
@@ -218,7 +237,7 @@ const STALL_WATCH_INTERVAL: Duration = Duration::from_millis(250);
 /// `pgoutbox_stalled` and `pgoutbox_last_confirmation_age_seconds`.
 pub async fn watch_stalls(progress: Arc<Progress>, readiness: Arc<Readiness>, timeout: Duration) {
     let mut detector = StallDetector::new(timeout, Instant::now());
-    let age = metrics::gauge!("pgoutbox_last_confirmation_age_seconds");
+    let age = metrics::gauge!(names::LAST_CONFIRMATION_AGE);
     let mut tick = tokio::time::interval(STALL_WATCH_INTERVAL);
     loop {
         tick.tick().await;
