@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::pgoutbox::Pgoutbox;
 use crate::support::proxy::FaultProxy;
 use crate::support::stream::{audit, count, jetstream, read_all};
 use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
@@ -15,9 +15,7 @@ async fn a_lost_publish_never_lets_later_rows_overtake_it() {
     let nats = Nats::start();
     let proxy = FaultProxy::start(nats.port()).await;
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let mut cmd = command(&pg, &nats);
-    cmd.env("PGOUTBOX_NATS_URL", proxy.url()).arg("run");
-    let app = Pgoutbox::spawn(cmd);
+    let app = Pgoutbox::run_via(&pg, &nats, &proxy.url());
     wait_until_streaming(&pg, &app).await;
 
     pg.psql(&numbered_rows(0, 100, 100));

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::pgoutbox::Pgoutbox;
 use crate::support::proxy::FaultProxy;
 use crate::support::stream::{audit, count, jetstream, read_all};
 use crate::support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
@@ -27,9 +27,7 @@ async fn statuses_keep_a_short_wal_sender_timeout_satisfied_while_the_ack_window
     let nats = Nats::start();
     let proxy = FaultProxy::start(nats.port()).await;
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let mut cmd = command(&pg, &nats);
-    cmd.env("PGOUTBOX_NATS_URL", proxy.url()).arg("run");
-    let app = Pgoutbox::spawn(cmd);
+    let app = Pgoutbox::run_via(&pg, &nats, &proxy.url());
     wait_until_streaming(&pg, &app).await;
     let js = jetstream(&nats.url()).await;
     pg.psql(&numbered_rows(0, 100, 10));

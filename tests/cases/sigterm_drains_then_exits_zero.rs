@@ -45,15 +45,12 @@ async fn sigterm_mid_stream_then_restart_stores_every_row_once() {
 /// arrive once after a restart.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_whose_drain_cannot_finish_exits_non_zero_and_loses_nothing() {
-    use crate::support::pgoutbox::command;
     use crate::support::proxy::FaultProxy;
     let pg = Postgres::start();
     let nats = Nats::start();
     let proxy = FaultProxy::start(nats.port()).await;
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let mut cmd = command(&pg, &nats);
-    cmd.env("PGOUTBOX_NATS_URL", proxy.url()).arg("run");
-    let mut app = Pgoutbox::spawn(cmd);
+    let mut app = Pgoutbox::run_via(&pg, &nats, &proxy.url());
     wait_until_streaming(&pg, &app).await;
     let js = jetstream(&nats.url()).await;
     pg.psql(&numbered_rows(0, 10, 10));

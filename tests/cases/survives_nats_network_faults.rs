@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::pgoutbox::Pgoutbox;
 use crate::support::proxy::FaultProxy;
 use crate::support::stream::{audit, count, jetstream, read_all};
 use crate::support::{
@@ -29,9 +29,7 @@ async fn cut_and_black_holed_connections_lose_and_duplicate_nothing() {
     let nats = Nats::start();
     let proxy = FaultProxy::start(nats.port()).await;
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let mut cmd = command(&pg, &nats);
-    cmd.env("PGOUTBOX_NATS_URL", proxy.url()).arg("run");
-    let app = Pgoutbox::spawn(cmd);
+    let app = Pgoutbox::run_via(&pg, &nats, &proxy.url());
     wait_until_streaming(&pg, &app).await;
     let js = jetstream(&nats.url()).await;
 

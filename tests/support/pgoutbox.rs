@@ -38,6 +38,13 @@ impl Pgoutbox {
         Pgoutbox::spawn(cmd)
     }
 
+    /// `pgoutbox run` reaching NATS at `nats_url` (a fault proxy in front of `nats`).
+    pub fn run_via(pg: &Postgres, nats: &Nats, nats_url: &str) -> Pgoutbox {
+        let mut cmd = command(pg, nats);
+        cmd.env("PGOUTBOX_NATS_URL", nats_url).arg("run");
+        Pgoutbox::spawn(cmd)
+    }
+
     pub fn spawn(mut cmd: Command) -> Pgoutbox {
         let http_port = cmd
             .get_envs()
