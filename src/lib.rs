@@ -13,11 +13,12 @@
 //! Layers, each using only those listed before it: [`domain`] (pure rules), [`postgres`]
 //! and [`nats`] (the two servers), [`settings`] (arguments → validated config),
 //! [`service`] (the loop and what runs beside it), [`commands`] (one per subcommand).
-//! docs/architecture.md draws them.
+//! docs/architecture.md draws them. Only what the binary and the fuzz targets use is
+//! public; `nats`, `service` and the Postgres connection modules are the crate's own.
 
 pub mod commands;
 pub mod domain;
-pub mod nats;
+pub(crate) mod nats;
 pub mod postgres;
-pub mod service;
+pub(crate) mod service;
 pub mod settings;

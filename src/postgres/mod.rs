@@ -2,14 +2,14 @@
 //! (`walsender`, over `socket`, with the pure CopyBoth envelope in `wire`), the pure
 //! pgoutput decoder, and SQL for setup and status on an ordinary connection (`admin`).
 
-pub mod admin;
+pub(crate) mod admin;
 mod backend;
-pub mod conninfo;
+pub(crate) mod conninfo;
 pub mod pgoutput;
 mod socket;
-pub mod tls;
-pub mod walsender;
-pub mod wire;
+pub(crate) mod tls;
+pub(crate) mod walsender;
+pub(crate) mod wire;
 
 pub use backend::ServerError;
 pub use walsender::{ConnectionError, ReplicationConnection, SystemIdentity};

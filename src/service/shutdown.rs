@@ -33,8 +33,4 @@ impl Shutdown {
     pub async fn requested(&mut self) {
         let _ = self.rx.wait_for(|asked| *asked).await;
     }
-
-    pub fn is_requested(&self) -> bool {
-        *self.rx.borrow()
-    }
 }
