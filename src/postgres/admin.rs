@@ -15,13 +15,18 @@ pub struct TableName {
     pub name: String,
 }
 
-impl std::str::FromStr for TableName {
-    type Err = String;
+/// A `--table` value that names no table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid table name {0:?}: expected schema.table or table")]
+pub struct InvalidTableName(String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for TableName {
+    type Err = InvalidTableName;
+
+    fn from_str(s: &str) -> Result<Self, InvalidTableName> {
         let (schema, name) = s.split_once('.').unwrap_or(("public", s));
         if schema.is_empty() || name.is_empty() || name.contains('.') {
-            return Err(format!("invalid table name {s:?}: expected schema.table or table"));
+            return Err(InvalidTableName(s.to_owned()));
         }
         Ok(TableName { schema: schema.to_owned(), name: name.to_owned() })
     }

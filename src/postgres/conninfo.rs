@@ -14,6 +14,7 @@
 //! SQL connection (tokio-postgres sets the socket options itself) and the replication
 //! connection (`replication::connection`) read them.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Linux's own `tcp_keepalive_time`, used when `keepalives_idle=0` asks for the system
@@ -54,8 +55,8 @@ impl Default for TcpSettings {
 
 impl TcpSettings {
     /// Takes one parameter if it is a TCP one: `Ok(true)` when taken.
-    fn take(&mut self, key: &str, value: &str) -> Result<bool, String> {
-        let seconds = |value: &str| -> Result<Option<Duration>, String> {
+    fn take(&mut self, key: &str, value: &str) -> Result<bool, ConnInfoError> {
+        let seconds = |value: &str| -> Result<Option<Duration>, ConnInfoError> {
             let n = whole_number(key, value)?;
             Ok((n > 0).then(|| Duration::from_secs(n.unsigned_abs())))
         };
@@ -99,23 +100,50 @@ impl TcpSettings {
 
 /// Takes the TCP parameters out of a connection string (URL or key=value); returns the rest
 /// for tokio-postgres and the settings, defaults filled in.
-pub fn split_tcp_settings(text: &str) -> Result<(String, TcpSettings), String> {
+pub fn split_tcp_settings(text: &str) -> Result<(String, TcpSettings), ConnInfoError> {
     let mut settings = TcpSettings::default();
     let rest = strip_params(text, |key, value| settings.take(key, value))?;
     Ok((rest, settings))
 }
 
 /// libpq reads these parameters as integers (surrounding blanks allowed).
-fn whole_number(key: &str, value: &str) -> Result<i64, String> {
-    value.trim().parse().map_err(|_| format!("{key} must be a whole number, not {value:?}"))
+fn whole_number(key: &str, value: &str) -> Result<i64, ConnInfoError> {
+    value
+        .trim()
+        .parse()
+        .map_err(|_| ConnInfoError::NotANumber { key: key.to_owned(), value: value.to_owned() })
+}
+
+/// A connection-string parameter pgoutbox reads itself has a value it cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConnInfoError {
+    #[error("{key} must be a whole number, not {value:?}")]
+    NotANumber { key: String, value: String },
+    #[error("unknown sslmode {0:?}: use disable, allow, prefer, require, verify-ca or verify-full")]
+    UnknownSslMode(String),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// Postgres TLS settings that cannot work; found when the settings are validated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TlsError {
+    #[error("sslmode={mode} needs sslrootcert=<CA file> in --database-url")]
+    NeedsRootCert { mode: &'static str },
+    #[error("cannot read sslrootcert {}: {reason}", path.display())]
+    UnreadableRootCert { path: PathBuf, reason: String },
+    #[error("sslrootcert {}: {reason}", path.display())]
+    RootCert { path: PathBuf, reason: String },
+    #[error("TLS configuration: {0}")]
+    Rustls(String),
 }
 
 /// Removes every parameter that `take` accepts (it returns `Ok(true)` for those) from a
 /// connection string, URL query or `key=value` list alike, and returns the rest.
 pub(crate) fn strip_params(
     text: &str,
-    mut take: impl FnMut(&str, &str) -> Result<bool, String>,
-) -> Result<String, String> {
+    mut take: impl FnMut(&str, &str) -> Result<bool, ConnInfoError>,
+) -> Result<String, ConnInfoError> {
     if text.starts_with("postgres://") || text.starts_with("postgresql://") {
         let Some((base, query)) = text.split_once('?') else {
             return Ok(text.to_owned());
@@ -250,7 +278,9 @@ mod tests {
         };
         assert_eq!(tcp, system);
         let err = split_tcp_settings("host=h keepalives_idle=30s").unwrap_err();
-        assert!(err.contains("keepalives_idle"), "{err}");
+        let expected =
+            ConnInfoError::NotANumber { key: "keepalives_idle".into(), value: "30s".into() };
+        assert_eq!(err, expected);
     }
 
     #[test]

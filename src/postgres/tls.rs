@@ -11,6 +11,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::postgres::conninfo::{ConnInfoError, TlsError};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
@@ -38,7 +39,7 @@ pub struct PgTls {
 }
 
 impl PgTls {
-    fn new(mode: SslMode, root_cert: Option<PathBuf>) -> Result<PgTls, String> {
+    fn new(mode: SslMode, root_cert: Option<PathBuf>) -> Result<PgTls, TlsError> {
         let mut tls = PgTls { mode, root_cert, client: None };
         tls.client = tls.build_client_config()?.map(Arc::new);
         Ok(tls)
@@ -62,7 +63,7 @@ impl PgTls {
         }
     }
 
-    fn build_client_config(&self) -> Result<Option<rustls::ClientConfig>, String> {
+    fn build_client_config(&self) -> Result<Option<rustls::ClientConfig>, TlsError> {
         if self.mode == SslMode::Disable {
             return Ok(None);
         }
@@ -70,10 +71,8 @@ impl PgTls {
         let algorithms = provider.signature_verification_algorithms;
         let verify = match (self.mode, &self.root_cert) {
             (SslMode::VerifyCa | SslMode::VerifyFull, None) => {
-                return Err(format!(
-                    "sslmode={} needs sslrootcert=<CA file> in --database-url",
-                    if self.mode == SslMode::VerifyCa { "verify-ca" } else { "verify-full" }
-                ));
+                let mode = if self.mode == SslMode::VerifyCa { "verify-ca" } else { "verify-full" };
+                return Err(TlsError::NeedsRootCert { mode });
             }
             (SslMode::Disable | SslMode::Prefer, _) | (SslMode::Require, None) => None,
             (_, Some(path)) => Some(load_roots(path)?),
@@ -83,7 +82,7 @@ impl PgTls {
             Some(roots) => {
                 let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                     .build()
-                    .map_err(|e| format!("sslrootcert: {e}"))?;
+                    .map_err(|e| TlsError::Rustls(e.to_string()))?;
                 if self.mode == SslMode::VerifyFull {
                     webpki
                 } else {
@@ -93,7 +92,7 @@ impl PgTls {
         };
         let config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?
+            .map_err(|e| TlsError::Rustls(e.to_string()))?
             .dangerous()
             .with_custom_certificate_verifier(verifier)
             .with_no_client_auth();
@@ -101,25 +100,26 @@ impl PgTls {
     }
 }
 
-fn load_roots(path: &PathBuf) -> Result<Arc<RootCertStore>, String> {
+fn load_roots(path: &PathBuf) -> Result<Arc<RootCertStore>, TlsError> {
+    let unusable = |reason: String| TlsError::RootCert { path: path.clone(), reason };
     let mut roots = RootCertStore::empty();
     let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("cannot read sslrootcert {}: {e}", path.display()))?;
+        .map_err(|e| TlsError::UnreadableRootCert { path: path.clone(), reason: e.to_string() })?;
     for cert in certs {
-        let cert = cert.map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
-        roots.add(cert).map_err(|e| format!("sslrootcert {}: {e}", path.display()))?;
+        let cert = cert.map_err(|e| unusable(e.to_string()))?;
+        roots.add(cert).map_err(|e| unusable(e.to_string()))?;
     }
     if roots.is_empty() {
-        return Err(format!("sslrootcert {} holds no certificate", path.display()));
+        return Err(unusable("it holds no certificate".to_owned()));
     }
     Ok(Arc::new(roots))
 }
 
 /// Takes `sslmode` and `sslrootcert` out of a connection string (URL or key=value) and
 /// returns the rest for tokio-postgres.
-pub fn split_connection_string(text: &str) -> Result<(String, PgTls), String> {
+pub fn split_connection_string(text: &str) -> Result<(String, PgTls), ConnInfoError> {
     let (mut mode, mut root_cert) = (SslMode::Prefer, None);
-    let take = |key: &str, value: &str| -> Result<bool, String> {
+    let take = |key: &str, value: &str| -> Result<bool, ConnInfoError> {
         match key {
             "sslmode" => {
                 mode = match value {
@@ -128,7 +128,7 @@ pub fn split_connection_string(text: &str) -> Result<(String, PgTls), String> {
                     "require" => SslMode::Require,
                     "verify-ca" => SslMode::VerifyCa,
                     "verify-full" => SslMode::VerifyFull,
-                    other => return Err(format!("unknown sslmode {other:?}")),
+                    other => return Err(ConnInfoError::UnknownSslMode(other.to_owned())),
                 };
                 Ok(true)
             }
@@ -241,7 +241,7 @@ mod tests {
             "postgres://u:p@h:5/db?sslmode=verify-full&application_name=x&sslrootcert=%2Fnope%2Fca.pem",
         )
         .unwrap_err();
-        assert!(err.contains("cannot read sslrootcert /nope/ca.pem"), "{err}");
+        assert!(err.to_string().contains("cannot read sslrootcert /nope/ca.pem"), "{err}");
         let (rest, tls) =
             split_connection_string("postgres://u:p@h:5/db?sslmode=require&application_name=x")
                 .unwrap();
@@ -259,13 +259,14 @@ mod tests {
         assert_eq!(tls.mode, SslMode::Require);
         let err =
             split_connection_string("sslmode=verify-ca sslrootcert='/x y/ca.pem'").unwrap_err();
-        assert!(err.contains("/x y/ca.pem"), "{err}");
+        assert!(matches!(err, ConnInfoError::Tls(TlsError::UnreadableRootCert { .. })), "{err}");
         assert!(split_connection_string("sslmode=sometimes").is_err());
     }
 
     #[test]
     fn verify_modes_need_a_root_certificate() {
-        assert!(PgTls::new(SslMode::VerifyFull, None).unwrap_err().contains("sslrootcert"));
+        let err = PgTls::new(SslMode::VerifyFull, None).unwrap_err();
+        assert_eq!(err, TlsError::NeedsRootCert { mode: "verify-full" });
         assert!(PgTls::new(SslMode::Require, None).unwrap().client_config().is_some());
         assert!(PgTls::new(SslMode::Disable, None).unwrap().client_config().is_none());
     }

@@ -157,10 +157,10 @@ impl Readiness {
         }
     }
 
-    /// `Ok` when ready, else why not.
-    pub fn check(&self) -> Result<(), String> {
+    /// Why pgoutbox is not ready, if it is not (the body of `/readyz`'s 503).
+    pub fn not_ready_because(&self) -> Option<String> {
         if let Some(reason) = self.stalled.lock().ok().and_then(|s| s.clone()) {
-            return Err(reason);
+            return Some(reason);
         }
         let nats_connected = self
             .nats
@@ -174,10 +174,10 @@ impl Readiness {
             None => "not streaming from Postgres".to_owned(),
         };
         match (streaming, nats_connected) {
-            (true, true) => Ok(()),
-            (false, true) => Err(not_streaming),
-            (true, false) => Err("not connected to NATS".into()),
-            (false, false) => Err(format!("{not_streaming}; not connected to NATS")),
+            (true, true) => None,
+            (false, true) => Some(not_streaming),
+            (true, false) => Some("not connected to NATS".into()),
+            (false, false) => Some(format!("{not_streaming}; not connected to NATS")),
         }
     }
 }
@@ -224,9 +224,9 @@ async fn metrics_text(State(state): State<AppState>) -> String {
 }
 
 async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
-    match state.readiness.check() {
-        Ok(()) => (StatusCode::OK, "ready\n".into()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    match state.readiness.not_ready_because() {
+        None => (StatusCode::OK, "ready\n".into()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }
 }
 

@@ -87,7 +87,7 @@ impl Config {
             return Err(anyhow!("--nats-url names no server"));
         }
         let auth = nats_auth(args, &nats_servers[0]);
-        let table: TableName = args.table.parse().map_err(|e: String| anyhow!("--table: {e}"))?;
+        let table: TableName = args.table.parse().map_err(|e| anyhow!("--table: {e}"))?;
         let template: SubjectTemplate =
             args.subject_template.parse().context("--subject-template")?;
         check_name("--slot", &args.slot, |c| {

@@ -2,28 +2,44 @@
 
 use std::time::Duration;
 
+/// A flag's value is not a duration or byte size pgoutbox can use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UnitError {
+    #[error("{0:?} is not a number followed by a unit, like {1}")]
+    NotANumber(String, &'static str),
+    #[error("{0:?}: unknown unit; use {1}")]
+    UnknownUnit(String, &'static str),
+    #[error("must be more than 0")]
+    Zero,
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+}
+
+const DURATION_UNITS: &str = "s, m, h or d, like 24h";
+const SIZE_UNITS: &str = "B, kB, MB, GB, KiB, MiB or GiB, like 32MiB";
+
 /// A whole number of seconds, minutes, hours or days: `90s`, `15m`, `24h`, `7d`; more than 0.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     let (number, unit) = split_number(text);
     let number: u64 =
-        number.parse().map_err(|_| format!("{text:?} is not a duration like 30s, 15m or 24h"))?;
+        number.parse().map_err(|_| UnitError::NotANumber(text.to_owned(), DURATION_UNITS))?;
     let seconds: u64 = match unit {
         "s" => 1,
         "m" => 60,
         "h" => 3_600,
         "d" => 86_400,
-        _ => return Err(format!("{text:?}: use a number with s, m, h or d, like 24h")),
+        _ => return Err(UnitError::UnknownUnit(text.to_owned(), DURATION_UNITS)),
     };
     match number.checked_mul(seconds) {
-        Some(0) => Err("must be more than 0".to_owned()),
+        Some(0) => Err(UnitError::Zero),
         Some(total) => Ok(Duration::from_secs(total)),
-        None => Err(format!("{text:?} is too long")),
+        None => Err(UnitError::TooLarge(text.to_owned())),
     }
 }
 
 /// A byte count with an optional unit: `B`, `kB`/`MB`/`GB` (powers of 1000) or
 /// `KiB`/`MiB`/`GiB` (powers of 1024), as Postgres and Kubernetes write them.
-pub fn parse_byte_size(text: &str) -> Result<usize, String> {
+pub fn parse_byte_size(text: &str) -> Result<usize, UnitError> {
     let (number, unit) = split_number(text);
     let multiplier: usize = match unit.trim() {
         "" | "B" => 1,
@@ -33,14 +49,14 @@ pub fn parse_byte_size(text: &str) -> Result<usize, String> {
         "KiB" => 1 << 10,
         "MiB" => 1 << 20,
         "GiB" => 1 << 30,
-        other => return Err(format!("unknown unit {other:?}: use B, kB, MB, GB, KiB, MiB or GiB")),
+        _ => return Err(UnitError::UnknownUnit(text.to_owned(), SIZE_UNITS)),
     };
     let number: usize =
-        number.parse().map_err(|_| format!("{text:?} is not a byte size like 32MiB"))?;
+        number.parse().map_err(|_| UnitError::NotANumber(text.to_owned(), SIZE_UNITS))?;
     match number.checked_mul(multiplier) {
-        Some(0) => Err("must be more than 0 bytes".to_owned()),
+        Some(0) => Err(UnitError::Zero),
         Some(bytes) => Ok(bytes),
-        None => Err(format!("{text:?} is too large")),
+        None => Err(UnitError::TooLarge(text.to_owned())),
     }
 }
 
@@ -65,7 +81,8 @@ mod tests {
         for bad in ["", "24", "h", "-1h", "1.5h", "1w", "0s", "300000000000000d"] {
             assert!(parse_duration(bad).is_err(), "{bad} was accepted");
         }
-        assert_eq!(parse_duration("0s"), Err("must be more than 0".to_owned()));
+        assert_eq!(parse_duration("0s"), Err(UnitError::Zero));
+        assert_eq!(parse_duration("1w"), Err(UnitError::UnknownUnit("1w".into(), DURATION_UNITS)));
     }
 
     #[test]
