@@ -29,18 +29,21 @@ use crate::settings::config::PipelineConfig;
 const TAIL_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
-    let mut shutdown = Shutdown::listen()?;
+    // Every task beside the pipeline (signals, HTTP, stall watch, retention), stopped and
+    // awaited when `run` ends.
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut shutdown = Shutdown::listen(&mut tasks)?;
     let prometheus = telemetry::install_recorder()?;
     let readiness = Arc::new(Readiness::default());
     let http_addr = match args.http_addr {
         Some(addr) => Some(
-            telemetry::serve(addr, prometheus, readiness.clone())
+            telemetry::serve(addr, prometheus, readiness.clone(), &mut tasks)
                 .await
                 .with_context(|| format!("listening on --http-addr {addr}"))?,
         ),
         None => {
             let addr = telemetry::DEFAULT_HTTP_ADDR;
-            match telemetry::serve(addr.into(), prometheus, readiness.clone()).await {
+            match telemetry::serve(addr.into(), prometheus, readiness.clone(), &mut tasks).await {
                 Ok(bound) => Some(bound),
                 Err(err) => {
                     warn!(%err, "no HTTP endpoints: the default {addr:?} is taken; set --http-addr");
@@ -76,8 +79,6 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         ensure_stream_and_slot(config, &client, &publisher, args.slot.recreate_slot).await?;
     drop(client);
 
-    // The tasks beside the pipeline, stopped and awaited when `run` ends.
-    let mut tasks = tokio::task::JoinSet::new();
     let progress = Arc::new(Progress::default());
     tasks.spawn(crate::service::telemetry::watch_stalls(
         progress.clone(),

@@ -12,12 +12,12 @@ pub struct Shutdown {
 }
 
 impl Shutdown {
-    /// Starts listening for SIGINT and SIGTERM.
-    pub fn listen() -> std::io::Result<Shutdown> {
+    /// Starts listening for SIGINT and SIGTERM, in a task of `tasks`.
+    pub fn listen(tasks: &mut tokio::task::JoinSet<()>) -> std::io::Result<Shutdown> {
         let (tx, rx) = watch::channel(false);
         let mut interrupt = signal(SignalKind::interrupt())?;
         let mut terminate = signal(SignalKind::terminate())?;
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             tokio::select! {
                 _ = interrupt.recv() => tracing::info!("SIGINT received, shutting down"),
                 _ = terminate.recv() => tracing::info!("SIGTERM received, shutting down"),

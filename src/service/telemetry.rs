@@ -201,6 +201,7 @@ pub async fn serve(
     addr: SocketAddr,
     prometheus: PrometheusHandle,
     readiness: Arc<Readiness>,
+    tasks: &mut tokio::task::JoinSet<()>,
 ) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let addr = listener.local_addr()?;
@@ -210,7 +211,7 @@ pub async fn serve(
         .route("/readyz", get(ready))
         .with_state(AppState { prometheus, readiness });
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
             tracing::error!(error = %err, "HTTP server stopped");
         }
