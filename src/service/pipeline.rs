@@ -241,6 +241,9 @@ impl<'a> Pipeline<'a> {
         if ack.duplicate {
             warn!(position = %done.position, sequence = ack.sequence,
                 "JetStream already had a message with this row's id; not stored again");
+            if self.memory.duplicates.len() >= Memory::MAX_DUPLICATES {
+                self.memory.duplicates.clear();
+            }
             self.memory.duplicates.insert(done.position);
             self.resend_after_duplicate().await?;
         }

@@ -16,7 +16,9 @@ pub struct Memory {
     /// Counts lost NATS connections (see `commands::connect_nats_watched`).
     pub nats_disconnects: tokio::sync::watch::Receiver<u64>,
     /// Rows whose publish JetStream answered as a duplicate of an older message with the same
-    /// id: they are not stored again, and skipping them keeps the sequence guard in step.
+    /// id: skipped when the slot sends them again, which spares a resend. Pruned below the
+    /// slot's start at each attempt and capped at [`Memory::MAX_DUPLICATES`]: forgetting one
+    /// costs one resend, never a row.
     pub duplicates: HashSet<Position>,
     /// Rows JetStream refused for themselves: the next attempt publishes their dead letter.
     pub refused: RefusedRows,
@@ -29,6 +31,8 @@ pub struct Memory {
 }
 
 impl Memory {
+    pub const MAX_DUPLICATES: usize = 65_536;
+
     pub fn new(
         progress: Arc<Progress>,
         nats_disconnects: tokio::sync::watch::Receiver<u64>,
