@@ -37,7 +37,7 @@ mod memory;
 mod window;
 
 pub use memory::{Memory, Resume};
-use window::{InFlight, Outgoing, Window};
+use window::{AckFuture, InFlight, Resend, Window};
 
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::shutdown::Shutdown;
@@ -232,7 +232,7 @@ impl<'a> Pipeline<'a> {
         let Some(done) = self.in_flight.pop_oldest() else {
             return Ok(());
         };
-        let bytes = done.message.payload.len();
+        let bytes = done.bytes;
         let ack = ack.map_err(|err| self.refused(done.position, &err))?;
         self.metrics.rows_published.increment(1);
         self.metrics.bytes_published.increment(bytes as u64);
@@ -279,10 +279,25 @@ impl<'a> Pipeline<'a> {
                 }
                 Err(err) => return Err(self.refused(entry.position, &err)),
             }
-            self.send(entry.message, entry.position).await.map_err(|err| {
+            let event = match &entry.resend {
+                Resend::Row { mapping, tuple } => mapping
+                    .map(tuple)
+                    .map_err(|_| PipelineError::Protocol("a row mapped once did not map again"))?,
+                Resend::Letter(letter) => letter.clone(),
+            };
+            let (ack, payload) = self.dispatch(event, entry.position).await.map_err(|err| {
                 self.unsent_row = true;
                 PipelineError::Nats(NatsFailure::unacknowledged(&err))
             })?;
+            let position = entry.position;
+            let bytes = payload + entry.resend.held_bytes();
+            self.in_flight.push(InFlight {
+                ack,
+                early: None,
+                position,
+                bytes,
+                resend: entry.resend,
+            });
         }
         Ok(())
     }
@@ -376,8 +391,10 @@ impl<'a> Pipeline<'a> {
         let reason = match self.memory.refused.get(&position) {
             Some(refused) => refused.clone(),
             None => match mapping.map(&insert.tuple) {
-                Ok(event) => match self.publish(event, position).await {
-                    Ok(()) => {
+                Ok(event) => match self.dispatch(event, position).await {
+                    Ok(sent) => {
+                        let resend = Resend::row(mapping, insert.tuple);
+                        self.track(sent, position, resend);
                         self.memory.published += 1;
                         return Ok(());
                     }
@@ -408,13 +425,17 @@ impl<'a> Pipeline<'a> {
         let DeadLetter { event, reason, payload_omitted, row_id } = letter;
         warn!(position = %position, id = %event.id, reason = %reason, payload_omitted,
             subject = %event.subject, "row sent to the dead-letter subject");
-        if let Err(err) = self.publish(event, position).await {
-            self.unsent_row = true;
-            return Err(match refused_for_itself(&err) {
-                Some(why) => PipelineError::DeadLetter(why),
-                None => PipelineError::Nats(NatsFailure::unacknowledged(&err)),
-            });
-        }
+        let sent = match self.dispatch(event.clone(), position).await {
+            Ok(sent) => sent,
+            Err(err) => {
+                self.unsent_row = true;
+                return Err(match refused_for_itself(&err) {
+                    Some(why) => PipelineError::DeadLetter(why),
+                    None => PipelineError::Nats(NatsFailure::unacknowledged(&err)),
+                });
+            }
+        };
+        self.track(sent, position, Resend::Letter(event));
         if payload_omitted && let Some(id) = row_id {
             // Kept before its ack can move `published_up_to` past it.
             self.memory.kept_rows.keep(id);
@@ -445,34 +466,31 @@ impl<'a> Pipeline<'a> {
         }
     }
 
-    /// Hands one message to JetStream, chained to the previous one by sequence.
-    async fn publish(
+    /// Hands one message to JetStream, chained to the previous one by sequence, and returns
+    /// its ack and payload size; [`Pipeline::track`] then keeps it in flight.
+    async fn dispatch(
         &mut self,
         event: OutboxEvent,
         position: Position,
-    ) -> Result<(), PublishError> {
+    ) -> Result<(AckFuture, usize), PublishError> {
         let OutboxEvent { subject, mut headers, payload, .. } = event;
+        let bytes = payload.len();
         headers.insert(POSITION_HEADER, position.to_string());
         headers.insert(SOURCE_HEADER, self.source_header.clone());
-        self.send(Outgoing { subject, headers, payload }, position).await?;
-        self.tracker.on_sent();
-        Ok(())
-    }
-
-    /// Sends `message` with the next expected sequence and keeps it in flight.
-    async fn send(&mut self, message: Outgoing, position: Position) -> Result<(), PublishError> {
-        let mut headers = message.headers.clone();
         headers.insert(
             async_nats::header::NATS_EXPECTED_LAST_SEQUENCE,
             self.expected_last_sequence.to_string(),
         );
-        let ack = self
-            .publisher
-            .publish(message.subject.clone(), headers, message.payload.clone())
-            .await?;
+        let ack = self.publisher.publish(subject, headers, payload).await?;
         self.expected_last_sequence += 1;
-        self.in_flight.push(InFlight { ack: ack.into_future(), early: None, position, message });
-        Ok(())
+        Ok((ack.into_future(), bytes))
+    }
+
+    /// Keeps a message just dispatched in flight, as one more sent message.
+    fn track(&mut self, (ack, payload): (AckFuture, usize), position: Position, resend: Resend) {
+        let bytes = payload + resend.held_bytes();
+        self.in_flight.push(InFlight { ack, early: None, position, bytes, resend });
+        self.tracker.on_sent();
     }
 
     /// Reports [`LsnTracker::confirmed`] to Postgres: the only place an LSN is confirmed.

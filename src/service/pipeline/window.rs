@@ -5,12 +5,15 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 
-use async_nats::HeaderMap;
+use std::sync::Arc;
+
 use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::publish::PublishAck;
-use bytes::Bytes;
+use bytes::BytesMut;
 
+use crate::domain::outbox::{OutboxEvent, RowMapping};
 use crate::domain::progress::Position;
+use crate::domain::row::ColumnValue;
 
 pub(super) type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
 
@@ -19,20 +22,62 @@ pub(super) struct InFlight {
     /// The ack, when it was found ready before its turn (see `check_newest_ack`).
     pub(super) early: Option<Result<PublishAck, PublishError>>,
     pub(super) position: Position,
-    /// Kept until acknowledged, to be sent again after a duplicate (see
-    /// `resend_after_duplicate`); it shares the payload's buffer, so in-flight memory stays
-    /// within `--max-in-flight-bytes`.
-    pub(super) message: Outgoing,
+    /// Bytes held for this message, counted against `--max-in-flight-bytes`: its payload
+    /// (until the client writes it) and what [`Resend`] keeps (until the ack).
+    pub(super) bytes: usize,
+    /// How to send the message again after a duplicate (see `resend_after_duplicate`).
+    pub(super) resend: Resend,
 }
 
-/// A message as sent, less its `Nats-Expected-Last-Sequence`.
-pub(super) struct Outgoing {
-    pub(super) subject: String,
-    pub(super) headers: HeaderMap,
-    pub(super) payload: Bytes,
+/// What a message in flight is rebuilt from, should it have to be sent again: its row, from
+/// which the mapping, being deterministic, rebuilds the same message; or, for a rare dead
+/// letter, the message itself.
+pub(super) enum Resend {
+    Row { mapping: Arc<RowMapping>, tuple: Vec<ColumnValue> },
+    Letter(OutboxEvent),
 }
 
-/// The in-flight window: bounded by count and by payload bytes.
+impl Resend {
+    /// The bytes this keeps until the message is acknowledged.
+    pub(super) fn held_bytes(&self) -> usize {
+        match self {
+            Resend::Row { tuple, .. } => tuple.iter().map(value_bytes).sum(),
+            Resend::Letter(letter) => letter.payload.len(),
+        }
+    }
+
+    /// Keeps a row's values in one buffer of their own. Decoded values are slices of the WAL
+    /// frame they came in; holding those until the ack kept whole read buffers alive, which
+    /// cost 3 µs and 9 MB of RSS per row at full drain (the benchmark). One copy of the
+    /// values is cheaper.
+    pub(super) fn row(mapping: Arc<RowMapping>, tuple: Vec<ColumnValue>) -> Resend {
+        let mut buffer = BytesMut::with_capacity(tuple.iter().map(value_bytes).sum());
+        for value in &tuple {
+            if let ColumnValue::Text(b) | ColumnValue::Binary(b) = value {
+                buffer.extend_from_slice(b);
+            }
+        }
+        let mut buffer = buffer.freeze();
+        let tuple = tuple
+            .into_iter()
+            .map(|value| match value {
+                ColumnValue::Text(b) => ColumnValue::Text(buffer.split_to(b.len())),
+                ColumnValue::Binary(b) => ColumnValue::Binary(buffer.split_to(b.len())),
+                other => other,
+            })
+            .collect();
+        Resend::Row { mapping, tuple }
+    }
+}
+
+fn value_bytes(value: &ColumnValue) -> usize {
+    match value {
+        ColumnValue::Text(b) | ColumnValue::Binary(b) => b.len(),
+        ColumnValue::Null | ColumnValue::UnchangedToast => 0,
+    }
+}
+
+/// The in-flight window: bounded by count and by bytes held.
 #[derive(Default)]
 pub(super) struct Window {
     entries: VecDeque<InFlight>,
@@ -55,13 +100,13 @@ impl Window {
     }
 
     pub(super) fn push(&mut self, entry: InFlight) {
-        self.bytes += entry.message.payload.len();
+        self.bytes += entry.bytes;
         self.entries.push_back(entry);
     }
 
     pub(super) fn pop_oldest(&mut self) -> Option<InFlight> {
         let oldest = self.entries.pop_front()?;
-        self.bytes -= oldest.message.payload.len();
+        self.bytes -= oldest.bytes;
         Some(oldest)
     }
 
