@@ -13,13 +13,12 @@
 
 use std::collections::HashMap;
 use std::future::IntoFuture;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::str::FromStr;
-
 use async_nats::header::HeaderValue;
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::context::PublishError;
 use async_nats::jetstream::publish::PublishAck;
 use bytes::Bytes;
 use tracing::{debug, info, warn};
@@ -33,16 +32,17 @@ use crate::nats::publisher::{
 use crate::postgres::pgoutput::{Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
-mod memory;
-mod window;
-
-pub use memory::{Memory, Resume};
-use window::{AckFuture, InFlight, Resend, Window};
-
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::Metrics;
 use crate::settings::config::PipelineConfig;
+
+mod memory;
+mod resend;
+mod window;
+
+pub use memory::{Memory, Resume};
+use window::{AckFuture, InFlight, Resend, Window};
 
 /// How often the confirmed position is reported when it moved; when it did not, a report
 /// still goes out every [`ReplicationConnection::status_keepalive`].
@@ -246,58 +246,6 @@ impl<'a> Pipeline<'a> {
             }
             self.memory.duplicates.insert(done.position);
             self.resend_after_duplicate().await?;
-        }
-        Ok(())
-    }
-
-    /// JetStream did not store a duplicate, so every message sent after it expected one
-    /// sequence too many and is refused as out of order. Rather than ending the attempt
-    /// (and having Postgres decode everything again, once per duplicate), wait for those
-    /// refusals and send the same messages again, chained to the stream's real end. The
-    /// tracker's counts do not change: the same messages stay in flight, in the same order.
-    async fn resend_after_duplicate(&mut self) -> Result<(), PipelineError> {
-        let stale = self.in_flight.take_all();
-        // The duplicate and every message behind it each counted one stored message.
-        self.expected_last_sequence -= 1 + stale.len() as u64;
-        for entry in stale {
-            let refusal = match entry.early {
-                Some(ack) => ack,
-                None => entry.ack.await,
-            };
-            match refusal {
-                Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {}
-                // Not stored either (JetStream checks duplicates first): sent again, it is
-                // acknowledged as a duplicate in its turn.
-                Ok(ack) if ack.duplicate => {}
-                Ok(_) => {
-                    return Err(NatsFailure::new(
-                        NatsFailureKind::Other,
-                        "a message chained behind a duplicate was stored: another writer on \
-                         the stream?",
-                    )
-                    .into());
-                }
-                Err(err) => return Err(self.refused(entry.position, &err)),
-            }
-            let event = match &entry.resend {
-                Resend::Row { mapping, tuple } => mapping
-                    .map(tuple)
-                    .map_err(|_| PipelineError::Protocol("a row mapped once did not map again"))?,
-                Resend::Letter(letter) => letter.clone(),
-            };
-            let (ack, payload) = self.dispatch(event, entry.position).await.map_err(|err| {
-                self.unsent_row = true;
-                PipelineError::Nats(NatsFailure::unacknowledged(&err))
-            })?;
-            let position = entry.position;
-            let bytes = payload + entry.resend.held_bytes();
-            self.in_flight.push(InFlight {
-                ack,
-                early: None,
-                position,
-                bytes,
-                resend: entry.resend,
-            });
         }
         Ok(())
     }
