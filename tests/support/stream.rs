@@ -46,8 +46,19 @@ pub async fn count(js: &jetstream::Context, stream: &str) -> u64 {
 pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
     let stream = js.get_stream(stream).await.expect("stream exists");
     let total = stream.get_info().await.expect("stream info").state.messages as usize;
-    let consumer =
-        stream.create_consumer(OrderedConfig::default()).await.expect("ordered consumer");
+    // On a cluster just after a server was killed, the consumer request can go unanswered
+    // while the meta leader settles: the reader asks again, under a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let consumer = loop {
+        match stream.create_consumer(OrderedConfig::default()).await {
+            Ok(consumer) => break consumer,
+            Err(err) if std::time::Instant::now() < deadline => {
+                eprintln!("ordered consumer not created yet ({err}); asking again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(err) => panic!("ordered consumer: {err:?}"),
+        }
+    };
     let mut messages = consumer.messages().await.expect("consume");
     let mut out = Vec::with_capacity(total);
     while out.len() < total {
