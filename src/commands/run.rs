@@ -114,6 +114,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         config,
         pipeline: PipelineConfig {
             max_in_flight_bytes: args.max_in_flight_bytes,
+            message_prefix: Some(args.message_prefix.clone()).filter(|p| !p.is_empty()),
             ..config.pipeline.clone()
         },
         database,
@@ -317,7 +318,8 @@ impl Target<'_> {
             .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
             .map(u64::from)
             .unwrap_or(0);
-        conn.start_replication(slot, start, &config.publication)
+        let messages = pipeline.message_prefix.is_some();
+        conn.start_replication(slot, start, &config.publication, messages)
             .await
             .map_err(|err| PipelineError::from_start_replication(slot, err))?;
         // Stopped when this attempt ends, with the guard.

@@ -20,11 +20,13 @@ use bytes::Bytes;
 use crate::domain::row::{ColumnValue, Relation};
 
 mod dead_letter;
+mod emitted;
 
 pub use dead_letter::{
     DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET, PAYLOAD_OMITTED_HEADER, RefusedRows,
     TRUNCATED, wire_len,
 };
+pub use emitted::log_preview;
 
 const BYTEA_OID: u32 = 17;
 /// How much of a bad value a rejection's reason quotes.
@@ -222,15 +224,8 @@ impl RowMapping {
                 Part::Column(c) => SubjectPart::Column(require(c, "subject placeholder")?),
             });
         }
-        let optional = [
-            ("Outbox-Aggregate-Type", &roles.aggregate_type),
-            ("Outbox-Aggregate-Id", &roles.aggregate_id),
-            ("Outbox-Event-Type", &roles.event_type),
-            ("Outbox-Created-At", &roles.created_at),
-        ];
-        let header_columns = optional
-            .into_iter()
-            .filter_map(|(header, column)| Some((HeaderName::from_static(header), find(column)?)))
+        let header_columns = optional_headers(roles)
+            .filter_map(|(header, column)| Some((header, find(column)?)))
             .collect();
         Ok(RowMapping {
             payload_is_bytea: relation.columns[payload].type_oid == BYTEA_OID,
@@ -312,13 +307,16 @@ impl RowMapping {
             ColumnValue::Null | ColumnValue::UnchangedToast => return Ok(()),
         };
         let column = self.headers.map(|i| self.name(i)).unwrap_or_default();
-        let not_an_object =
-            || Rejection(format!("column {column} is not a JSON object of string values"));
-        let object: serde_json::Map<String, serde_json::Value> =
-            serde_json::from_slice(bytes).map_err(|_| not_an_object())?;
+        let object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(bytes)
+            .map_err(|_| Rejection(format!("column {column} is not a JSON object")))?;
         for (key, value) in object {
-            let serde_json::Value::String(value) = value else {
-                return Err(not_an_object());
+            // A string is the header's value; `null` leaves the header out; anything else
+            // arrives as its compact JSON text (`3`, `true`, `{"a":1}`), which never holds a
+            // line break, so nothing the application wrote is lost or turned away.
+            let value = match value {
+                serde_json::Value::String(text) => text,
+                serde_json::Value::Null => continue,
+                other => other.to_string(),
             };
             if key.is_empty() {
                 return Err(Rejection(format!("an empty header name in column {column}")));
@@ -348,6 +346,18 @@ impl RowMapping {
     fn name(&self, i: usize) -> &str {
         &self.column_names[i]
     }
+}
+
+/// The headers read from optional role columns, with each role's column name.
+fn optional_headers(roles: &ColumnRoles) -> impl Iterator<Item = (HeaderName, &str)> {
+    [
+        ("Outbox-Aggregate-Type", &roles.aggregate_type),
+        ("Outbox-Aggregate-Id", &roles.aggregate_id),
+        ("Outbox-Event-Type", &roles.event_type),
+        ("Outbox-Created-At", &roles.created_at),
+    ]
+    .into_iter()
+    .map(|(header, column)| (HeaderName::from_static(header), column.as_str()))
 }
 
 fn utf8<'a, 'n>(bytes: &'a [u8], column: impl Fn() -> &'n str) -> Result<&'a str, Rejection> {

@@ -280,18 +280,21 @@ impl ReplicationConnection {
         Ok(rows.first().and_then(|row| row.get(1)).cloned().flatten().unwrap_or_default())
     }
 
-    /// Sends `START_REPLICATION` and waits for the server to enter CopyBoth mode.
+    /// Sends `START_REPLICATION` and waits for the server to enter CopyBoth mode. With
+    /// `messages`, pgoutput also sends `pg_logical_emit_message` messages (PostgreSQL 14+).
     pub async fn start_replication(
         &mut self,
         slot: &str,
         start_lsn: u64,
         publication: &str,
+        messages: bool,
     ) -> Result<(), ConnectionError> {
         let query = format!(
-            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}{})",
             escape_identifier(slot),
             tokio_postgres::types::PgLsn::from(start_lsn),
             command_literal(&escape_identifier(publication)),
+            if messages { ", messages 'true'" } else { "" },
         );
         debug!(%query, "starting replication");
         frontend::query(&query, &mut self.write_buf)?;

@@ -23,13 +23,13 @@ use async_nats::jetstream::publish::PublishAck;
 use bytes::Bytes;
 use tracing::{debug, info, warn};
 
-use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping};
+use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping, log_preview};
 use crate::domain::progress::{LsnTracker, Position};
 use crate::domain::source::SOURCE_HEADER;
 use crate::nats::publisher::{
     ADDED_HEADERS_ROOM, MAX_IN_FLIGHT, POSITION_HEADER, Publisher, refused_for_itself,
 };
-use crate::postgres::pgoutput::{Insert, LogicalMessage};
+use crate::postgres::pgoutput::{ColumnValue, DecodingMessage, Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
@@ -64,6 +64,8 @@ pub struct Pipeline<'a> {
     in_flight: Window,
     /// Shared so that a row's mapping stays at hand while the row is published.
     mappings: HashMap<u32, Option<Arc<RowMapping>>>,
+    /// The mapping of `pg_logical_emit_message` events, when they are streamed.
+    emitted: Option<Arc<RowMapping>>,
     transaction: Option<Transaction>,
     /// Rows at or before this position are already in the stream.
     skip_through: Option<Position>,
@@ -118,6 +120,9 @@ impl<'a> Pipeline<'a> {
             tracker: LsnTracker::new(start_lsn),
             in_flight: Window::default(),
             mappings: HashMap::new(),
+            emitted: config.message_prefix.as_ref().map(|prefix| {
+                Arc::new(RowMapping::for_emitted_messages(prefix, &config.roles, &config.template))
+            }),
             transaction: None,
             skip_through: resume.skip_through,
             expected_last_sequence: resume.stream_sequence,
@@ -307,23 +312,18 @@ impl<'a> Pipeline<'a> {
                 self.mappings.insert(relation.rel_id, mapping);
             }
             LogicalMessage::Insert(insert) => self.on_insert(insert).await?,
+            LogicalMessage::Message(message) => self.on_emitted(message).await?,
             LogicalMessage::Origin(_)
             | LogicalMessage::Type(_)
             | LogicalMessage::Update { .. }
             | LogicalMessage::Delete { .. }
-            | LogicalMessage::Truncate(_)
-            | LogicalMessage::Message(_) => {}
+            | LogicalMessage::Truncate(_) => {}
         }
         Ok(())
     }
 
     async fn on_insert(&mut self, insert: Insert) -> Result<(), PipelineError> {
-        let Some(transaction) = self.transaction.as_mut() else {
-            return Err(PipelineError::Protocol("Insert outside a transaction"));
-        };
-        let position =
-            Position { commit_lsn: transaction.commit_lsn, index: transaction.next_index };
-        transaction.next_index += 1;
+        let position = self.next_position("Insert outside a transaction")?;
         let mapping = match self.mappings.get(&insert.rel_id) {
             Some(Some(mapping)) => Arc::clone(mapping),
             Some(None) => return Ok(()), // another table in the publication
@@ -331,17 +331,65 @@ impl<'a> Pipeline<'a> {
                 return Err(PipelineError::Protocol("Insert for a relation never described"));
             }
         };
+        self.on_row(mapping, insert.tuple, position, None).await
+    }
+
+    /// A `pg_logical_emit_message` event. A transactional one is a row of its transaction, in
+    /// its place among the table's rows. A non-transactional one is sent by Postgres at once,
+    /// even if its transaction later rolls back, so it is never published: it is logged and
+    /// counted, and the docs tell the application to pass `true`.
+    async fn on_emitted(&mut self, message: DecodingMessage) -> Result<(), PipelineError> {
+        let Some(mapping) = &self.emitted else { return Ok(()) };
+        if Some(&message.prefix) != self.config.message_prefix.as_ref() {
+            return Ok(());
+        }
+        if !message.transactional {
+            warn!(lsn = %lsn(message.lsn), prefix = %message.prefix,
+                content = %log_preview(&message.content),
+                "non-transactional message not published: it is sent even when its \
+                 transaction rolls back; emit it with pg_logical_emit_message(true, ...)");
+            self.metrics.non_transactional_messages.increment(1);
+            return Ok(());
+        }
+        let mapping = Arc::clone(mapping);
+        let position = self.next_position("transactional message outside a transaction")?;
+        match mapping.emitted_row(&message.content) {
+            Ok(row) => self.on_row(mapping, row, position, None).await,
+            Err((row, rejection)) => self.on_row(mapping, row, position, Some(rejection)).await,
+        }
+    }
+
+    /// The position of the next row of the current transaction.
+    fn next_position(&mut self, outside: &'static str) -> Result<Position, PipelineError> {
+        let Some(transaction) = self.transaction.as_mut() else {
+            return Err(PipelineError::Protocol(outside));
+        };
+        let position =
+            Position { commit_lsn: transaction.commit_lsn, index: transaction.next_index };
+        transaction.next_index += 1;
+        Ok(position)
+    }
+
+    /// Publishes one row at `position`, or its dead letter when it cannot be published as it
+    /// is (`rejected` says why when that is known before mapping it).
+    async fn on_row(
+        &mut self,
+        mapping: Arc<RowMapping>,
+        tuple: Vec<ColumnValue>,
+        position: Position,
+        rejected: Option<Rejection>,
+    ) -> Result<(), PipelineError> {
         if self.skip_through.is_some_and(|last| position <= last)
             || self.memory.duplicates.contains(&position)
         {
             return Ok(());
         }
-        let reason = match self.memory.refused.get(&position) {
-            Some(refused) => refused.clone(),
-            None => match mapping.map(&insert.tuple) {
+        let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
+            Some(refused) => refused,
+            None => match mapping.map(&tuple) {
                 Ok(event) => match self.dispatch(event, position).await {
                     Ok(sent) => {
-                        let resend = Resend::row(mapping, insert.tuple);
+                        let resend = Resend::row(mapping, tuple);
                         self.track(sent, position, resend);
                         self.memory.published += 1;
                         return Ok(());
@@ -358,8 +406,7 @@ impl<'a> Pipeline<'a> {
             },
         };
         let subject = &self.config.dead_letter_subject;
-        let letter =
-            mapping.dead_letter(&insert.tuple, position, &reason, subject, self.letter_budget);
+        let letter = mapping.dead_letter(&tuple, position, &reason, subject, self.letter_budget);
         self.publish_dead_letter(letter, position).await
     }
 

@@ -68,6 +68,9 @@ pub mod names {
     pub const STALLED: &str = "pgoutbox_stalled";
     pub const LAST_CONFIRMATION_AGE: &str = "pgoutbox_last_confirmation_age_seconds";
     pub const RETENTION_DELETED: &str = "pgoutbox_retention_deleted_total";
+    /// `pg_logical_emit_message(false, ...)` messages with the outbox prefix: not published,
+    /// since they are sent even when their transaction rolls back.
+    pub const NON_TRANSACTIONAL_MESSAGES: &str = "pgoutbox_non_transactional_messages_total";
     /// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream
     /// ack of its last message.
     pub const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
@@ -80,6 +83,7 @@ pub struct Metrics {
     pub bytes_published: Counter,
     pub transactions: Counter,
     pub dead_letters: Counter,
+    pub non_transactional_messages: Counter,
     pub messages_in_flight: Gauge,
     pub confirmed_lsn: Gauge,
     pub replication_lag_bytes: Gauge,
@@ -93,6 +97,7 @@ impl Metrics {
             bytes_published: counter!(names::BYTES_PUBLISHED),
             transactions: counter!(names::TRANSACTIONS),
             dead_letters: counter!(names::DEAD_LETTERS),
+            non_transactional_messages: counter!(names::NON_TRANSACTIONAL_MESSAGES),
             messages_in_flight: gauge!(names::MESSAGES_IN_FLIGHT),
             confirmed_lsn: gauge!(names::CONFIRMED_LSN),
             replication_lag_bytes: gauge!(names::REPLICATION_LAG_BYTES),

@@ -64,6 +64,11 @@ pub struct RunArgs {
     /// always let through, whatever its size
     #[arg(long, env = "PGOUTBOX_MAX_IN_FLIGHT_BYTES", default_value = "32MiB", value_parser = crate::settings::units::parse_byte_size)]
     pub max_in_flight_bytes: usize,
+    /// Also stream the events an application emits with
+    /// `pg_logical_emit_message(true, '<prefix>', '<json>')`, interleaved with the table's
+    /// rows in commit order; messages with other prefixes are ignored; empty turns it off
+    #[arg(long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "outbox")]
+    pub message_prefix: String,
 }
 
 #[derive(Debug, Args)]

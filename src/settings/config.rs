@@ -36,6 +36,9 @@ pub struct PipelineConfig {
     pub dead_letter_subject: String,
     /// Stop reading WAL while this many payload bytes wait for acks (`--max-in-flight-bytes`).
     pub max_in_flight_bytes: usize,
+    /// Stream `pg_logical_emit_message` events with this prefix (`--message-prefix`);
+    /// `None` when turned off.
+    pub message_prefix: Option<String>,
 }
 
 /// Looks a variable up; a seam so tests need not touch the process environment.
@@ -115,6 +118,7 @@ impl Config {
                 template,
                 dead_letter_subject: args.dead_letter_subject.clone(),
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+                message_prefix: None,
             },
             table,
             slot: args.slot.clone(),

@@ -54,8 +54,9 @@ async fn poison_rows_become_dead_letters_and_never_block() {
     insert(&pg, 3, "'order'", "'a.b'", "'{\"n\": 3}'", "NULL");
     insert(&pg, 4, "NULL", "'created'", "'{\"n\": 4}'", "NULL");
     insert(&pg, 5, "'order'", "'created'", "'{\"n\": 5}'", "'[1, 2]'");
-    insert(&pg, 6, "'order'", "'created'", "'{\"n\": 6}'", "'{\"a\": 1}'");
-    insert(&pg, 7, "'order'", "'created'", "'{\"n\": 7}'", "'{\"Trace\": \"t\"}'");
+    insert(&pg, 6, "'order'", "'created'", "'{\"n\": 6}'", "'{\"a\": \"x\\ny\"}'");
+    let headers = r#"'{"Trace": "t", "retries": 3, "urgent": true, "gone": null}'"#;
+    insert(&pg, 7, "'order'", "'created'", "'{\"n\": 7}'", headers);
 
     let js = jetstream(&nats.url()).await;
     eventually(Duration::from_secs(20), "8 messages stored", || async {
@@ -68,7 +69,7 @@ async fn poison_rows_become_dead_letters_and_never_block() {
     assert_eq!(subjects[0], "outbox.order.created");
     assert!(subjects[1..7].iter().all(|s| *s == "outbox.dead_letter"), "{subjects:?}");
     assert_eq!(subjects[7], "outbox.order.created", "the row behind the poison was blocked");
-    let reasons = ["max_payload", "whitespace", "`.`", "is NULL", "JSON object", "JSON object"];
+    let reasons = ["max_payload", "whitespace", "`.`", "is NULL", "JSON object", "line break"];
     for (m, reason) in messages[1..7].iter().zip(reasons) {
         let header = m.header("Pgoutbox-Dead-Letter-Reason").expect("reason header");
         assert!(header.contains(reason), "{header:?} does not mention {reason:?}");
@@ -78,6 +79,11 @@ async fn poison_rows_become_dead_letters_and_never_block() {
         assert!(body["row"]["id"].as_str().is_some(), "the original row is missing: {body}");
         assert!(m.header("Nats-Msg-Id").is_some_and(|id| id.starts_with("dead-letter:")));
     }
+    // Header values that are not strings arrive as their JSON text; null leaves one out.
+    assert_eq!(messages[7].header("Trace"), Some("t"));
+    assert_eq!(messages[7].header("retries"), Some("3"));
+    assert_eq!(messages[7].header("urgent"), Some("true"));
+    assert_eq!(messages[7].header("gone"), None);
     assert_eq!(messages[3].json()["row"]["event_type"], "a.b");
     assert_eq!(
         messages[1].json()["row"]["payload"],

@@ -85,11 +85,32 @@ fn values_that_would_make_a_wrong_subject_are_rejected_not_rewritten() {
 }
 
 #[test]
-fn headers_must_be_a_json_object_of_strings_without_reserved_names() {
+fn header_values_that_are_not_strings_arrive_as_json_text_and_null_is_left_out() {
     let mapping = default_mapping();
-    for bad in
-        [r#"[1,2]"#, r#"{"a": 1}"#, r#"not json"#, r#"{"Nats-Msg-Id": "x"}"#, r#"{"a:b": "x"}"#]
-    {
+    let headers = r#"{"trace-id": "abc", "retries": 3, "urgent": true, "gone": null,
+        "ratio": 0.5, "tags": ["a", "b"], "ctx": {"k": "v\nw"}}"#;
+    let event = mapping.map(&row(text("order"), "created", text(headers))).unwrap();
+    assert_eq!(header(&event, "trace-id"), Some("abc"));
+    assert_eq!(header(&event, "retries"), Some("3"));
+    assert_eq!(header(&event, "urgent"), Some("true"));
+    assert_eq!(header(&event, "ratio"), Some("0.5"));
+    assert_eq!(header(&event, "tags"), Some(r#"["a","b"]"#));
+    // Compact JSON escapes a line break, so a nested value always fits a header.
+    assert_eq!(header(&event, "ctx"), Some(r#"{"k":"v\nw"}"#));
+    assert_eq!(header(&event, "gone"), None);
+}
+
+#[test]
+fn headers_must_be_a_json_object_without_reserved_names() {
+    let mapping = default_mapping();
+    for bad in [
+        r#"[1,2]"#,
+        r#""text""#,
+        r#"not json"#,
+        r#"{"Nats-Msg-Id": "x"}"#,
+        r#"{"a:b": "x"}"#,
+        r#"{"a": "line\nbreak"}"#,
+    ] {
         let result = mapping.map(&row(text("order"), "created", text(bad)));
         assert!(result.is_err(), "{bad} was accepted");
     }

@@ -1,0 +1,141 @@
+//! Events without a table: `pg_logical_emit_message(true, 'outbox', '<json>')` streams like an
+//! outbox row, interleaved with the rows of the same transactions in commit order, only when
+//! committed; content that cannot be published goes to the dead-letter subject in its place;
+//! non-transactional messages and other prefixes are never published.
+
+use std::time::Duration;
+
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, http_get, wait_until_streaming};
+
+fn emit(transactional: bool, prefix: &str, content: &str) -> String {
+    format!("SELECT pg_logical_emit_message({transactional}, '{prefix}', '{content}');\n")
+}
+
+fn row(n: usize) -> String {
+    format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', 'agg-{n}', 'created', '{{\"n\": {n}}}');\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn emitted_messages_stream_with_rows_in_commit_order_only_when_committed() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql(include_str!("../../sql/emit.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+
+    let rolled_back = r#"{"id":"never","aggregate_type":"order","aggregate_id":"x","event_type":"paid","payload":{"n":-1}}"#;
+    pg.psql(&format!("BEGIN;\n{}ROLLBACK;", emit(true, "outbox", rolled_back)));
+    // Each transaction: a row, a raw message, another prefix (ignored), a helper's message.
+    let mut script = String::new();
+    for tx in 0..20 {
+        let n = tx * 3;
+        let message = format!(
+            r#"{{"id":"m-{}","aggregate_type":"order","aggregate_id":"agg-{}","event_type":"paid","payload":{{"n": {}}},"headers":{{"retries":3}}}}"#,
+            n + 1,
+            n + 1,
+            n + 1
+        );
+        script.push_str("BEGIN;\n");
+        script.push_str(&row(n));
+        script.push_str(&emit(true, "outbox", &message));
+        script.push_str(&emit(true, "other", r#"{"id":"other","payload":{"n":-2}}"#));
+        script.push_str(&format!(
+            "SELECT outbox_emit('order', 'agg-{}', 'shipped', jsonb_build_object('n', {}));\n",
+            n + 2,
+            n + 2
+        ));
+        script.push_str("COMMIT;\n");
+    }
+    pg.psql(&script);
+
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(60), "60 messages stored", || async {
+        (count(&js, "OUTBOX").await >= 60).then_some(())
+    })
+    .await;
+    // A last row proves nothing more is coming before it.
+    pg.psql(&row(60));
+    eventually(Duration::from_secs(30), "the last row stored", || async {
+        (count(&js, "OUTBOX").await >= 61).then_some(())
+    })
+    .await;
+    let messages = read_all(&js, "OUTBOX").await;
+    let report = audit(&messages, 61);
+    assert_eq!(report.stored, 61, "{report:?}");
+    assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0));
+    for (n, m) in messages.iter().enumerate().take(60) {
+        match n % 3 {
+            0 => assert_eq!(m.subject, "outbox.order.created"),
+            1 => {
+                assert_eq!(m.subject, "outbox.order.paid");
+                assert_eq!(m.header("Nats-Msg-Id"), Some(format!("m-{n}").as_str()));
+                assert_eq!(m.header("Outbox-Aggregate-Id"), Some(format!("agg-{n}").as_str()));
+                assert_eq!(m.header("retries"), Some("3"));
+            }
+            _ => {
+                assert_eq!(m.subject, "outbox.order.shipped");
+                assert_eq!(m.header("Nats-Msg-Id").map(str::len), Some(36), "a uuid");
+                assert!(m.header("Outbox-Created-At").is_some());
+            }
+        }
+    }
+    drop(app);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn emitted_messages_that_cannot_be_published_are_dead_letters_and_non_transactional_ones_are_not_published()
+ {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+
+    let good = r#"{"id":"good","aggregate_type":"order","aggregate_id":"1","event_type":"paid","payload":{"n":2}}"#;
+    let non_transactional = r#"{"id":"nt","aggregate_type":"order","aggregate_id":"1","event_type":"paid","payload":{"n":-1}}"#;
+    pg.psql(&format!(
+        "BEGIN;\n{}{}{}{}ROLLBACK;\nBEGIN;\n{}{}{}COMMIT;",
+        row(0),
+        emit(false, "outbox", non_transactional),
+        emit(true, "outbox", good),
+        row(1),
+        row(0),
+        emit(true, "outbox", "not json at all"),
+        emit(true, "outbox", good),
+    ));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "3 messages stored", || async {
+        (count(&js, "OUTBOX").await >= 3).then_some(())
+    })
+    .await;
+    pg.psql(&row(3));
+    eventually(Duration::from_secs(30), "the last row stored", || async {
+        (count(&js, "OUTBOX").await >= 4).then_some(())
+    })
+    .await;
+    let messages = read_all(&js, "OUTBOX").await;
+    let subjects: Vec<&str> = messages.iter().map(|m| m.subject.as_str()).collect();
+    assert_eq!(
+        subjects,
+        ["outbox.order.created", "outbox.dead_letter", "outbox.order.paid", "outbox.order.created"]
+    );
+    let letter = messages[1].json();
+    assert_eq!(letter["row"]["payload"], "not json at all", "{letter}");
+    assert!(letter["reason"].as_str().is_some_and(|r| r.contains("not a JSON object")), "{letter}");
+    assert_eq!(messages[2].header("Nats-Msg-Id"), Some("good"));
+    assert_eq!(messages[2].json(), serde_json::json!({ "n": 2 }));
+
+    assert!(app.log().contains("non-transactional message not published"), "{}", app.log());
+    let (_, metrics) = http_get(app.http_port(), "/metrics").expect("metrics");
+    assert!(
+        metrics.lines().any(|l| l == "pgoutbox_non_transactional_messages_total 1"),
+        "{metrics}"
+    );
+    drop(app);
+}
