@@ -14,7 +14,14 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(cli.common.log_format);
+    // `run` is a service and logs its lifecycle; the other commands print their result and
+    // nothing else unless RUST_LOG asks for more.
+    let default_level = match cli.command {
+        Command::Run(_) => "info",
+        _ => "warn",
+    };
+    let log_format = cli.common.log_format;
+    init_tracing(log_format, default_level);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -22,38 +29,37 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(dispatch(cli))
-}
-
-async fn dispatch(cli: Cli) -> ExitCode {
-    let config = match Config::from_args(&cli.common, &ProcessEnv) {
-        Ok(config) => config,
-        Err(err) => return fail(err),
-    };
-    let result = match cli.command {
-        Command::Run(args) => commands::run::run(&config, &args).await,
-        Command::Setup(args) => commands::setup::run(&config, &args).await,
-        Command::Teardown { yes } => commands::teardown::run(&config, yes).await,
-        Command::Status { json, max_lag_bytes, http_addr } => {
-            let health = commands::status::run(&config, json, max_lag_bytes, http_addr).await;
-            return ExitCode::from(health as u8);
-        }
-    };
+    let result = runtime.block_on(dispatch(cli));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => fail(err),
+        Ok(code) => code,
+        Err(err) => {
+            // Once: as a JSON log line for a log pipeline, else as one plain line.
+            match log_format {
+                LogFormat::Json => tracing::error!("{err:#}"),
+                LogFormat::Text => eprintln!("error: {err:#}"),
+            }
+            ExitCode::FAILURE
+        }
     }
 }
 
-fn fail(err: anyhow::Error) -> ExitCode {
-    tracing::error!("{err:#}");
-    eprintln!("error: {err:#}");
-    ExitCode::FAILURE
+async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = Config::from_args(&cli.common, &ProcessEnv)?;
+    match cli.command {
+        Command::Run(args) => commands::run::run(&config, &args).await?,
+        Command::Setup(args) => commands::setup::run(&config, &args).await?,
+        Command::Teardown { yes } => commands::teardown::run(&config, yes).await?,
+        Command::Status(args) => {
+            let health = commands::status::run(&config, &args).await;
+            return Ok(ExitCode::from(health as u8));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
-fn init_tracing(format: LogFormat) {
+fn init_tracing(format: LogFormat, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

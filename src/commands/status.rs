@@ -17,7 +17,10 @@ use crate::nats::publisher::Publisher;
 use crate::postgres::admin::{self, SlotState, WalStatus};
 use crate::service::telemetry;
 use crate::service::telemetry::names;
+use crate::settings::cli::StatusArgs;
 use crate::settings::config::Config;
+
+mod watch;
 
 /// The health verdict, which is also the exit code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -27,17 +30,32 @@ pub enum Health {
     Critical = 2,
 }
 
-pub async fn run(
-    config: &Config,
-    json_output: bool,
-    max_lag_bytes: i64,
-    http_addr: Option<SocketAddr>,
-) -> Health {
-    let (report, health) = match admin::connect(&config.database, &config.pg_tls).await {
-        Err(err) => (json!({ "slot": config.slot, "error": err.to_string() }), Health::Critical),
+pub async fn run(config: &Config, args: &StatusArgs) -> Health {
+    if args.watch {
+        return watch::run(config, args).await;
+    }
+    let (report, health) = report(config, args).await;
+    if let Some(error) = report["error"].as_str() {
+        // The report says it too, but a script reading stdout as JSON should not have to
+        // look for it, and a human expects an error on stderr.
+        eprintln!("error: {error}");
+    }
+    if args.json {
+        println!("{report:#}");
+    } else {
+        print_table(&report);
+    }
+    health
+}
+
+/// The whole report, with its `health`; never fails: what could not be read is in it.
+async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Health) {
+    let StatusArgs { max_lag_bytes, http_addr, .. } = *args;
+    let (mut report, health) = match admin::connect(&config.database, &config.pg_tls).await {
+        Err(err) => (json!({ "slot": config.slot, "error": format!("{err:#}") }), Health::Critical),
         Ok(client) => match admin::slot_state(&client, &config.slot).await {
             Err(err) => {
-                (json!({ "slot": config.slot, "error": err.to_string() }), Health::Critical)
+                (json!({ "slot": config.slot, "error": format!("{err:#}") }), Health::Critical)
             }
             Ok(state) => {
                 let (mut health, mut problems) = judge(state.as_ref(), max_lag_bytes);
@@ -64,18 +82,12 @@ pub async fn run(
             }
         },
     };
-    let mut report = report;
     report["health"] = json!(match health {
         Health::Healthy => "healthy",
         Health::Warning => "warning",
         Health::Critical => "critical",
     });
-    if json_output {
-        println!("{report:#}");
-    } else {
-        print_table(&report);
-    }
-    health
+    (report, health)
 }
 
 fn judge(state: Option<&SlotState>, max_lag_bytes: i64) -> (Health, Vec<String>) {
@@ -185,6 +197,13 @@ async fn scrape_metrics(addr: SocketAddr) -> anyhow::Result<String> {
 }
 
 fn print_table(report: &serde_json::Value) {
+    for line in table_lines(report) {
+        println!("{line}");
+    }
+}
+
+/// The report as aligned `key  value` lines.
+fn table_lines(report: &serde_json::Value) -> Vec<String> {
     let mut rows: Vec<(String, String)> = Vec::new();
     let mut push = |prefix: &str, value: &serde_json::Value| {
         if let Some(object) = value.as_object() {
@@ -210,7 +229,5 @@ fn print_table(report: &serde_json::Value) {
         }
     }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    for (key, value) in rows {
-        println!("{key:<width$}  {value}");
-    }
+    rows.into_iter().map(|(key, value)| format!("{key:<width$}  {value}")).collect()
 }

@@ -2,6 +2,12 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// `--help` groups the flags under these headings, the same in every subcommand.
+const POSTGRES: &str = "Postgres";
+const NATS: &str = "NATS";
+const TABLE: &str = "Outbox table";
+const OPS: &str = "Operations";
+
 #[derive(Parser)]
 #[command(
     name = "pgoutbox",
@@ -22,19 +28,7 @@ pub enum Command {
     /// Create the publication, the replication slot and the stream (idempotent).
     Setup(SlotArgs),
     /// Show the slot's position and lag; exit 0 healthy, 1 warning, 2 critical.
-    Status {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-        /// Lag above this many bytes is a warning (exit 1).
-        #[arg(long, env = "PGOUTBOX_MAX_LAG_BYTES", default_value_t = 1 << 30)]
-        max_lag_bytes: i64,
-        /// Where the running pgoutbox serves /metrics, read for the age of its last
-        /// confirmation and whether it is stalled [default: the address the slot's holder
-        /// advertises in its application_name, else 127.0.0.1:9717]
-        #[arg(long, env = "PGOUTBOX_HTTP_ADDR")]
-        http_addr: Option<std::net::SocketAddr>,
-    },
+    Status(StatusArgs),
     /// Drop the replication slot and the publication (the stream is kept).
     Teardown {
         /// Confirm that the slot and publication should be dropped.
@@ -44,30 +38,48 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of a table.
+    #[arg(long, conflicts_with = "watch")]
+    pub json: bool,
+    /// Refresh in place every second, with the lag's trend and rows/s, until Ctrl-C.
+    #[arg(long)]
+    pub watch: bool,
+    /// Lag above this many bytes is a warning (exit 1).
+    #[arg(long, env = "PGOUTBOX_MAX_LAG_BYTES", default_value_t = 1 << 30)]
+    pub max_lag_bytes: i64,
+    /// Where the running pgoutbox serves /metrics, read for the age of its last
+    /// confirmation and whether it is stalled [default: the address the slot's holder
+    /// advertises in its application_name, else 127.0.0.1:9717]
+    #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_HTTP_ADDR")]
+    pub http_addr: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub slot: SlotArgs,
     /// Address for /metrics, /healthz and /readyz [default: 127.0.0.1:9717; if that
     /// default is taken, e.g. by a standby on the same host, HTTP is skipped with a warning]
-    #[arg(long, env = "PGOUTBOX_HTTP_ADDR")]
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_HTTP_ADDR")]
     pub http_addr: Option<std::net::SocketAddr>,
     /// Delete outbox rows this long after they were published (e.g. 24h, 7d), in batches
     /// of 1,000; needs the created-at column and DELETE on the table [default: keep all]
-    #[arg(long, env = "PGOUTBOX_RETENTION", value_parser = crate::settings::units::parse_duration)]
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_RETENTION", value_parser = crate::settings::units::parse_duration)]
     pub retention: Option<std::time::Duration>,
     /// Report a stall (/readyz 503, pgoutbox_stalled 1, a warning) when messages wait for
     /// acks and nothing was confirmed for this long
-    #[arg(long, env = "PGOUTBOX_STALL_TIMEOUT", default_value = "60s", value_parser = crate::settings::units::parse_duration)]
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_STALL_TIMEOUT", default_value = "60s", value_parser = crate::settings::units::parse_duration)]
     pub stall_timeout: std::time::Duration,
     /// Stop reading WAL while this many payload bytes await their acks (e.g. 32MiB, 1GB),
     /// besides the cap of 4,096 messages: bounds memory when rows are large. One message is
     /// always let through, whatever its size
-    #[arg(long, env = "PGOUTBOX_MAX_IN_FLIGHT_BYTES", default_value = "32MiB", value_parser = crate::settings::units::parse_byte_size)]
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_MAX_IN_FLIGHT_BYTES", default_value = "32MiB", value_parser = crate::settings::units::parse_byte_size)]
     pub max_in_flight_bytes: usize,
     /// Also stream the events an application emits with
     /// `pg_logical_emit_message(true, '<prefix>', '<json>')`, interleaved with the table's
     /// rows in commit order; messages with other prefixes are ignored; empty turns it off
-    #[arg(long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "outbox")]
+    #[arg(help_heading = TABLE, long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "outbox")]
     pub message_prefix: String,
 }
 
@@ -75,7 +87,7 @@ pub struct RunArgs {
 pub struct SlotArgs {
     /// Create a new slot even though the stream shows pgoutbox ran before (the old slot was
     /// dropped or lost): events committed in between are not recovered.
-    #[arg(long, env = "PGOUTBOX_RECREATE_SLOT")]
+    #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_RECREATE_SLOT")]
     pub recreate_slot: bool,
 }
 
@@ -92,44 +104,45 @@ pub struct CommonArgs {
     /// Postgres connection string, URL or key=value; sslmode (disable, prefer, require,
     /// verify-ca, verify-full) and sslrootcert work as in libpq
     /// [env: PGOUTBOX_DATABASE_URL, DATABASE_URL]
-    #[arg(long, global = true, hide_env_values = true)]
+    #[arg(help_heading = POSTGRES, long, global = true, hide_env_values = true)]
     pub database_url: Option<String>,
     /// NATS server URL(s), comma-separated; nats://user:password@host or nats://token@host
     /// for those methods [env: PGOUTBOX_NATS_URL, NATS_URL] [default: nats://127.0.0.1:4222]
-    #[arg(long, global = true, hide_env_values = true)]
+    #[arg(help_heading = NATS, long, global = true, hide_env_values = true)]
     pub nats_url: Option<String>,
     /// NATS credentials file (JWT and NKey seed, as issued by nsc)
-    #[arg(long, global = true, env = "PGOUTBOX_NATS_CREDS")]
+    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_CREDS")]
     pub nats_creds: Option<std::path::PathBuf>,
     /// File holding an NKey user seed (SU...) for NATS
-    #[arg(long, global = true, env = "PGOUTBOX_NATS_NKEY")]
+    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_NKEY")]
     pub nats_nkey: Option<std::path::PathBuf>,
     /// CA certificate (PEM) to verify the NATS server with; requires TLS
-    #[arg(long, global = true, env = "PGOUTBOX_NATS_TLS_CA")]
+    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_TLS_CA")]
     pub nats_tls_ca: Option<std::path::PathBuf>,
     /// Client certificate (PEM) for NATS mutual TLS, with --nats-tls-key
-    #[arg(long, global = true, env = "PGOUTBOX_NATS_TLS_CERT", requires = "nats_tls_key")]
+    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_TLS_CERT", requires = "nats_tls_key")]
     pub nats_tls_cert: Option<std::path::PathBuf>,
     /// Client key (PEM) for NATS mutual TLS, with --nats-tls-cert
-    #[arg(long, global = true, env = "PGOUTBOX_NATS_TLS_KEY", requires = "nats_tls_cert")]
+    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_TLS_KEY", requires = "nats_tls_cert")]
     pub nats_tls_key: Option<std::path::PathBuf>,
     /// The outbox table, schema-qualified or in `public`.
-    #[arg(long, global = true, env = "PGOUTBOX_TABLE", default_value = "public.outbox")]
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TABLE", default_value = "public.outbox")]
     pub table: String,
     /// Logical replication slot name.
-    #[arg(long, global = true, env = "PGOUTBOX_SLOT", default_value = "pgoutbox")]
+    #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_SLOT", default_value = "pgoutbox")]
     pub slot: String,
     /// Publication name.
-    #[arg(long, global = true, env = "PGOUTBOX_PUBLICATION", default_value = "pgoutbox")]
+    #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_PUBLICATION", default_value = "pgoutbox")]
     pub publication: String,
     /// Replicas of the stream when pgoutbox creates it (an existing stream is never changed)
-    #[arg(long, global = true, env = "PGOUTBOX_STREAM_REPLICAS", default_value_t = 1)]
+    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_STREAM_REPLICAS", default_value_t = 1)]
     pub stream_replicas: usize,
     /// JetStream stream name.
-    #[arg(long, global = true, env = "PGOUTBOX_STREAM", default_value = "OUTBOX")]
+    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_STREAM", default_value = "OUTBOX")]
     pub stream: String,
     /// Subject of each message; placeholders are column names.
     #[arg(
+        help_heading = NATS,
         long,
         global = true,
         env = "PGOUTBOX_SUBJECT_TEMPLATE",
@@ -138,6 +151,7 @@ pub struct CommonArgs {
     pub subject_template: String,
     /// Subject for rows that cannot be published as they are (with the reason).
     #[arg(
+        help_heading = NATS,
         long,
         global = true,
         env = "PGOUTBOX_DEAD_LETTER_SUBJECT",
@@ -145,16 +159,17 @@ pub struct CommonArgs {
     )]
     pub dead_letter_subject: String,
     /// Column holding the message id (becomes Nats-Msg-Id).
-    #[arg(long, global = true, env = "PGOUTBOX_ID_COLUMN", default_value = "id")]
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_ID_COLUMN", default_value = "id")]
     pub id_column: String,
     /// Column holding the message body (json, jsonb, text or bytea).
-    #[arg(long, global = true, env = "PGOUTBOX_PAYLOAD_COLUMN", default_value = "payload")]
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_PAYLOAD_COLUMN", default_value = "payload")]
     pub payload_column: String,
     /// Column holding a JSON object of extra headers (optional column).
-    #[arg(long, global = true, env = "PGOUTBOX_HEADERS_COLUMN", default_value = "headers")]
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_HEADERS_COLUMN", default_value = "headers")]
     pub headers_column: String,
     /// Column sent as Outbox-Aggregate-Type (optional column).
     #[arg(
+        help_heading = TABLE,
         long,
         global = true,
         env = "PGOUTBOX_AGGREGATE_TYPE_COLUMN",
@@ -163,6 +178,7 @@ pub struct CommonArgs {
     pub aggregate_type_column: String,
     /// Column sent as Outbox-Aggregate-Id (optional column).
     #[arg(
+        help_heading = TABLE,
         long,
         global = true,
         env = "PGOUTBOX_AGGREGATE_ID_COLUMN",
@@ -170,12 +186,12 @@ pub struct CommonArgs {
     )]
     pub aggregate_id_column: String,
     /// Column sent as Outbox-Event-Type (optional column).
-    #[arg(long, global = true, env = "PGOUTBOX_EVENT_TYPE_COLUMN", default_value = "event_type")]
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_EVENT_TYPE_COLUMN", default_value = "event_type")]
     pub event_type_column: String,
     /// Column sent as Outbox-Created-At (optional column).
-    #[arg(long, global = true, env = "PGOUTBOX_CREATED_AT_COLUMN", default_value = "created_at")]
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_CREATED_AT_COLUMN", default_value = "created_at")]
     pub created_at_column: String,
     /// Log format.
-    #[arg(long, global = true, env = "PGOUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(help_heading = OPS, long, global = true, env = "PGOUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }

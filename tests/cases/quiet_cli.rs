@@ -1,0 +1,128 @@
+//! The operator commands speak once: `setup`, `status` and `teardown` print their result and
+//! nothing else; an error is one line on stderr; `--help` is grouped; `status --watch`
+//! refreshes in place.
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::support::pgoutbox::command;
+use crate::support::{Nats, Postgres, eventually, free_port};
+
+/// The command as a user runs it: no RUST_LOG.
+fn quiet(pg: &Postgres, nats: &Nats, args: &[&str]) -> Output {
+    let mut cmd = command(pg, nats);
+    cmd.env_remove("RUST_LOG").args(args);
+    cmd.output().expect("pgoutbox runs")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn setup_status_and_teardown_print_their_result_and_nothing_else() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    for args in [&["setup"][..], &["status"], &["status", "--json"], &["teardown", "--yes"]] {
+        let output = quiet(&pg, &nats, args);
+        assert!(output.status.code().is_some_and(|c| c <= 1), "{args:?}: {}", stderr(&output));
+        assert_eq!(stderr(&output), "", "{args:?} wrote to stderr");
+        if args[0] == "status" {
+            assert!(!output.stdout.is_empty(), "status printed nothing");
+        }
+    }
+}
+
+#[test]
+fn an_error_is_one_line_on_stderr() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    for args in [
+        &["status", "--database-url", "postgres://u@h:notaport/db"][..],
+        &["setup", "--database-url", "postgres://u@h:notaport/db"],
+        &["run", "--database-url", "host=127.0.0.1 port=notaport"],
+        &["setup", "--table", "public.missing"],
+    ] {
+        let output = quiet(&pg, &nats, args);
+        let text = stderr(&output);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        assert_eq!(text.lines().count(), 1, "{args:?}: not one line:\n{text}");
+        assert!(text.starts_with("error: "), "{args:?}: {text}");
+    }
+}
+
+#[test]
+fn status_json_on_an_unreachable_database_keeps_the_document_and_says_why_on_stderr() {
+    let nats = Nats::start();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
+    cmd.env_remove("RUST_LOG")
+        .env_remove("DATABASE_URL")
+        .env("PGOUTBOX_NATS_URL", nats.url())
+        .env("PGOUTBOX_DATABASE_URL", format!("postgres://postgres@127.0.0.1:{}/x", free_port()))
+        .args(["status", "--json"]);
+    let output = cmd.output().expect("pgoutbox runs");
+    assert_eq!(output.status.code(), Some(2));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(report["health"], "critical");
+    let text = stderr(&output);
+    assert_eq!(text.lines().count(), 1, "{text}");
+    assert!(text.starts_with("error: ") && text.contains("connect"), "{text}");
+}
+
+#[test]
+fn help_is_grouped_under_headings() {
+    for args in [&["--help"][..], &["run", "--help"], &["status", "--help"]] {
+        let output = Command::new(env!("CARGO_BIN_EXE_pgoutbox")).args(args).output().unwrap();
+        let help = String::from_utf8_lossy(&output.stdout);
+        let section = |heading: &str| {
+            let start = help.find(&format!("\n{heading}:\n")).unwrap_or_else(|| {
+                panic!("{args:?}: no {heading:?} heading in:\n{help}");
+            });
+            let rest = &help[start + heading.len() + 3..];
+            rest[..rest.find("\n\n").unwrap_or(rest.len())].to_owned()
+        };
+        assert!(section("Postgres").contains("--database-url"), "{help}");
+        assert!(section("NATS").contains("--nats-url"), "{help}");
+        assert!(section("Outbox table").contains("--id-column"), "{help}");
+        assert!(section("Operations").contains("--log-format"), "{help}");
+        if args[0] == "run" {
+            assert!(section("Operations").contains("--retention"), "{help}");
+            assert!(section("Outbox table").contains("--message-prefix"), "{help}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn status_watch_refreshes_in_place_with_trend_and_rate() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    assert!(quiet(&pg, &nats, &["setup"]).status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("watch.out");
+    let mut cmd = command(&pg, &nats);
+    cmd.env_remove("RUST_LOG")
+        .args(["status", "--watch"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::null());
+    let child = cmd.spawn().unwrap();
+    let screen = eventually(Duration::from_secs(20), "three refreshes", || async {
+        let text = std::fs::read_to_string(&out).unwrap_or_default();
+        (text.matches("\x1b[H\x1b[2J").count() >= 3).then_some(text)
+    })
+    .await;
+    // SIGINT, as Ctrl-C: the watch ends by itself.
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    let child = std::sync::Mutex::new(child);
+    let exited = eventually(Duration::from_secs(10), "the watch to end on Ctrl-C", || async {
+        child.lock().unwrap().try_wait().ok().flatten()
+    })
+    .await;
+    assert!(exited.code().is_some(), "killed by the signal instead of ending: {exited:?}");
+    let last = screen.rsplit("\x1b[H\x1b[2J").next().unwrap();
+    assert!(last.lines().any(|l| l.starts_with("lag ") && l.contains("steady")), "{last}");
+    assert!(last.lines().any(|l| l.starts_with("rows/s") && l.contains('0')), "{last}");
+    assert!(last.contains("confirmed_flush_lsn"), "{last}");
+}
