@@ -19,7 +19,7 @@ use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::Liveness;
 use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
 use crate::service::shutdown::Shutdown;
-use crate::service::telemetry::{self, Metrics, Readiness};
+use crate::service::telemetry::{self, Metrics, Readiness, ReconnectTarget};
 use crate::settings::cli::RunArgs;
 use crate::settings::config::Config;
 use crate::settings::config::PipelineConfig;
@@ -169,7 +169,7 @@ async fn attempts(
                     repeats = RepeatedError::default(); // it recovered in between
                 }
                 match &err {
-                    PipelineError::Postgres(_) => Metrics::reconnect("postgres"),
+                    PipelineError::Postgres(_) => Metrics::reconnect(ReconnectTarget::Postgres),
                     PipelineError::Nats(failure) => {
                         if let Some(kind) = failure.kind.publish_error_label() {
                             Metrics::publish_error(kind);
@@ -357,7 +357,7 @@ async fn connect_nats_patiently(
     let mut backoff = Backoff::new();
     loop {
         match crate::nats::connect::connect_nats_watched(&config.nats, disconnects.clone(), || {
-            Metrics::reconnect("nats")
+            Metrics::reconnect(ReconnectTarget::Nats)
         })
         .await
         {

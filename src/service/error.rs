@@ -121,6 +121,15 @@ pub enum NatsFailureKind {
 }
 
 impl NatsFailureKind {
+    pub const ALL: [NatsFailureKind; 6] = [
+        Self::Timeout,
+        Self::NoLeader,
+        Self::OutOfOrder,
+        Self::Connection,
+        Self::Other,
+        Self::Request,
+    ];
+
     /// The `kind` label of `pgoutbox_publish_errors_total`, for publish errors.
     pub fn publish_error_label(self) -> Option<&'static str> {
         match self {

@@ -17,6 +17,7 @@ use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::domain::stall::{Progress, StallDetector};
+use crate::service::error::NatsFailureKind;
 
 /// Where `/metrics`, `/healthz` and `/readyz` are served unless `--http-addr` says otherwise.
 pub const DEFAULT_HTTP_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], 9717);
@@ -74,6 +75,84 @@ pub mod names {
     /// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream
     /// ack of its last message.
     pub const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
+    pub const BUILD_INFO: &str = "pgoutbox_build_info";
+}
+
+/// Gives every metric its `# HELP` line, puts every counter (each label value too) at 0 so
+/// that `rate()` and `increase()` alerts work before the first event, and sets
+/// `pgoutbox_build_info`. Gauges whose value is unknown until streaming starts (confirmed
+/// LSN, lag) stay absent until then rather than claim 0.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    let counters = [
+        (names::ROWS_PUBLISHED, "Messages acknowledged by JetStream (dead letters included)."),
+        (names::BYTES_PUBLISHED, "Payload bytes acknowledged by JetStream."),
+        (names::TRANSACTIONS, "Transactions decoded."),
+        (names::DEAD_LETTERS, "Rows sent to the dead-letter subject."),
+        (
+            names::NON_TRANSACTIONAL_MESSAGES,
+            "Non-transactional pg_logical_emit_message messages with the outbox prefix, not published.",
+        ),
+        (names::RETENTION_DELETED, "Outbox rows deleted by --retention."),
+    ];
+    for (name, help) in counters {
+        describe_counter!(name, help);
+        counter!(name).increment(0);
+    }
+    describe_counter!(names::PUBLISH_ERRORS, "Publishes JetStream did not acknowledge, by kind.");
+    for kind in NatsFailureKind::ALL.into_iter().filter_map(NatsFailureKind::publish_error_label) {
+        counter!(names::PUBLISH_ERRORS, "kind" => kind).increment(0);
+    }
+    describe_counter!(names::RECONNECTS, "Reconnections after a failure, by target.");
+    for target in [ReconnectTarget::Postgres, ReconnectTarget::Nats] {
+        counter!(names::RECONNECTS, "target" => target.as_str()).increment(0);
+    }
+    let gauges = [
+        (names::MESSAGES_IN_FLIGHT, "Publishes waiting for their JetStream ack."),
+        (names::CONFIRMED_LSN, "The LSN last confirmed to Postgres, as a number."),
+        (names::REPLICATION_LAG_BYTES, "Server WAL end minus the confirmed LSN, in bytes."),
+        (names::STREAMING, "1 while the replication stream is open (0 for a hot standby)."),
+        (names::STALLED, "1 while messages wait and nothing was confirmed for --stall-timeout."),
+        (
+            names::LAST_CONFIRMATION_AGE,
+            "Seconds since the confirmed position last advanced while something waited.",
+        ),
+        (names::BUILD_INFO, "Always 1; the labels say which pgoutbox this is."),
+    ];
+    for (name, help) in gauges {
+        describe_gauge!(name, help);
+    }
+    for name in [names::MESSAGES_IN_FLIGHT, names::STREAMING, names::STALLED] {
+        gauge!(name).set(0.0);
+    }
+    gauge!(names::LAST_CONFIRMATION_AGE).set(0.0);
+    describe_histogram!(
+        names::COMMIT_TO_ACK,
+        metrics::Unit::Seconds,
+        "From a transaction's commit to the JetStream ack of its last message."
+    );
+    gauge!(
+        names::BUILD_INFO,
+        "version" => env!("CARGO_PKG_VERSION"),
+        "target" => format!("{}-{}", std::env::consts::ARCH, std::env::consts::OS),
+    )
+    .set(1.0);
+}
+
+/// What `pgoutbox_reconnects_total{target}` counts reconnections to.
+#[derive(Debug, Clone, Copy)]
+pub enum ReconnectTarget {
+    Postgres,
+    Nats,
+}
+
+impl ReconnectTarget {
+    fn as_str(self) -> &'static str {
+        match self {
+            ReconnectTarget::Postgres => "postgres",
+            ReconnectTarget::Nats => "nats",
+        }
+    }
 }
 
 /// The pipeline's instruments.
@@ -110,9 +189,9 @@ impl Metrics {
         counter!(names::PUBLISH_ERRORS, "kind" => kind.to_owned()).increment(1);
     }
 
-    /// A reconnection after a failure of `target` (postgres or nats).
-    pub fn reconnect(target: &'static str) {
-        counter!(names::RECONNECTS, "target" => target).increment(1);
+    /// A reconnection after a failure of `target`.
+    pub fn reconnect(target: ReconnectTarget) {
+        counter!(names::RECONNECTS, "target" => target.as_str()).increment(1);
     }
 }
 
@@ -187,17 +266,22 @@ impl Readiness {
     }
 }
 
-/// Installs the Prometheus recorder; call once, before any metric is touched.
+/// Installs the Prometheus recorder and describes every metric; call once, before any
+/// metric is touched.
 pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
-    Ok(PrometheusBuilder::new()
+    let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(names::COMMIT_TO_ACK.into()), LATENCY_BUCKETS)?
-        .install_recorder()?)
+        .install_recorder()?;
+    describe();
+    Ok(handle)
 }
 
 #[derive(Clone)]
 struct AppState {
     prometheus: PrometheusHandle,
     readiness: Arc<Readiness>,
+    /// The standard `process_*` metrics, read at each scrape.
+    process: Arc<metrics_process::Collector>,
 }
 
 /// Binds `addr` (failing now if it cannot) and serves until the process ends; returns the
@@ -214,7 +298,7 @@ pub async fn serve(
         .route("/metrics", get(metrics_text))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
-        .with_state(AppState { prometheus, readiness });
+        .with_state(AppState { prometheus, readiness, process: Arc::new(process_collector()) });
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     tasks.spawn(async move {
         if let Err(err) = axum::serve(listener, app).await {
@@ -224,7 +308,15 @@ pub async fn serve(
     Ok(addr)
 }
 
+fn process_collector() -> metrics_process::Collector {
+    let collector = metrics_process::Collector::default();
+    collector.describe();
+    collector.collect();
+    collector
+}
+
 async fn metrics_text(State(state): State<AppState>) -> String {
+    state.process.collect();
     state.prometheus.run_upkeep();
     state.prometheus.render()
 }

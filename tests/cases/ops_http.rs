@@ -68,3 +68,58 @@ async fn health_readiness_and_metrics_follow_the_pipeline() {
     let text = http_get(port, "/metrics").map(|r| r.1).unwrap_or_default();
     assert!(text.contains("pgoutbox_reconnects_total{target=\"nats\"}"), "{text}");
 }
+
+/// /metrics as Prometheus users expect it: a `# HELP` line on every metric, the build info,
+/// the standard `process_*` metrics, and every counter present at 0 before anything happened.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_have_help_build_info_process_metrics_and_counters_at_zero() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    let port = app.http_port();
+    let text = eventually(Duration::from_secs(10), "/metrics answers", || async {
+        http_get(port, "/metrics").filter(|(code, _)| *code == 200).map(|(_, text)| text)
+    })
+    .await;
+    let families: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(|name| {
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .filter(|base| text.contains(&format!("# TYPE {base} histogram")))
+                .unwrap_or(name)
+        })
+        .collect();
+    for family in &families {
+        assert!(text.contains(&format!("# HELP {family} ")), "no HELP for {family}:\n{text}");
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    assert!(
+        text.lines().any(|l| l.starts_with("pgoutbox_build_info{")
+            && l.contains(&format!("version=\"{version}\""))
+            && l.ends_with(" 1")),
+        "{text}"
+    );
+    for name in ["process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"] {
+        assert!(families.contains(name), "{name} missing:\n{text}");
+    }
+    // Nothing was published, dead-lettered or retried yet: every counter is there, at 0.
+    for line in [
+        "pgoutbox_rows_published_total 0",
+        "pgoutbox_dead_letters_total 0",
+        "pgoutbox_non_transactional_messages_total 0",
+        "pgoutbox_retention_deleted_total 0",
+        "pgoutbox_publish_errors_total{kind=\"timeout\"} 0",
+        "pgoutbox_publish_errors_total{kind=\"no_leader\"} 0",
+        "pgoutbox_reconnects_total{target=\"postgres\"} 0",
+        "pgoutbox_reconnects_total{target=\"nats\"} 0",
+        "pgoutbox_stalled 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+    }
+}
