@@ -29,6 +29,16 @@ use crate::settings::config::PipelineConfig;
 const TAIL_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
+    if config.messages_only && args.message_prefix.is_empty() {
+        anyhow::bail!(
+            "--messages-only with an empty --message-prefix streams nothing: set a prefix"
+        );
+    }
+    if config.messages_only && args.retention.is_some() {
+        anyhow::bail!(
+            "--retention deletes outbox rows, and --messages-only reads no table: drop one"
+        );
+    }
     // Every task beside the pipeline (signals, HTTP, stall watch, retention), stopped and
     // awaited when `run` ends.
     let mut tasks = tokio::task::JoinSet::new();

@@ -27,6 +27,13 @@ pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
 /// Connects, checks prerequisites and makes sure the publication exists.
 pub async fn prepare_database(config: &Config) -> anyhow::Result<tokio_postgres::Client> {
     let client = admin::connect(&config.database, &config.pg_tls).await?;
+    if config.messages_only {
+        admin::check_server(&client).await?;
+        if admin::ensure_publication_for_messages(&client, &config.publication).await? {
+            info!(publication = %config.publication, "publication created (messages only)");
+        }
+        return Ok(client);
+    }
     admin::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
     if admin::ensure_publication(&client, &config.publication, &config.table).await? {
         info!(publication = %config.publication, table = %config.table, "publication created");

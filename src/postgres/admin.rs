@@ -52,7 +52,10 @@ pub enum SetupError {
         "wal_level is {0:?}; pgoutbox needs logical decoding: run `ALTER SYSTEM SET wal_level = logical` and restart Postgres"
     )]
     WalLevel(String),
-    #[error("table {0} does not exist: create it (see sql/outbox.sql) or point --table at yours")]
+    #[error(
+        "table {0} does not exist: create it (see sql/outbox.sql), point --table at yours, or \
+         pass --messages-only to stream only pg_logical_emit_message events"
+    )]
     TableMissing(String),
     #[error(
         "table {table} has no column {column:?} (the {role}); set the column roles (see --help) to match the table"
@@ -138,26 +141,14 @@ fn describe_connect_error(err: &tokio_postgres::Error, user: &str) -> String {
     }
 }
 
-/// Checks what the streamer needs before touching anything.
+/// Checks what the streamer needs before touching anything: [`check_server`], and the table
+/// with the columns the mapping reads.
 pub async fn check_prerequisites(
     client: &Client,
     table: &TableName,
     required_columns: &[(&str, &str)],
 ) -> Result<(), SetupError> {
-    let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
-    if wal_level != "logical" {
-        return Err(SetupError::WalLevel(wal_level));
-    }
-    let row = client
-        .query_one(
-            "SELECT r.rolreplication OR r.rolsuper, current_user::text FROM pg_roles r \
-             WHERE r.rolname = current_user",
-            &[],
-        )
-        .await?;
-    if !row.get::<_, bool>(0) {
-        return Err(SetupError::NoReplication(row.get(1)));
-    }
+    check_server(client).await?;
     let columns: Vec<String> = client
         .query(
             "SELECT a.attname::text FROM pg_attribute a \
@@ -181,6 +172,47 @@ pub async fn check_prerequisites(
         }
     }
     Ok(())
+}
+
+/// The server is set up for logical decoding and the role may replicate.
+pub async fn check_server(client: &Client) -> Result<(), SetupError> {
+    let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
+    if wal_level != "logical" {
+        return Err(SetupError::WalLevel(wal_level));
+    }
+    let row = client
+        .query_one(
+            "SELECT r.rolreplication OR r.rolsuper, current_user::text FROM pg_roles r \
+             WHERE r.rolname = current_user",
+            &[],
+        )
+        .await?;
+    if !row.get::<_, bool>(0) {
+        return Err(SetupError::NoReplication(row.get(1)));
+    }
+    Ok(())
+}
+
+/// Creates a publication without tables if missing (`--messages-only`): pgoutput needs a
+/// publication to start, and sends logical decoding messages whatever it publishes. An
+/// existing publication is used as it is; rows of its tables are ignored.
+pub async fn ensure_publication_for_messages(
+    client: &Client,
+    publication: &str,
+) -> Result<bool, SetupError> {
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&publication])
+        .await?
+        .is_some();
+    if exists {
+        return Ok(false);
+    }
+    let sql = format!("CREATE PUBLICATION {} WITH (publish = 'insert')", quote_ident(publication));
+    match client.batch_execute(&sql).await {
+        Ok(()) => Ok(true),
+        Err(err) if is_duplicate(&err) => Ok(false),
+        Err(err) => Err(err.into()),
+    }
 }
 
 /// Creates the publication if missing; safe when two instances race. A partitioned outbox

@@ -300,8 +300,9 @@ impl<'a> Pipeline<'a> {
                 self.observe_confirmed();
             }
             LogicalMessage::Relation(relation) => {
-                let ours =
-                    relation.namespace == self.config.schema && relation.name == self.config.table;
+                let ours = self.config.table.as_ref().is_some_and(|table| {
+                    relation.namespace == table.schema && relation.name == table.name
+                });
                 let mapping = if ours {
                     let config = self.config;
                     Some(Arc::new(RowMapping::new(&relation, &config.roles, &config.template)?))

@@ -158,6 +158,10 @@ pub struct CommonArgs {
         default_value = "outbox.dead_letter"
     )]
     pub dead_letter_subject: String,
+    /// Stream only the events emitted with pg_logical_emit_message: no outbox table is
+    /// needed or read (--table is ignored), the publication is created without tables
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_MESSAGES_ONLY")]
+    pub messages_only: bool,
     /// Column holding the message id (becomes Nats-Msg-Id).
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_ID_COLUMN", default_value = "id")]
     pub id_column: String,

@@ -19,6 +19,8 @@ pub struct Config {
     pub pg_tls: crate::postgres::tls::PgTls,
     pub nats: NatsSettings,
     pub table: TableName,
+    /// `--messages-only`: no table is read or checked.
+    pub messages_only: bool,
     pub slot: String,
     pub publication: String,
     pub stream: String,
@@ -29,8 +31,8 @@ pub struct Config {
 /// Where rows come from and how they become messages.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
-    pub schema: String,
-    pub table: String,
+    /// The outbox table whose rows are streamed; `None` with `--messages-only`.
+    pub table: Option<TableName>,
     pub roles: ColumnRoles,
     pub template: SubjectTemplate,
     pub dead_letter_subject: String,
@@ -112,8 +114,7 @@ impl Config {
             pg_tls,
             nats: NatsSettings { servers: nats_servers, auth },
             pipeline: PipelineConfig {
-                schema: table.schema.clone(),
-                table: table.name.clone(),
+                table: (!args.messages_only).then(|| table.clone()),
                 roles,
                 template,
                 dead_letter_subject: args.dead_letter_subject.clone(),
@@ -121,6 +122,7 @@ impl Config {
                 message_prefix: None,
             },
             table,
+            messages_only: args.messages_only,
             slot: args.slot.clone(),
             publication: args.publication.clone(),
             stream: args.stream.clone(),

@@ -139,3 +139,42 @@ async fn emitted_messages_that_cannot_be_published_are_dead_letters_and_non_tran
     );
     drop(app);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_only_needs_no_outbox_table() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql("CREATE TABLE orders (id int)");
+    let app = Pgoutbox::run(&pg, &nats, &["--messages-only"]);
+    wait_until_streaming(&pg, &app).await;
+
+    let mut script = String::new();
+    for n in 0..10 {
+        let message = format!(
+            r#"{{"id":"e-{n}","aggregate_type":"order","aggregate_id":"{n}","event_type":"paid","payload":{{"n":{n}}}}}"#
+        );
+        script.push_str(&format!(
+            "BEGIN;\nINSERT INTO orders VALUES ({n});\n{}COMMIT;\n",
+            emit(true, "outbox", &message)
+        ));
+    }
+    pg.psql(&script);
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "10 messages stored", || async {
+        (count(&js, "OUTBOX").await >= 10).then_some(())
+    })
+    .await;
+    let messages = read_all(&js, "OUTBOX").await;
+    let report = audit(&messages, 10);
+    assert_eq!((report.stored, report.duplicates, report.order_violations), (10, 0, 0));
+    assert!(messages.iter().all(|m| m.subject == "outbox.order.paid"));
+    assert_eq!(pg.psql("SELECT count(*) FROM pg_publication_tables"), "0");
+    drop(app);
+
+    // Without the flag, the missing table says how to do without it.
+    let mut cmd = crate::support::pgoutbox::command(&pg, &nats);
+    cmd.env_remove("RUST_LOG").args(["setup", "--slot", "other"]);
+    let output = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && stderr.contains("--messages-only"), "{stderr}");
+}
