@@ -11,15 +11,23 @@
 
 use std::collections::VecDeque;
 
+/// When a transaction committed and when its Commit reached pgoutbox, in µs since
+/// 2000-01-01 (Postgres's epoch): with the time of the ack they give the latency stages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    pub committed: i64,
+    pub received: i64,
+}
+
 #[derive(Debug, Default)]
 pub struct LsnTracker {
     sent: u64,
     acked: u64,
     /// Commits not yet confirmable: (messages sent when the commit arrived, end LSN,
-    /// commit time).
-    commits: VecDeque<(u64, u64, i64)>,
-    /// Commit times of transactions confirmed since the last `take_confirmed_commit_times`.
-    newly_confirmed: Vec<i64>,
+    /// timing).
+    commits: VecDeque<(u64, u64, Timing)>,
+    /// Timings of transactions confirmed since the last `take_confirmed_timings`.
+    newly_confirmed: Vec<Timing>,
     confirmed: u64,
 }
 
@@ -42,24 +50,24 @@ impl LsnTracker {
     }
 
     /// A transaction ended at `end_lsn`; it is confirmable once everything sent so far is acked.
-    /// `commit_time` (µs since 2000-01-01) only feeds the commit-to-ack latency.
+    /// `timing` only feeds the latency histograms.
     ///
     /// A commit that sent nothing since the previous waiting one is folded into it, so the
     /// list holds at most one entry per message in flight, however many transactions of
     /// other tables commit while an ack is awaited.
-    pub fn on_commit(&mut self, end_lsn: u64, commit_time: i64) {
+    pub fn on_commit(&mut self, end_lsn: u64, timing: Timing) {
         match self.commits.back_mut() {
             Some(waiting) if waiting.0 == self.sent => {
                 // The waiting commit's time is kept: it is the one whose rows are in flight.
                 waiting.1 = waiting.1.max(end_lsn);
             }
-            _ => self.commits.push_back((self.sent, end_lsn, commit_time)),
+            _ => self.commits.push_back((self.sent, end_lsn, timing)),
         }
         self.advance();
     }
 
-    /// The commit times of the transactions confirmed since the last call.
-    pub fn take_confirmed_commit_times(&mut self) -> std::vec::Drain<'_, i64> {
+    /// The timings of the transactions confirmed since the last call.
+    pub fn take_confirmed_timings(&mut self) -> std::vec::Drain<'_, Timing> {
         self.newly_confirmed.drain(..)
     }
 
@@ -86,12 +94,12 @@ impl LsnTracker {
     }
 
     fn advance(&mut self) {
-        while let Some(&(sent_before, end_lsn, commit_time)) = self.commits.front() {
+        while let Some(&(sent_before, end_lsn, timing)) = self.commits.front() {
             if sent_before > self.acked {
                 break;
             }
             self.confirmed = self.confirmed.max(end_lsn);
-            self.newly_confirmed.push(commit_time);
+            self.newly_confirmed.push(timing);
             self.commits.pop_front();
         }
     }
@@ -101,12 +109,16 @@ impl LsnTracker {
 mod tests {
     use super::*;
 
+    fn at(committed: i64) -> Timing {
+        Timing { committed, received: committed }
+    }
+
     #[test]
     fn a_transaction_is_confirmed_only_after_its_last_ack() {
         let mut t = LsnTracker::new(100);
         t.on_sent();
         t.on_sent();
-        t.on_commit(200, 0);
+        t.on_commit(200, at(0));
         assert_eq!(t.confirmed(), 100);
         t.on_acked();
         assert_eq!(t.confirmed(), 100, "one of two messages is still in flight");
@@ -119,12 +131,12 @@ mod tests {
     fn commits_are_confirmed_in_order_as_acks_arrive() {
         let mut t = LsnTracker::new(0);
         t.on_sent();
-        t.on_commit(10, 0);
+        t.on_commit(10, at(0));
         t.on_sent();
         t.on_sent();
-        t.on_commit(20, 0);
+        t.on_commit(20, at(0));
         t.on_sent();
-        t.on_commit(30, 0);
+        t.on_commit(30, at(0));
         t.on_acked();
         assert_eq!(t.confirmed(), 10);
         t.on_acked();
@@ -139,8 +151,8 @@ mod tests {
     fn a_commit_with_no_messages_waits_for_earlier_acks() {
         let mut t = LsnTracker::new(0);
         t.on_sent();
-        t.on_commit(10, 0);
-        t.on_commit(20, 0);
+        t.on_commit(10, at(0));
+        t.on_commit(20, at(0));
         assert_eq!(t.confirmed(), 0);
         t.on_acked();
         assert_eq!(t.confirmed(), 20);
@@ -149,7 +161,7 @@ mod tests {
     #[test]
     fn an_empty_commit_with_nothing_in_flight_is_confirmed_at_once() {
         let mut t = LsnTracker::new(5);
-        t.on_commit(10, 0);
+        t.on_commit(10, at(0));
         assert_eq!(t.confirmed(), 10);
     }
 
@@ -157,7 +169,7 @@ mod tests {
     fn keepalive_is_ignored_while_acks_are_pending() {
         let mut t = LsnTracker::new(0);
         t.on_sent();
-        t.on_commit(10, 0);
+        t.on_commit(10, at(0));
         t.on_keepalive(500);
         assert_eq!(t.confirmed(), 0);
         t.on_acked();
@@ -178,35 +190,35 @@ mod tests {
     fn reports_the_commit_times_of_confirmed_transactions_once() {
         let mut t = LsnTracker::new(0);
         t.on_sent();
-        t.on_commit(10, 111);
+        t.on_commit(10, at(111));
         t.on_sent();
-        t.on_commit(20, 222);
-        assert_eq!(t.take_confirmed_commit_times().count(), 0);
+        t.on_commit(20, at(222));
+        assert_eq!(t.take_confirmed_timings().count(), 0);
         t.on_acked();
         t.on_acked();
-        assert_eq!(t.take_confirmed_commit_times().collect::<Vec<_>>(), [111, 222]);
-        assert_eq!(t.take_confirmed_commit_times().count(), 0);
+        assert_eq!(t.take_confirmed_timings().map(|t| t.committed).collect::<Vec<_>>(), [111, 222]);
+        assert_eq!(t.take_confirmed_timings().count(), 0);
     }
 
     #[test]
     fn commits_without_messages_while_an_ack_waits_do_not_pile_up() {
         let mut t = LsnTracker::new(0);
         t.on_sent();
-        t.on_commit(10, 1);
+        t.on_commit(10, at(1));
         for lsn in 11..100_000 {
-            t.on_commit(lsn, lsn as i64);
+            t.on_commit(lsn, at(lsn as i64));
         }
         assert_eq!(t.commits.len(), 1);
         assert_eq!(t.confirmed(), 0);
         t.on_acked();
         assert_eq!(t.confirmed(), 99_999);
-        assert_eq!(t.take_confirmed_commit_times().collect::<Vec<_>>(), [1]);
+        assert_eq!(t.take_confirmed_timings().map(|t| t.committed).collect::<Vec<_>>(), [1]);
     }
 
     #[test]
     fn never_moves_backwards() {
         let mut t = LsnTracker::new(1000);
-        t.on_commit(10, 0);
+        t.on_commit(10, at(0));
         t.on_keepalive(20);
         assert_eq!(t.confirmed(), 1000);
     }

@@ -24,7 +24,7 @@ use bytes::Bytes;
 use tracing::{debug, info, warn};
 
 use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping, log_preview};
-use crate::domain::progress::{LsnTracker, Position};
+use crate::domain::progress::{LsnTracker, Position, Timing};
 use crate::domain::source::SOURCE_HEADER;
 use crate::nats::publisher::{
     ADDED_HEADERS_ROOM, MAX_IN_FLIGHT, POSITION_HEADER, Publisher, refused_for_itself,
@@ -77,6 +77,8 @@ pub struct Pipeline<'a> {
     letter_budget: usize,
     reported: u64,
     reported_at: Instant,
+    /// When the oldest transaction not yet reported to Postgres became confirmable.
+    confirmable_since: Option<Instant>,
     /// The furthest WAL position the server reported: lag is measured against it.
     server_wal_end: u64,
     /// Changes when the NATS connection is lost: the acks awaited on it will never come.
@@ -132,6 +134,7 @@ impl<'a> Pipeline<'a> {
             letter_budget: resume.message_limit.saturating_sub(ADDED_HEADERS_ROOM),
             reported: start_lsn,
             reported_at: Instant::now(),
+            confirmable_since: None,
             server_wal_end: start_lsn,
             metrics: Metrics::new(),
         }
@@ -264,13 +267,16 @@ impl<'a> Pipeline<'a> {
         }
     }
 
-    /// Records commit-to-ack latency for the transactions that just became confirmable.
+    /// Records the latency stages of the transactions that just became confirmable.
     fn observe_confirmed(&mut self) {
         let now = pg_now_micros();
-        for commit_time in self.tracker.take_confirmed_commit_times() {
-            let seconds = (now - commit_time).max(0) as f64 / 1e6;
-            self.metrics.commit_to_ack.record(seconds);
-            self.memory.published_up_to.advance(commit_time);
+        let seconds = |from: i64, to: i64| (to - from).max(0) as f64 / 1e6;
+        for Timing { committed, received } in self.tracker.take_confirmed_timings() {
+            self.metrics.commit_to_ack.record(seconds(committed, now));
+            self.metrics.commit_to_receive.record(seconds(committed, received));
+            self.metrics.receive_to_ack.record(seconds(received, now));
+            self.memory.published_up_to.advance(committed);
+            self.confirmable_since.get_or_insert_with(Instant::now);
         }
     }
 
@@ -295,7 +301,8 @@ impl<'a> Pipeline<'a> {
                 if self.transaction.take().is_none() {
                     return Err(PipelineError::Protocol("Commit outside a transaction"));
                 }
-                self.tracker.on_commit(commit.end_lsn, commit.commit_time);
+                let timing = Timing { committed: commit.commit_time, received: pg_now_micros() };
+                self.tracker.on_commit(commit.end_lsn, timing);
                 self.metrics.transactions.increment(1);
                 self.observe_confirmed();
             }
@@ -497,6 +504,9 @@ impl<'a> Pipeline<'a> {
             .await?;
         if confirmed != self.reported {
             debug!(confirmed = %lsn(confirmed), in_flight = self.tracker.in_flight(), "confirmed");
+            if let Some(since) = self.confirmable_since.take() {
+                self.metrics.ack_to_confirm.record(since.elapsed().as_secs_f64());
+            }
         }
         self.reported = confirmed;
         self.reported_at = Instant::now();

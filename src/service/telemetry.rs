@@ -75,6 +75,12 @@ pub mod names {
     /// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream
     /// ack of its last message.
     pub const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
+    /// The stages of that latency: commit → its Commit message received from the walsender
+    /// (Postgres's share), → the ack of its last message (the NATS hop and pgoutbox's
+    /// queue); and then the ack → the status update that confirmed it to Postgres.
+    pub const COMMIT_TO_RECEIVE: &str = "pgoutbox_commit_to_receive_seconds";
+    pub const RECEIVE_TO_ACK: &str = "pgoutbox_receive_to_ack_seconds";
+    pub const ACK_TO_CONFIRM: &str = "pgoutbox_ack_to_confirm_seconds";
     pub const BUILD_INFO: &str = "pgoutbox_build_info";
 }
 
@@ -126,11 +132,27 @@ fn describe() {
         gauge!(name).set(0.0);
     }
     gauge!(names::LAST_CONFIRMATION_AGE).set(0.0);
-    describe_histogram!(
-        names::COMMIT_TO_ACK,
-        metrics::Unit::Seconds,
-        "From a transaction's commit to the JetStream ack of its last message."
-    );
+    let histograms = [
+        (
+            names::COMMIT_TO_ACK,
+            "From a transaction's commit to the JetStream ack of its last message.",
+        ),
+        (
+            names::COMMIT_TO_RECEIVE,
+            "From a transaction's commit to pgoutbox receiving its Commit message.",
+        ),
+        (
+            names::RECEIVE_TO_ACK,
+            "From receiving a transaction's Commit to the ack of its last message.",
+        ),
+        (
+            names::ACK_TO_CONFIRM,
+            "From the ack that made a transaction confirmable to the status update confirming it.",
+        ),
+    ];
+    for (name, help) in histograms {
+        describe_histogram!(name, metrics::Unit::Seconds, help);
+    }
     gauge!(
         names::BUILD_INFO,
         "version" => env!("CARGO_PKG_VERSION"),
@@ -167,6 +189,9 @@ pub struct Metrics {
     pub confirmed_lsn: Gauge,
     pub replication_lag_bytes: Gauge,
     pub commit_to_ack: Histogram,
+    pub commit_to_receive: Histogram,
+    pub receive_to_ack: Histogram,
+    pub ack_to_confirm: Histogram,
 }
 
 impl Metrics {
@@ -181,6 +206,9 @@ impl Metrics {
             confirmed_lsn: gauge!(names::CONFIRMED_LSN),
             replication_lag_bytes: gauge!(names::REPLICATION_LAG_BYTES),
             commit_to_ack: histogram!(names::COMMIT_TO_ACK),
+            commit_to_receive: histogram!(names::COMMIT_TO_RECEIVE),
+            receive_to_ack: histogram!(names::RECEIVE_TO_ACK),
+            ack_to_confirm: histogram!(names::ACK_TO_CONFIRM),
         }
     }
 
@@ -269,9 +297,16 @@ impl Readiness {
 /// Installs the Prometheus recorder and describes every metric; call once, before any
 /// metric is touched.
 pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Full(names::COMMIT_TO_ACK.into()), LATENCY_BUCKETS)?
-        .install_recorder()?;
+    let mut builder = PrometheusBuilder::new();
+    for name in [
+        names::COMMIT_TO_ACK,
+        names::COMMIT_TO_RECEIVE,
+        names::RECEIVE_TO_ACK,
+        names::ACK_TO_CONFIRM,
+    ] {
+        builder = builder.set_buckets_for_metric(Matcher::Full(name.into()), LATENCY_BUCKETS)?;
+    }
+    let handle = builder.install_recorder()?;
     describe();
     Ok(handle)
 }

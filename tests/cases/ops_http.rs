@@ -44,6 +44,17 @@ async fn health_readiness_and_metrics_follow_the_pipeline() {
     assert!(metric(&text, "pgoutbox_transactions_total").unwrap_or(0.0) >= 3.0, "{text}");
     assert!(metric(&text, "pgoutbox_commit_to_ack_seconds_count").unwrap_or(0.0) >= 3.0, "{text}");
     assert!(text.contains("pgoutbox_commit_to_ack_seconds_bucket{le=\"0.01\"}"), "{text}");
+    // The stages of that latency, each per transaction; the last one once a status update
+    // has confirmed a transaction (within the 100 ms status tick).
+    for stage in ["pgoutbox_commit_to_receive_seconds", "pgoutbox_receive_to_ack_seconds"] {
+        let count = metric(&text, &format!("{stage}_count")).unwrap_or(0.0);
+        assert!(count >= 3.0, "{stage}: {count}\n{text}");
+    }
+    eventually(Duration::from_secs(5), "a confirmation timed", || async {
+        let (_, text) = http_get(port, "/metrics")?;
+        (metric(&text, "pgoutbox_ack_to_confirm_seconds_count")? >= 1.0).then_some(())
+    })
+    .await;
     for name in
         ["pgoutbox_messages_in_flight", "pgoutbox_confirmed_lsn", "pgoutbox_replication_lag_bytes"]
     {
