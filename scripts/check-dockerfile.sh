@@ -7,9 +7,12 @@
 # here as it would fail in `docker build`.
 #
 # Debug build (the check is about the file set, not the optimiser). The target directory
-# is a fresh temporary one unless DOCKERFILE_CHECK_TARGET_DIR names one to reuse (the
-# dependencies then compile once; pgoutbox itself always compiles from the copied tree).
-# Crates come from CARGO_HOME's registry as for any other build.
+# is a fresh temporary one unless DOCKERFILE_CHECK_TARGET_DIR names one to reuse (outside
+# ./target): the dependencies then compile once, and pgoutbox itself still compiles from
+# the copied tree every time (copied without keeping mtimes, so cargo never takes an
+# earlier build of it as fresh). Crates come from CARGO_HOME's registry as usual.
+# Measured on a 2-core machine: 113 to 226 s with a fresh target directory (depending on
+# what else runs), 16 s reusing one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dockerfile=${1:-Dockerfile}
@@ -51,13 +54,13 @@ while read -r instr rest; do
         if [ -d "$src" ]; then
           # Docker copies a directory's contents into the destination.
           mkdir -p "$ctx$dest"
-          cp -a "$src/." "$ctx$dest/"
+          cp -R "$src/." "$ctx$dest/"
         elif [[ "$dest" == */ || ${#paths[@]} -gt 1 ]]; then
           mkdir -p "$ctx$dest"
-          cp -a "$src" "$ctx$dest/"
+          cp -R "$src" "$ctx$dest/"
         else
           mkdir -p "$(dirname "$ctx$dest")"
-          cp -a "$src" "$ctx$dest"
+          cp -R "$src" "$ctx$dest"
         fi
         copies=$((copies + 1))
       done ;;

@@ -3,6 +3,7 @@
 mod authenticates_with_each_method;
 mod cli_contract;
 mod configuration_doc;
+mod container_route;
 mod crash_anywhere;
 mod dedup_window_expired;
 mod duplicate_ids;
