@@ -2,17 +2,28 @@
 # Checks the ready-made operations in deploy/: the Prometheus alert rules parse
 # (`promtool check rules`) and behave (`promtool test rules`, one test group or more per
 # alert), every alert has a test and is described in docs/operations.md (and the doc
-# names no alert the file lacks). Installs promtool from Debian's `prometheus` package
-# when missing (without starting a Prometheus server).
+# names no alert the file lacks); the Kubernetes manifests parse and keep their decisions
+# (scripts/check-kubernetes.py). Installs promtool (Debian's `prometheus` package,
+# without starting a Prometheus server) and PyYAML (python3-yaml) when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rules=deploy/prometheus/pgoutbox.rules.yml
 tests=deploy/prometheus/pgoutbox.rules.test.yml
 
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+# A python3 with PyYAML: the first on PATH, else Debian's (with python3-yaml installed).
+python=python3
+if ! "$python" -c 'import yaml' 2>/dev/null; then
+  python=/usr/bin/python3
+  if ! "$python" -c 'import yaml' 2>/dev/null; then
+    echo "installing PyYAML (Debian's python3-yaml package)" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-yaml >/dev/null
+  fi
+fi
 if ! command -v promtool >/dev/null 2>&1; then
   echo "installing promtool (Debian's prometheus package)" >&2
-  sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo="sudo"
   running_before=$(pgrep -x prometheus || true)
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
@@ -44,6 +55,7 @@ if [ "$alerts" != "$documented" ]; then
   comm -13 <(echo "$alerts") <(echo "$documented") | sed 's/$/: in the doc, not in the rules/' >&2
   status=1
 fi
+"$python" scripts/check-kubernetes.py || status=1
 [ "$status" -eq 0 ] || exit 1
-echo "check-deploy: $(echo "$alerts" | wc -l) alerts checked, tested and documented" \
-  "in $(( ($(date +%s%N) - start) / 1000000 )) ms"
+echo "check-deploy: $(echo "$alerts" | wc -l) alerts checked, tested and documented;" \
+  "Kubernetes manifests checked; in $(( ($(date +%s%N) - start) / 1000000 )) ms"

@@ -6,6 +6,7 @@ mod configuration_doc;
 mod container_route;
 mod crash_anywhere;
 mod dedup_window_expired;
+mod deploy_assets;
 mod duplicate_ids;
 mod hot_standby;
 mod huge_transaction;
