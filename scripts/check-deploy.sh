@@ -3,7 +3,8 @@
 # (`promtool check rules`) and behave (`promtool test rules`, one test group or more per
 # alert), every alert has a test and is described in docs/operations.md (and the doc
 # names no alert the file lacks); the Kubernetes manifests parse and keep their decisions
-# (scripts/check-kubernetes.py). Installs promtool (Debian's `prometheus` package,
+# (scripts/check-kubernetes.py); the Grafana dashboard is well formed and its PromQL
+# parses (scripts/check-grafana.py). Installs promtool (Debian's `prometheus` package,
 # without starting a Prometheus server) and PyYAML (python3-yaml) when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,6 +57,7 @@ if [ "$alerts" != "$documented" ]; then
   status=1
 fi
 "$python" scripts/check-kubernetes.py || status=1
+"$python" scripts/check-grafana.py || status=1
 [ "$status" -eq 0 ] || exit 1
 echo "check-deploy: $(echo "$alerts" | wc -l) alerts checked, tested and documented;" \
-  "Kubernetes manifests checked; in $(( ($(date +%s%N) - start) / 1000000 )) ms"
+  "Kubernetes manifests and the Grafana dashboard checked; in $(( ($(date +%s%N) - start) / 1000000 )) ms"
