@@ -3,8 +3,10 @@
 mod authenticates_with_each_method;
 mod cli_contract;
 mod configuration_doc;
+mod container_route;
 mod crash_anywhere;
 mod dedup_window_expired;
+mod deploy_assets;
 mod duplicate_ids;
 mod emitted_messages;
 mod hot_standby;
