@@ -169,6 +169,7 @@ async fn attempts(
         };
         match &err {
             PipelineError::SlotBusy { slot } => {
+                readiness.set_standby(slot);
                 if !standby_announced {
                     info!(%slot, "slot is in use by another pgoutbox; waiting as hot standby");
                     standby_announced = true;

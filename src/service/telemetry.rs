@@ -237,12 +237,19 @@ pub struct Readiness {
     stalled: Mutex<Option<String>>,
     /// Why the last connection attempt ended, while pgoutbox waits to reconnect.
     retrying_after: Mutex<Option<String>>,
+    /// Set while another pgoutbox holds the slot and this one waits to take over.
+    standby_for: Mutex<Option<String>>,
 }
 
 impl Readiness {
     pub fn set_streaming(&self, streaming: bool) {
-        if streaming && let Ok(mut reason) = self.retrying_after.lock() {
-            *reason = None;
+        if streaming {
+            if let Ok(mut reason) = self.retrying_after.lock() {
+                *reason = None;
+            }
+            if let Ok(mut slot) = self.standby_for.lock() {
+                *slot = None;
+            }
         }
         self.streaming.store(streaming, Ordering::Relaxed);
         gauge!(names::STREAMING).set(f64::from(u8::from(streaming)));
@@ -255,7 +262,17 @@ impl Readiness {
     }
 
     /// Records why streaming stopped, for `/readyz` to say until it resumes.
+    /// This process waits as hot standby for `slot`.
+    pub fn set_standby(&self, slot: &str) {
+        if let Ok(mut standby) = self.standby_for.lock() {
+            *standby = Some(slot.to_owned());
+        }
+    }
+
     pub fn set_retrying_after(&self, error: String) {
+        if let Ok(mut standby) = self.standby_for.lock() {
+            *standby = None;
+        }
         if let Ok(mut reason) = self.retrying_after.lock() {
             *reason = Some(error);
         }
@@ -281,9 +298,15 @@ impl Readiness {
             .and_then(|n| n.as_ref().map(|c| c.connection_state()))
             .is_some_and(|s| s == async_nats::connection::State::Connected);
         let streaming = self.streaming.load(Ordering::Relaxed);
-        let not_streaming = match self.retrying_after.lock().ok().and_then(|r| r.clone()) {
-            Some(error) => format!("not streaming, reconnecting after: {error}"),
-            None => "not streaming from Postgres".to_owned(),
+        let standby = self.standby_for.lock().ok().and_then(|s| s.clone());
+        let retrying = self.retrying_after.lock().ok().and_then(|r| r.clone());
+        let not_streaming = match (standby, retrying) {
+            (Some(slot), _) => format!(
+                "hot standby: slot {slot} is streamed by another pgoutbox; this one takes over \
+                 when it goes away"
+            ),
+            (None, Some(error)) => format!("not streaming, reconnecting after: {error}"),
+            (None, None) => "not streaming from Postgres".to_owned(),
         };
         match (streaming, nats_connected) {
             (true, true) => None,

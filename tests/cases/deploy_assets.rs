@@ -288,7 +288,7 @@ async fn a_hot_standby_passes_the_kubernetes_probes_and_alerts_count_one_streami
     .await;
     let (code, body) = http_get(standby.http_port(), "/readyz").expect("the standby's /readyz");
     assert_eq!(code, 503, "the standby is not ready: {body}");
-    assert!(body.contains("not streaming"), "{body}");
+    assert!(body.contains("hot standby"), "{body}");
     eprintln!("the standby's /readyz: 503 {}", body.trim());
     // The sum PgoutboxNoneStreaming takes: exactly one replica streams.
     let both = eventually(Duration::from_secs(10), "both export pgoutbox_streaming", || async {

@@ -19,6 +19,10 @@ async fn standby_takes_over_after_kill_9_of_the_active_instance() {
         standby.log().contains("waiting as hot standby").then_some(())
     })
     .await;
+    // Alive but not ready, and /readyz says why in words an operator expects.
+    let (code, body) = crate::support::http_get(standby.http_port(), "/readyz").expect("readyz");
+    assert_eq!(code, 503);
+    assert!(body.contains("hot standby"), "{body}");
     let active_pid = pg.psql("SELECT active_pid FROM pg_replication_slots");
 
     pg.psql(&numbered_rows(0, 1_000, 100));
