@@ -1,0 +1,93 @@
+//! The latency floor, measured in the same run as pgoutbox: Postgres's own walsender
+//! delivering the same single-row load (test_decoding to pg_recvlogical), each row stamped
+//! when its line arrives; and the same rows taken one hop further, published to JetStream as
+//! they arrive (acks pipelined, no ordering guard), timed by when JetStream stored them.
+//! pgoutbox is stopped meanwhile and the rows go to a table outside its publication, so
+//! the floor has the machine to itself as pgoutbox has in its own step.
+
+use std::future::IntoFuture;
+use std::process::Stdio;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use super::support::Postgres;
+use super::{create_stream, percentiles, pg_bin, steady_writer_at, stored_and_committed};
+
+/// p50, p99 and p99.9 in milliseconds: without the NATS hop, then with it.
+pub struct Floor {
+    pub arrival: [f64; 3],
+    pub stored: [f64; 3],
+}
+
+pub async fn measure(pg: &Postgres, js: &jetstream::Context, rate: u64, seconds: u64) -> Floor {
+    pg.psql("CREATE TABLE IF NOT EXISTS outbox_floor (LIKE outbox INCLUDING DEFAULTS)");
+    pg.psql("SELECT pg_create_logical_replication_slot('floor', 'test_decoding')");
+    let _ = js.delete_stream("FLOOR").await;
+    create_stream(js, "FLOOR", "floor.>", 1).await;
+    let mut reader = tokio::process::Command::new(pg_bin().join("pg_recvlogical"))
+        .args(["-h", "127.0.0.1", "-p", &pg.port().to_string(), "-U", "postgres"])
+        .args(["-d", "postgres", "--slot", "floor", "--start", "-f", "-", "--no-loop"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("pg_recvlogical");
+    let mut lines = BufReader::new(reader.stdout.take().expect("stdout")).lines();
+    let (acks, mut acked) = tokio::sync::mpsc::unbounded_channel::<super::AckFuture>();
+    let ack_task = tokio::spawn(async move {
+        while let Some(ack) = acked.recv().await {
+            ack.await.expect("floor ack");
+        }
+    });
+    let relay_js = js.clone();
+    let relay = tokio::spawn(async move {
+        let mut arrivals = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let Some(committed) = row_time(&line) else { continue };
+            arrivals.push((now_seconds() - committed) * 1e3);
+            let body = format!("{{\"t\": {committed}}}");
+            let ack = relay_js.publish("floor.row", body.into()).await.expect("floor publish");
+            let _ = acks.send(Box::pin(ack.into_future()));
+        }
+        arrivals
+    });
+    let (inserted, _) = steady_writer_at(&pg.url(), "outbox_floor", rate, seconds).await;
+    // The rows are all committed; wait for their lines, then stop the reader.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while super::stream_count(js, "FLOOR").await < inserted {
+        assert!(tokio::time::Instant::now() < deadline, "the floor's rows never all arrived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = reader.kill().await;
+    let mut arrivals = relay.await.expect("floor relay");
+    ack_task.await.expect("floor acks");
+    pg.psql("SELECT pg_drop_replication_slot('floor')");
+    let times = stored_and_committed(js, "FLOOR", 0, inserted).await;
+    let mut stored: Vec<f64> = times.iter().map(|(s, c)| ((s - c) * 1e3).max(0.0)).collect();
+    Floor { arrival: percentiles(&mut arrivals), stored: percentiles(&mut stored) }
+}
+
+/// The payload's `t` (its transaction's clock, seconds since the Unix epoch) in a
+/// test_decoding INSERT line of the floor's table.
+fn row_time(line: &str) -> Option<f64> {
+    if !line.starts_with("table public.outbox_floor: INSERT:") {
+        return None;
+    }
+    let rest = &line[line.find("\"t\": ")? + 5..];
+    rest[..rest.find([',', '}'])?].trim().parse().ok()
+}
+
+fn now_seconds() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_the_row_time_from_a_test_decoding_line() {
+        let line = "table public.outbox_floor: INSERT: id[uuid]:'7f' payload[jsonb]:'{\"n\": \"0-1\", \"t\": 1763900000.123456, \"pad\": \"xx\"}'";
+        assert_eq!(super::row_time(line), Some(1763900000.123456));
+        assert_eq!(super::row_time("BEGIN 42"), None);
+    }
+}
