@@ -29,3 +29,4 @@ mod survives_nats_cluster_faults;
 mod survives_nats_network_faults;
 mod survives_nats_outage;
 mod survives_postgres_restart;
+mod version_matrix;
