@@ -14,7 +14,7 @@ use crate::domain::stall::Progress;
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
-use crate::postgres::admin::WalStatus;
+use crate::postgres::admin::{self, WalStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::Liveness;
 use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
@@ -57,6 +57,9 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         && database.get_application_name().is_none()
     {
         database.application_name(format!("{}{addr}", telemetry::ADVERTISED_PREFIX));
+    }
+    if !wait_until_primary(config, &mut shutdown, &readiness).await? {
+        return Ok(());
     }
     let client = prepare_database(config).await?;
     if args.retention.is_some() {
@@ -135,6 +138,7 @@ async fn attempts(
 ) -> anyhow::Result<()> {
     let mut policy = RetryPolicy::default();
     let mut standby_announced = false;
+    let mut recovery_announced = false;
     let mut repeats = RepeatedError::default();
     loop {
         let started = Instant::now();
@@ -162,6 +166,13 @@ async fn attempts(
                     info!(%slot, "slot is in use by another pgoutbox; waiting as hot standby");
                     standby_announced = true;
                 }
+            }
+            PipelineError::InRecovery { .. } => {
+                if !recovery_announced {
+                    warn!("{err}");
+                    recovery_announced = true;
+                }
+                readiness.set_retrying_after(err.to_string());
             }
             _ => {
                 if memory.published > published_before {
@@ -260,6 +271,11 @@ impl Target<'_> {
         let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
         let slot = &config.slot;
         let identity = conn.identify_system().await?;
+        // A standby (or one being promoted) has no say about the slot yet: wait.
+        let recovery = conn.simple_query("SELECT pg_is_in_recovery()").await?;
+        if recovery.first().and_then(|r| r.first()).and_then(Option::as_deref) == Some("t") {
+            return Err(PipelineError::InRecovery { slot: slot.clone() });
+        }
         let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
         match claims.claim(&config.stream, &source).await {
             Ok(Claim::Theirs(writer)) => {
@@ -344,6 +360,34 @@ impl Target<'_> {
             .run(shutdown)
             .await
     }
+}
+
+/// Waits while the server is in recovery (a standby, or one being promoted): setting up
+/// there would fail read-only, or take a slot that was never synchronised to it for a
+/// dropped one. Says so once. `false` when shutdown was asked meanwhile.
+async fn wait_until_primary(
+    config: &Config,
+    shutdown: &mut Shutdown,
+    readiness: &Readiness,
+) -> anyhow::Result<bool> {
+    let client = admin::connect(&config.database, &config.pg_tls).await?;
+    let mut announced = false;
+    while admin::in_recovery(&client).await? {
+        if !announced {
+            let err = PipelineError::InRecovery { slot: config.slot.clone() };
+            warn!("{err}");
+            readiness.set_retrying_after(err.to_string());
+            announced = true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(RetryPolicy::STANDBY_POLL) => {}
+            () = shutdown.requested() => return Ok(false),
+        }
+    }
+    if announced {
+        info!("Postgres left recovery; setting up");
+    }
+    Ok(true)
 }
 
 /// NATS may come up after us: retry with backoff, saying so, until it answers.

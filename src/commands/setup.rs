@@ -28,6 +28,12 @@ pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
 pub async fn prepare_database(config: &Config) -> anyhow::Result<tokio_postgres::Client> {
     let client = admin::connect(&config.database, &config.pg_tls).await?;
     admin::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
+    if admin::in_recovery(&client).await? {
+        anyhow::bail!(
+            "Postgres is in recovery (a standby): set up against the primary, or once this \
+             server is promoted"
+        );
+    }
     if admin::ensure_publication(&client, &config.publication, &config.table).await? {
         info!(publication = %config.publication, table = %config.table, "publication created");
     }

@@ -333,6 +333,11 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
     }))
 }
 
+/// Whether the server is in recovery: a standby, or a standby being promoted.
+pub async fn in_recovery(client: &Client) -> Result<bool, SetupError> {
+    Ok(client.query_one("SELECT pg_is_in_recovery()", &[]).await?.get(0))
+}
+
 /// Creates the logical slot; `Ok(false)` when it already existed (two instances racing).
 pub async fn create_slot(client: &Client, slot: &str) -> Result<bool, SetupError> {
     match client

@@ -19,6 +19,7 @@ mod partitioned_outbox;
 mod poison_rows;
 mod postgres_black_hole;
 mod postgres_tls;
+mod recovery;
 mod retention;
 mod schema_change_mid_stream;
 mod short_wal_sender_timeout;
