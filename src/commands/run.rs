@@ -78,8 +78,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     };
     readiness.set_nats(nats.clone());
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
-    let claims =
-        ensure_stream_and_slot(config, &client, &publisher, args.slot.recreate_slot).await?;
+    let claims = ensure_stream_and_slot(config, &client, &publisher, &args.slot).await?;
     drop(client);
 
     let progress = Arc::new(Progress::default());
@@ -122,6 +121,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         database,
         publisher,
         claims,
+        failover: args.slot.failover,
     };
     let outcome = attempts(&target, &mut memory, &mut shutdown, &readiness).await;
     tasks.shutdown().await;
@@ -237,6 +237,8 @@ struct Target<'a> {
     database: tokio_postgres::Config,
     publisher: Publisher,
     claims: Claims,
+    /// `--failover`: the slot must be a failover slot (17+, checked at setup).
+    failover: bool,
 }
 
 impl Target<'_> {
@@ -248,7 +250,7 @@ impl Target<'_> {
         shutdown: &mut Shutdown,
         readiness: &Readiness,
     ) -> Result<Ended, PipelineError> {
-        let Target { config, pipeline, database, publisher, claims } = self;
+        let Target { config, pipeline, database, publisher, claims, failover } = self;
         let publisher = &publisher.with_fresh_ack_window();
         let tail = match tokio::time::timeout(TAIL_TIMEOUT, publisher.tail()).await {
             Ok(tail) => tail.map_err(|err| {
@@ -314,8 +316,9 @@ impl Target<'_> {
         };
         let rows = conn
             .simple_query(&format!(
-                "SELECT confirmed_flush_lsn::text, wal_status, active FROM pg_replication_slots \
-             WHERE slot_name = {}",
+                "SELECT confirmed_flush_lsn::text, wal_status, active, \
+                        to_jsonb(s) ->> 'failover' FROM pg_replication_slots s \
+                 WHERE slot_name = {}",
                 postgres_protocol::escape::escape_literal(slot)
             ))
             .await?;
@@ -333,6 +336,16 @@ impl Target<'_> {
             .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
             .map(u64::from)
             .unwrap_or(0);
+        // `failover` is a column from 17 on; --failover was refused below that at setup.
+        if *failover && row.get(3).and_then(Option::as_deref) == Some("false") {
+            conn.simple_query(&format!(
+                "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
+                postgres_protocol::escape::escape_identifier(slot)
+            ))
+            .await
+            .map_err(|err| PipelineError::from_start_replication(slot, err))?;
+            info!(%slot, "failover turned on for the existing slot");
+        }
         conn.start_replication(slot, start, &config.publication)
             .await
             .map_err(|err| PipelineError::from_start_replication(slot, err))?;

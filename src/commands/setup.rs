@@ -16,7 +16,7 @@ pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
     let client = prepare_database(config).await?;
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
-    ensure_stream_and_slot(config, &client, &publisher, args.recreate_slot).await?;
+    ensure_stream_and_slot(config, &client, &publisher, args).await?;
     println!(
         "ready: publication {}, slot {}, stream {}",
         config.publication, config.slot, config.stream
@@ -48,8 +48,18 @@ pub async fn ensure_stream_and_slot(
     config: &Config,
     client: &tokio_postgres::Client,
     publisher: &Publisher,
-    recreate: bool,
+    args: &SlotArgs,
 ) -> anyhow::Result<Claims> {
+    let recreate = args.recreate_slot;
+    if args.failover {
+        let (num, shown) = admin::server_version(client).await?;
+        if num < admin::FAILOVER_SLOTS_SINCE {
+            anyhow::bail!(
+                "--failover needs PostgreSQL 17 or later (failover slots); this server is \
+                 PostgreSQL {shown}: leave --failover off (see docs/operations.md, failover)"
+            );
+        }
+    }
     publisher
         .ensure_stream(&config.stream_subjects(), config.stream_replicas)
         .await
@@ -80,7 +90,7 @@ pub async fn ensure_stream_and_slot(
             }
             warn!(slot = %name, "dropping the lost slot and creating it again, as asked");
             admin::teardown_slot(client, name).await?;
-            create_slot(client, name).await?;
+            create_slot(client, name, args.failover).await?;
         }
         Some(state) if state.plugin.as_deref() != Some("pgoutput") => {
             anyhow::bail!(
@@ -108,7 +118,7 @@ pub async fn ensure_stream_and_slot(
             }
             // Made before the claim is checked, so that a source refused for sharing a
             // stream keeps its rows in its own slot until the operator gives it a stream.
-            create_slot(client, name).await?;
+            create_slot(client, name, args.failover).await?;
         }
     }
     if let Claim::Theirs(writer) = claims.claim(&config.stream, &source).await? {
@@ -133,9 +143,16 @@ pub async fn identify_source(config: &Config) -> Result<Source, PipelineError> {
     Ok(Source::new(identity.system_id, identity.timeline, &identity.database, &config.slot))
 }
 
-async fn create_slot(client: &tokio_postgres::Client, name: &str) -> anyhow::Result<()> {
-    if admin::create_slot(client, name).await.with_context(|| format!("creating slot {name}"))? {
-        info!(slot = %name, "replication slot created");
+async fn create_slot(
+    client: &tokio_postgres::Client,
+    name: &str,
+    failover: bool,
+) -> anyhow::Result<()> {
+    if admin::create_slot(client, name, failover)
+        .await
+        .with_context(|| format!("creating slot {name}"))?
+    {
+        info!(slot = %name, failover, "replication slot created");
     }
     Ok(())
 }

@@ -338,12 +338,36 @@ pub async fn in_recovery(client: &Client) -> Result<bool, SetupError> {
     Ok(client.query_one("SELECT pg_is_in_recovery()", &[]).await?.get(0))
 }
 
-/// Creates the logical slot; `Ok(false)` when it already existed (two instances racing).
-pub async fn create_slot(client: &Client, slot: &str) -> Result<bool, SetupError> {
-    match client
-        .query_one("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&slot])
-        .await
-    {
+/// The server's version as `server_version_num` (e.g. 170010) and as shown (`17.10`).
+pub async fn server_version(client: &Client) -> Result<(i32, String), SetupError> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// The first version with failover slots (`failover` in pg_create_logical_replication_slot).
+pub const FAILOVER_SLOTS_SINCE: i32 = 170_000;
+
+/// Creates the logical slot, a failover slot when asked (17+); `Ok(false)` when it already
+/// existed (two instances racing).
+pub async fn create_slot(client: &Client, slot: &str, failover: bool) -> Result<bool, SetupError> {
+    let created = if failover {
+        client
+            .query_one(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)",
+                &[&slot],
+            )
+            .await
+    } else {
+        client
+            .query_one("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&slot])
+            .await
+    };
+    match created {
         Ok(_) => Ok(true),
         Err(err) if is_duplicate(&err) => Ok(false),
         Err(err) => Err(err.into()),

@@ -72,6 +72,11 @@ pub struct SlotArgs {
     /// dropped or lost): events committed in between are not recovered.
     #[arg(long, env = "PGOUTBOX_RECREATE_SLOT")]
     pub recreate_slot: bool,
+    /// PostgreSQL 17+: make the slot a failover slot, synchronised to standbys that set
+    /// sync_replication_slots, so streaming goes on from a promoted standby; turned on for
+    /// an existing slot (see docs/operations.md, failover)
+    #[arg(long, env = "PGOUTBOX_FAILOVER")]
+    pub failover: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

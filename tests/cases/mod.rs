@@ -6,6 +6,7 @@ mod configuration_doc;
 mod crash_anywhere;
 mod dedup_window_expired;
 mod duplicate_ids;
+mod failover;
 mod hot_standby;
 mod huge_transaction;
 mod idle_lag_stays_small;
