@@ -29,6 +29,7 @@ tests=(
   failover                     # 17+: failover slots through a promotion; 14-16: the refusal
   standby_decoding             # 16+: streaming from a physical standby
   recovery                     # a server in recovery is never a dropped slot
+  postgres_version_reported    # status and /metrics name the version, failover, synced
 )
 
 scripts/fetch-postgres.sh "${majors[@]}"

@@ -58,10 +58,10 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     {
         database.application_name(format!("{}{addr}", telemetry::ADVERTISED_PREFIX));
     }
-    if !wait_until_primary(config, &mut shutdown, &readiness).await? {
+    if !args.slot.from_standby && !wait_until_primary(config, &mut shutdown, &readiness).await? {
         return Ok(());
     }
-    let client = prepare_database(config).await?;
+    let client = prepare_database(config, args.slot.from_standby).await?;
     if args.retention.is_some() {
         let column = &config.pipeline.roles.created_at;
         crate::postgres::admin::check_prerequisites(
@@ -79,6 +79,13 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     readiness.set_nats(nats.clone());
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
     let claims = ensure_stream_and_slot(config, &client, &publisher, &args.slot).await?;
+    let (_, version) = admin::server_version(&client).await?;
+    let slot = admin::slot_state(&client, &config.slot).await?;
+    Metrics::postgres_info(
+        &version,
+        slot.as_ref().and_then(|s| s.failover),
+        slot.and_then(|s| s.synced),
+    );
     drop(client);
 
     let progress = Arc::new(Progress::default());
@@ -122,6 +129,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         publisher,
         claims,
         failover: args.slot.failover,
+        from_standby: args.slot.from_standby,
     };
     let outcome = attempts(&target, &mut memory, &mut shutdown, &readiness).await;
     tasks.shutdown().await;
@@ -239,6 +247,8 @@ struct Target<'a> {
     claims: Claims,
     /// `--failover`: the slot must be a failover slot (17+, checked at setup).
     failover: bool,
+    /// `--from-standby`: a server in recovery is where the slot lives, not a wait.
+    from_standby: bool,
 }
 
 impl Target<'_> {
@@ -250,7 +260,7 @@ impl Target<'_> {
         shutdown: &mut Shutdown,
         readiness: &Readiness,
     ) -> Result<Ended, PipelineError> {
-        let Target { config, pipeline, database, publisher, claims, failover } = self;
+        let Target { config, pipeline, database, publisher, claims, failover, from_standby } = self;
         let publisher = &publisher.with_fresh_ack_window();
         let tail = match tokio::time::timeout(TAIL_TIMEOUT, publisher.tail()).await {
             Ok(tail) => tail.map_err(|err| {
@@ -275,7 +285,9 @@ impl Target<'_> {
         let identity = conn.identify_system().await?;
         // A standby (or one being promoted) has no say about the slot yet: wait.
         let recovery = conn.simple_query("SELECT pg_is_in_recovery()").await?;
-        if recovery.first().and_then(|r| r.first()).and_then(Option::as_deref) == Some("t") {
+        if !from_standby
+            && recovery.first().and_then(|r| r.first()).and_then(Option::as_deref) == Some("t")
+        {
             return Err(PipelineError::InRecovery { slot: slot.clone() });
         }
         let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);

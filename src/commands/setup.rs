@@ -13,7 +13,7 @@ use crate::settings::cli::SlotArgs;
 use crate::settings::config::Config;
 
 pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
-    let client = prepare_database(config).await?;
+    let client = prepare_database(config, args.from_standby).await?;
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
     ensure_stream_and_slot(config, &client, &publisher, args).await?;
@@ -24,15 +24,22 @@ pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connects, checks prerequisites and makes sure the publication exists.
-pub async fn prepare_database(config: &Config) -> anyhow::Result<tokio_postgres::Client> {
+/// Connects, checks prerequisites and makes sure the publication exists. On a standby
+/// (`--from-standby`) nothing can be created: the publication must come from the primary.
+pub async fn prepare_database(
+    config: &Config,
+    from_standby: bool,
+) -> anyhow::Result<tokio_postgres::Client> {
     let client = admin::connect(&config.database, &config.pg_tls).await?;
     admin::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
     if admin::in_recovery(&client).await? {
-        anyhow::bail!(
-            "Postgres is in recovery (a standby): set up against the primary, or once this \
-             server is promoted"
-        );
+        if !from_standby {
+            anyhow::bail!(
+                "Postgres is in recovery (a standby): set up against the primary, once this \
+                 server is promoted, or give --from-standby to decode on this standby (16+)"
+            );
+        }
+        prepare_standby(&client, config).await?;
     }
     if admin::ensure_publication(&client, &config.publication, &config.table).await? {
         info!(publication = %config.publication, table = %config.table, "publication created");
@@ -118,6 +125,11 @@ pub async fn ensure_stream_and_slot(
             }
             // Made before the claim is checked, so that a source refused for sharing a
             // stream keeps its rows in its own slot until the operator gives it a stream.
+            if args.from_standby && admin::in_recovery(client).await? {
+                info!(slot = %name, "creating the slot on a standby waits for the primary's \
+                    next running-transactions record (up to 15 s; `SELECT \
+                    pg_log_standby_snapshot()` on the primary hurries it)");
+            }
             create_slot(client, name, args.failover).await?;
         }
     }
@@ -133,6 +145,34 @@ pub async fn ensure_stream_and_slot(
         claims.take_over(&config.stream, &source).await?;
     }
     Ok(claims)
+}
+
+/// What decoding on a standby needs: PostgreSQL 16, the publication (read-only here, so
+/// made on the primary), and `hot_standby_feedback` (else the primary may remove catalog
+/// rows the slot needs, and Postgres invalidates it).
+async fn prepare_standby(client: &tokio_postgres::Client, config: &Config) -> anyhow::Result<()> {
+    let (num, shown) = admin::server_version(client).await?;
+    if num < admin::STANDBY_DECODING_SINCE {
+        anyhow::bail!(
+            "--from-standby needs PostgreSQL 16 or later (logical decoding on a standby); \
+             this server is PostgreSQL {shown}: point pgoutbox at the primary"
+        );
+    }
+    if !admin::publication_exists(client, &config.publication).await? {
+        anyhow::bail!(
+            "publication {} does not exist on this standby, which cannot create it: create it \
+             on the primary (`pgoutbox setup` there, or sql/outbox.sql's CREATE PUBLICATION)",
+            config.publication
+        );
+    }
+    let feedback: String = client.query_one("SHOW hot_standby_feedback", &[]).await?.get(0);
+    if feedback != "on" {
+        warn!(
+            "hot_standby_feedback is off on this standby: the primary may remove catalog \
+               rows the slot needs, and Postgres would then invalidate it; turn it on"
+        );
+    }
+    Ok(())
 }
 
 /// Who this source is: `IDENTIFY_SYSTEM` over a short replication session.

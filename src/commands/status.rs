@@ -58,6 +58,7 @@ pub async fn run(
                     health = health.max(Health::Warning);
                 }
                 report["problems"] = json!(problems);
+                report["postgres"] = postgres_report(&client).await;
                 report["stream"] = stream_report(config).await;
                 report["pgoutbox"] = process;
                 (report, health)
@@ -116,7 +117,19 @@ fn slot_report(name: &str, state: Option<&SlotState>) -> serde_json::Value {
             "lag_bytes": s.lag_bytes,
             "lag_seconds": s.lag_seconds,
             "retained_wal_bytes": s.retained_wal_bytes,
+            "failover": s.failover,
+            "synced": s.synced,
         }),
+    }
+}
+
+/// The server's version and whether it is in recovery (a standby); never fails the command.
+async fn postgres_report(client: &tokio_postgres::Client) -> serde_json::Value {
+    match (admin::server_version(client).await, admin::in_recovery(client).await) {
+        (Ok((num, version)), Ok(in_recovery)) => {
+            json!({ "version": version, "version_num": num, "in_recovery": in_recovery })
+        }
+        (Err(err), _) | (_, Err(err)) => json!({ "error": err.to_string() }),
     }
 }
 
@@ -202,6 +215,7 @@ fn print_table(report: &serde_json::Value) {
         }
     };
     push("", report);
+    push("postgres.", &report["postgres"]);
     push("stream.", &report["stream"]);
     push("pgoutbox.", &report["pgoutbox"]);
     if let Some(problems) = report["problems"].as_array() {

@@ -71,6 +71,9 @@ pub mod names {
     /// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream
     /// ack of its last message.
     pub const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
+    /// 1, labelled with the server's version and (17+) whether the slot is a failover
+    /// slot and a synchronised copy; "unknown" before 17.
+    pub const POSTGRES_INFO: &str = "pgoutbox_postgres_info";
 }
 
 /// The pipeline's instruments.
@@ -103,6 +106,17 @@ impl Metrics {
     /// A publish that was not acknowledged, by kind (timeout, refused, ...).
     pub fn publish_error(kind: &str) {
         counter!(names::PUBLISH_ERRORS, "kind" => kind.to_owned()).increment(1);
+    }
+
+    /// What pgoutbox streams from, read at setup.
+    pub fn postgres_info(version: &str, failover: Option<bool>, synced: Option<bool>) {
+        let word = |v: Option<bool>| v.map_or("unknown", |b| if b { "true" } else { "false" });
+        let labels = [
+            ("version", version.to_owned()),
+            ("failover", word(failover).to_owned()),
+            ("synced", word(synced).to_owned()),
+        ];
+        gauge!(names::POSTGRES_INFO, &labels).set(1.0);
     }
 
     /// A reconnection after a failure of `target` (postgres or nats).

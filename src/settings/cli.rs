@@ -77,6 +77,11 @@ pub struct SlotArgs {
     /// an existing slot (see docs/operations.md, failover)
     #[arg(long, env = "PGOUTBOX_FAILOVER")]
     pub failover: bool,
+    /// PostgreSQL 16+: the database URL names a physical standby on purpose; keep the slot
+    /// there and decode on it (needs hot_standby_feedback and the publication, made on the
+    /// primary; see docs/operations.md, streaming from a standby)
+    #[arg(long, env = "PGOUTBOX_FROM_STANDBY", conflicts_with = "failover")]
+    pub from_standby: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
