@@ -14,7 +14,7 @@ use crate::domain::stall::Progress;
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
-use crate::postgres::admin::WalStatus;
+use crate::postgres::admin::{self, WalStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::Liveness;
 use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
@@ -68,7 +68,10 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     {
         database.application_name(format!("{}{addr}", telemetry::ADVERTISED_PREFIX));
     }
-    let client = prepare_database(config).await?;
+    if !args.slot.from_standby && !wait_until_primary(config, &mut shutdown, &readiness).await? {
+        return Ok(());
+    }
+    let client = prepare_database(config, args.slot.from_standby).await?;
     if args.retention.is_some() {
         let column = &config.pipeline.roles.created_at;
         crate::postgres::admin::check_prerequisites(
@@ -85,8 +88,14 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     };
     readiness.set_nats(nats.clone());
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
-    let claims =
-        ensure_stream_and_slot(config, &client, &publisher, args.slot.recreate_slot).await?;
+    let claims = ensure_stream_and_slot(config, &client, &publisher, &args.slot).await?;
+    let (_, version) = admin::server_version(&client).await?;
+    let slot = admin::slot_state(&client, &config.slot).await?;
+    Metrics::postgres_info(
+        &version,
+        slot.as_ref().and_then(|s| s.failover),
+        slot.and_then(|s| s.synced),
+    );
     drop(client);
 
     let progress = Arc::new(Progress::default());
@@ -130,6 +139,8 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         database,
         publisher,
         claims,
+        failover: args.slot.failover,
+        from_standby: args.slot.from_standby,
     };
     let outcome = attempts(&target, &mut memory, &mut shutdown, &readiness).await;
     tasks.shutdown().await;
@@ -146,6 +157,7 @@ async fn attempts(
 ) -> anyhow::Result<()> {
     let mut policy = RetryPolicy::default();
     let mut standby_announced = false;
+    let mut recovery_announced = false;
     let mut repeats = RepeatedError::default();
     loop {
         let started = Instant::now();
@@ -174,6 +186,13 @@ async fn attempts(
                     info!(%slot, "slot is in use by another pgoutbox; waiting as hot standby");
                     standby_announced = true;
                 }
+            }
+            PipelineError::InRecovery { .. } => {
+                if !recovery_announced {
+                    warn!("{err}");
+                    recovery_announced = true;
+                }
+                readiness.set_retrying_after(err.to_string());
             }
             _ => {
                 if memory.published > published_before {
@@ -238,6 +257,10 @@ struct Target<'a> {
     database: tokio_postgres::Config,
     publisher: Publisher,
     claims: Claims,
+    /// `--failover`: the slot must be a failover slot (17+, checked at setup).
+    failover: bool,
+    /// `--from-standby`: a server in recovery is where the slot lives, not a wait.
+    from_standby: bool,
 }
 
 impl Target<'_> {
@@ -249,7 +272,7 @@ impl Target<'_> {
         shutdown: &mut Shutdown,
         readiness: &Readiness,
     ) -> Result<Ended, PipelineError> {
-        let Target { config, pipeline, database, publisher, claims } = self;
+        let Target { config, pipeline, database, publisher, claims, failover, from_standby } = self;
         let publisher = &publisher.with_fresh_ack_window();
         let tail = match tokio::time::timeout(TAIL_TIMEOUT, publisher.tail()).await {
             Ok(tail) => tail.map_err(|err| {
@@ -272,6 +295,13 @@ impl Target<'_> {
         let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
         let slot = &config.slot;
         let identity = conn.identify_system().await?;
+        // A standby (or one being promoted) has no say about the slot yet: wait.
+        let recovery = conn.simple_query("SELECT pg_is_in_recovery()").await?;
+        if !from_standby
+            && recovery.first().and_then(|r| r.first()).and_then(Option::as_deref) == Some("t")
+        {
+            return Err(PipelineError::InRecovery { slot: slot.clone() });
+        }
         let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
         match claims.claim(&config.stream, &source).await {
             Ok(Claim::Theirs(writer)) => {
@@ -310,8 +340,9 @@ impl Target<'_> {
         };
         let rows = conn
             .simple_query(&format!(
-                "SELECT confirmed_flush_lsn::text, wal_status, active FROM pg_replication_slots \
-             WHERE slot_name = {}",
+                "SELECT confirmed_flush_lsn::text, wal_status, active, \
+                        to_jsonb(s) ->> 'failover' FROM pg_replication_slots s \
+                 WHERE slot_name = {}",
                 postgres_protocol::escape::escape_literal(slot)
             ))
             .await?;
@@ -329,6 +360,16 @@ impl Target<'_> {
             .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
             .map(u64::from)
             .unwrap_or(0);
+        // `failover` is a column from 17 on; --failover was refused below that at setup.
+        if *failover && row.get(3).and_then(Option::as_deref) == Some("false") {
+            conn.simple_query(&format!(
+                "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
+                postgres_protocol::escape::escape_identifier(slot)
+            ))
+            .await
+            .map_err(|err| PipelineError::from_start_replication(slot, err))?;
+            info!(%slot, "failover turned on for the existing slot");
+        }
         let messages = pipeline.message_prefix.is_some();
         conn.start_replication(slot, start, &config.publication, messages)
             .await
@@ -357,6 +398,34 @@ impl Target<'_> {
             .run(shutdown)
             .await
     }
+}
+
+/// Waits while the server is in recovery (a standby, or one being promoted): setting up
+/// there would fail read-only, or take a slot that was never synchronised to it for a
+/// dropped one. Says so once. `false` when shutdown was asked meanwhile.
+async fn wait_until_primary(
+    config: &Config,
+    shutdown: &mut Shutdown,
+    readiness: &Readiness,
+) -> anyhow::Result<bool> {
+    let client = admin::connect(&config.database, &config.pg_tls).await?;
+    let mut announced = false;
+    while admin::in_recovery(&client).await? {
+        if !announced {
+            let err = PipelineError::InRecovery { slot: config.slot.clone() };
+            warn!("{err}");
+            readiness.set_retrying_after(err.to_string());
+            announced = true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(RetryPolicy::STANDBY_POLL) => {}
+            () = shutdown.requested() => return Ok(false),
+        }
+    }
+    if announced {
+        info!("Postgres left recovery; setting up");
+    }
+    Ok(true)
 }
 
 /// NATS may come up after us: retry with backoff, saying so, until it answers.

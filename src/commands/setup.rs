@@ -13,10 +13,10 @@ use crate::settings::cli::SlotArgs;
 use crate::settings::config::Config;
 
 pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
-    let client = prepare_database(config).await?;
+    let client = prepare_database(config, args.from_standby).await?;
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
-    ensure_stream_and_slot(config, &client, &publisher, args.recreate_slot).await?;
+    ensure_stream_and_slot(config, &client, &publisher, args).await?;
     println!(
         "ready: publication {}, slot {}, stream {}",
         config.publication, config.slot, config.stream
@@ -24,8 +24,12 @@ pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Connects, checks prerequisites and makes sure the publication exists.
-pub async fn prepare_database(config: &Config) -> anyhow::Result<tokio_postgres::Client> {
+/// Connects, checks prerequisites and makes sure the publication exists. On a standby
+/// (`--from-standby`) nothing can be created: the publication must come from the primary.
+pub async fn prepare_database(
+    config: &Config,
+    from_standby: bool,
+) -> anyhow::Result<tokio_postgres::Client> {
     let client = admin::connect(&config.database, &config.pg_tls).await?;
     if config.messages_only {
         admin::check_server(&client).await?;
@@ -35,6 +39,15 @@ pub async fn prepare_database(config: &Config) -> anyhow::Result<tokio_postgres:
         return Ok(client);
     }
     admin::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
+    if admin::in_recovery(&client).await? {
+        if !from_standby {
+            anyhow::bail!(
+                "Postgres is in recovery (a standby): set up against the primary, once this \
+                 server is promoted, or give --from-standby to decode on this standby (16+)"
+            );
+        }
+        prepare_standby(&client, config).await?;
+    }
     if admin::ensure_publication(&client, &config.publication, &config.table).await? {
         info!(publication = %config.publication, table = %config.table, "publication created");
     }
@@ -49,8 +62,18 @@ pub async fn ensure_stream_and_slot(
     config: &Config,
     client: &tokio_postgres::Client,
     publisher: &Publisher,
-    recreate: bool,
+    args: &SlotArgs,
 ) -> anyhow::Result<Claims> {
+    let recreate = args.recreate_slot;
+    if args.failover {
+        let (num, shown) = admin::server_version(client).await?;
+        if num < admin::FAILOVER_SLOTS_SINCE {
+            anyhow::bail!(
+                "--failover needs PostgreSQL 17 or later (failover slots); this server is \
+                 PostgreSQL {shown}: leave --failover off (see docs/operations.md, failover)"
+            );
+        }
+    }
     publisher
         .ensure_stream(&config.stream_subjects(), config.stream_replicas)
         .await
@@ -81,7 +104,7 @@ pub async fn ensure_stream_and_slot(
             }
             warn!(slot = %name, "dropping the lost slot and creating it again, as asked");
             admin::teardown_slot(client, name).await?;
-            create_slot(client, name).await?;
+            create_slot(client, name, args.failover).await?;
         }
         Some(state) if state.plugin.as_deref() != Some("pgoutput") => {
             anyhow::bail!(
@@ -109,7 +132,12 @@ pub async fn ensure_stream_and_slot(
             }
             // Made before the claim is checked, so that a source refused for sharing a
             // stream keeps its rows in its own slot until the operator gives it a stream.
-            create_slot(client, name).await?;
+            if args.from_standby && admin::in_recovery(client).await? {
+                info!(slot = %name, "creating the slot on a standby waits for the primary's \
+                    next running-transactions record (up to 15 s; `SELECT \
+                    pg_log_standby_snapshot()` on the primary hurries it)");
+            }
+            create_slot(client, name, args.failover).await?;
         }
     }
     if let Claim::Theirs(writer) = claims.claim(&config.stream, &source).await? {
@@ -126,6 +154,34 @@ pub async fn ensure_stream_and_slot(
     Ok(claims)
 }
 
+/// What decoding on a standby needs: PostgreSQL 16, the publication (read-only here, so
+/// made on the primary), and `hot_standby_feedback` (else the primary may remove catalog
+/// rows the slot needs, and Postgres invalidates it).
+async fn prepare_standby(client: &tokio_postgres::Client, config: &Config) -> anyhow::Result<()> {
+    let (num, shown) = admin::server_version(client).await?;
+    if num < admin::STANDBY_DECODING_SINCE {
+        anyhow::bail!(
+            "--from-standby needs PostgreSQL 16 or later (logical decoding on a standby); \
+             this server is PostgreSQL {shown}: point pgoutbox at the primary"
+        );
+    }
+    if !admin::publication_exists(client, &config.publication).await? {
+        anyhow::bail!(
+            "publication {} does not exist on this standby, which cannot create it: create it \
+             on the primary (`pgoutbox setup` there, or sql/outbox.sql's CREATE PUBLICATION)",
+            config.publication
+        );
+    }
+    let feedback: String = client.query_one("SHOW hot_standby_feedback", &[]).await?.get(0);
+    if feedback != "on" {
+        warn!(
+            "hot_standby_feedback is off on this standby: the primary may remove catalog \
+               rows the slot needs, and Postgres would then invalidate it; turn it on"
+        );
+    }
+    Ok(())
+}
+
 /// Who this source is: `IDENTIFY_SYSTEM` over a short replication session.
 pub async fn identify_source(config: &Config) -> Result<Source, PipelineError> {
     let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
@@ -134,9 +190,16 @@ pub async fn identify_source(config: &Config) -> Result<Source, PipelineError> {
     Ok(Source::new(identity.system_id, identity.timeline, &identity.database, &config.slot))
 }
 
-async fn create_slot(client: &tokio_postgres::Client, name: &str) -> anyhow::Result<()> {
-    if admin::create_slot(client, name).await.with_context(|| format!("creating slot {name}"))? {
-        info!(slot = %name, "replication slot created");
+async fn create_slot(
+    client: &tokio_postgres::Client,
+    name: &str,
+    failover: bool,
+) -> anyhow::Result<()> {
+    if admin::create_slot(client, name, failover)
+        .await
+        .with_context(|| format!("creating slot {name}"))?
+    {
+        info!(slot = %name, failover, "replication slot created");
     }
     Ok(())
 }

@@ -76,6 +76,7 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                     health = health.max(Health::Warning);
                 }
                 report["problems"] = json!(problems);
+                report["postgres"] = postgres_report(&client).await;
                 report["stream"] = stream_report(config).await;
                 report["pgoutbox"] = process;
                 (report, health)
@@ -128,7 +129,19 @@ fn slot_report(name: &str, state: Option<&SlotState>) -> serde_json::Value {
             "lag_bytes": s.lag_bytes,
             "lag_seconds": s.lag_seconds,
             "retained_wal_bytes": s.retained_wal_bytes,
+            "failover": s.failover,
+            "synced": s.synced,
         }),
+    }
+}
+
+/// The server's version and whether it is in recovery (a standby); never fails the command.
+async fn postgres_report(client: &tokio_postgres::Client) -> serde_json::Value {
+    match (admin::server_version(client).await, admin::in_recovery(client).await) {
+        (Ok((num, version)), Ok(in_recovery)) => {
+            json!({ "version": version, "version_num": num, "in_recovery": in_recovery })
+        }
+        (Err(err), _) | (_, Err(err)) => json!({ "error": err.to_string() }),
     }
 }
 
@@ -221,6 +234,7 @@ fn table_lines(report: &serde_json::Value) -> Vec<String> {
         }
     };
     push("", report);
+    push("postgres.", &report["postgres"]);
     push("stream.", &report["stream"]);
     push("pgoutbox.", &report["pgoutbox"]);
     if let Some(problems) = report["problems"].as_array() {

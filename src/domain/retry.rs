@@ -12,6 +12,9 @@ pub enum Failure {
     Nats,
     /// Postgres failed or went silent.
     Postgres,
+    /// The server is in recovery (a standby, or one being promoted): wait for it to
+    /// accept writes, polling as a hot standby does.
+    Recovery,
     /// Retrying cannot help (a lost slot, a stream of another source, ...): stop.
     Fatal,
 }
@@ -45,7 +48,7 @@ impl RetryPolicy {
             self.backoff.reset();
         }
         match failure {
-            Failure::SlotBusy => Next::RetryAfter(Self::STANDBY_POLL),
+            Failure::SlotBusy | Failure::Recovery => Next::RetryAfter(Self::STANDBY_POLL),
             Failure::Nats => Next::RetryAfter(self.backoff.next_delay().min(Self::NATS_CAP)),
             Failure::Postgres => Next::RetryAfter(self.backoff.next_delay()),
             Failure::Fatal => Next::Stop,
@@ -95,6 +98,11 @@ mod tests {
         assert_eq!(
             policy.after(Failure::SlotBusy, short),
             Next::RetryAfter(RetryPolicy::STANDBY_POLL)
+        );
+        assert_eq!(
+            policy.after(Failure::Recovery, short),
+            Next::RetryAfter(RetryPolicy::STANDBY_POLL),
+            "a server in recovery is waited for, never a reason to stop"
         );
         let postgres: Vec<_> = (0..4).map(|_| policy.after(Failure::Postgres, short)).collect();
         let ms = |ms| Next::RetryAfter(Duration::from_millis(ms));

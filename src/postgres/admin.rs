@@ -327,6 +327,10 @@ pub struct SlotState {
     /// The streamer's `application_name` and client address, while it is connected.
     pub holder_application_name: Option<String>,
     pub holder_client_addr: Option<String>,
+    /// PostgreSQL 17+: a failover slot, and (on a standby) a synchronised copy of one;
+    /// `None` before 17.
+    pub failover: Option<bool>,
+    pub synced: Option<bool>,
     /// Whether the slot was made for the database we are connected to (slots are
     /// cluster-wide, so two databases left on the default `--slot` meet here).
     pub in_this_database: bool,
@@ -336,13 +340,16 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
     let row = client
         .query_opt(
             "SELECT plugin::text, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, \
-                    wal_status, safe_wal_size, pg_current_wal_lsn()::text, \
-                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, \
-                    pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, \
+                    wal_status, safe_wal_size, w.lsn::text, \
+                    pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn)::bigint, \
+                    pg_wal_lsn_diff(w.lsn, restart_lsn)::bigint, \
                     extract(epoch FROM r.flush_lag)::float8, r.application_name, \
-                    r.client_addr::text, s.database = current_database() \
+                    r.client_addr::text, s.database = current_database(), \
+                    (to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool \
              FROM pg_replication_slots s \
              LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid \
+             CROSS JOIN (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                                     ELSE pg_current_wal_lsn() END AS lsn) w \
              WHERE slot_name = $1",
             &[&slot],
         )
@@ -362,15 +369,59 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
         holder_application_name: r.get(11),
         holder_client_addr: r.get(12),
         in_this_database: r.get::<_, Option<bool>>(13).unwrap_or(false),
+        failover: r.get(14),
+        synced: r.get(15),
     }))
 }
 
-/// Creates the logical slot; `Ok(false)` when it already existed (two instances racing).
-pub async fn create_slot(client: &Client, slot: &str) -> Result<bool, SetupError> {
-    match client
-        .query_one("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&slot])
-        .await
-    {
+/// Whether the server is in recovery: a standby, or a standby being promoted.
+pub async fn in_recovery(client: &Client) -> Result<bool, SetupError> {
+    Ok(client.query_one("SELECT pg_is_in_recovery()", &[]).await?.get(0))
+}
+
+/// The server's version as `server_version_num` (e.g. 170010) and as shown (`17.10`).
+pub async fn server_version(client: &Client) -> Result<(i32, String), SetupError> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// The first version with failover slots (`failover` in pg_create_logical_replication_slot).
+pub const FAILOVER_SLOTS_SINCE: i32 = 170_000;
+
+/// The first version that decodes on a standby.
+pub const STANDBY_DECODING_SINCE: i32 = 160_000;
+
+pub async fn publication_exists(client: &Client, publication: &str) -> Result<bool, SetupError> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+            &[&publication],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// Creates the logical slot, a failover slot when asked (17+); `Ok(false)` when it already
+/// existed (two instances racing).
+pub async fn create_slot(client: &Client, slot: &str, failover: bool) -> Result<bool, SetupError> {
+    let created = if failover {
+        client
+            .query_one(
+                "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)",
+                &[&slot],
+            )
+            .await
+    } else {
+        client
+            .query_one("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&slot])
+            .await
+    };
+    match created {
         Ok(_) => Ok(true),
         Err(err) if is_duplicate(&err) => Ok(false),
         Err(err) => Err(err.into()),

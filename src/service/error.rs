@@ -19,6 +19,13 @@ pub enum PipelineError {
     /// Another connection streams from the slot; wait and try again (hot standby).
     #[error("replication slot {slot} is in use by another process")]
     SlotBusy { slot: String },
+    /// The server is a standby, or one being promoted: nothing about the slot can be
+    /// judged until it accepts writes (a missing slot there is no dropped slot).
+    #[error(
+        "Postgres is in recovery (a standby, or a standby being promoted); waiting until it \
+         accepts writes before using slot {slot}"
+    )]
+    InRecovery { slot: String },
     #[error(
         "replication slot {slot} does not exist; it was dropped after pgoutbox set it up. \
              Events committed since may be lost. See docs/operations.md (slot lost) and run \
@@ -69,6 +76,7 @@ impl PipelineError {
     pub fn failure(&self) -> Failure {
         match self {
             Self::SlotBusy { .. } => Failure::SlotBusy,
+            Self::InRecovery { .. } => Failure::Recovery,
             Self::Nats(_) => Failure::Nats,
             Self::Postgres(_) => Failure::Postgres,
             _ => Failure::Fatal,

@@ -23,13 +23,13 @@ use async_nats::jetstream::publish::PublishAck;
 use bytes::Bytes;
 use tracing::{debug, info, warn};
 
-use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping, log_preview};
+use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping};
 use crate::domain::progress::{LsnTracker, Position, Timing};
 use crate::domain::source::SOURCE_HEADER;
 use crate::nats::publisher::{
     ADDED_HEADERS_ROOM, MAX_IN_FLIGHT, POSITION_HEADER, Publisher, refused_for_itself,
 };
-use crate::postgres::pgoutput::{ColumnValue, DecodingMessage, Insert, LogicalMessage};
+use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
@@ -37,6 +37,7 @@ use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::Metrics;
 use crate::settings::config::PipelineConfig;
 
+mod emitted;
 mod memory;
 mod resend;
 mod window;
@@ -340,31 +341,6 @@ impl<'a> Pipeline<'a> {
             }
         };
         self.on_row(mapping, insert.tuple, position, None).await
-    }
-
-    /// A `pg_logical_emit_message` event. A transactional one is a row of its transaction, in
-    /// its place among the table's rows. A non-transactional one is sent by Postgres at once,
-    /// even if its transaction later rolls back, so it is never published: it is logged and
-    /// counted, and the docs tell the application to pass `true`.
-    async fn on_emitted(&mut self, message: DecodingMessage) -> Result<(), PipelineError> {
-        let Some(mapping) = &self.emitted else { return Ok(()) };
-        if Some(&message.prefix) != self.config.message_prefix.as_ref() {
-            return Ok(());
-        }
-        if !message.transactional {
-            warn!(lsn = %lsn(message.lsn), prefix = %message.prefix,
-                content = %log_preview(&message.content),
-                "non-transactional message not published: it is sent even when its \
-                 transaction rolls back; emit it with pg_logical_emit_message(true, ...)");
-            self.metrics.non_transactional_messages.increment(1);
-            return Ok(());
-        }
-        let mapping = Arc::clone(mapping);
-        let position = self.next_position("transactional message outside a transaction")?;
-        match mapping.emitted_row(&message.content) {
-            Ok(row) => self.on_row(mapping, row, position, None).await,
-            Err((row, rejection)) => self.on_row(mapping, row, position, Some(rejection)).await,
-        }
     }
 
     /// The position of the next row of the current transaction.

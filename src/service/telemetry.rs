@@ -82,6 +82,9 @@ pub mod names {
     pub const RECEIVE_TO_ACK: &str = "pgoutbox_receive_to_ack_seconds";
     pub const ACK_TO_CONFIRM: &str = "pgoutbox_ack_to_confirm_seconds";
     pub const BUILD_INFO: &str = "pgoutbox_build_info";
+    /// 1, labelled with the server's version and (17+) whether the slot is a failover
+    /// slot and a synchronised copy; "unknown" before 17.
+    pub const POSTGRES_INFO: &str = "pgoutbox_postgres_info";
 }
 
 /// Gives every metric its `# HELP` line, puts every counter (each label value too) at 0 so
@@ -124,6 +127,10 @@ fn describe() {
             "Seconds since the confirmed position last advanced while something waited.",
         ),
         (names::BUILD_INFO, "Always 1; the labels say which pgoutbox this is."),
+        (
+            names::POSTGRES_INFO,
+            "Always 1; the labels say which Postgres is streamed from and how the slot is kept.",
+        ),
     ];
     for (name, help) in gauges {
         describe_gauge!(name, help);
@@ -215,6 +222,17 @@ impl Metrics {
     /// A publish that was not acknowledged, by kind (timeout, refused, ...).
     pub fn publish_error(kind: &str) {
         counter!(names::PUBLISH_ERRORS, "kind" => kind.to_owned()).increment(1);
+    }
+
+    /// What pgoutbox streams from, read at setup.
+    pub fn postgres_info(version: &str, failover: Option<bool>, synced: Option<bool>) {
+        let word = |v: Option<bool>| v.map_or("unknown", |b| if b { "true" } else { "false" });
+        let labels = [
+            ("version", version.to_owned()),
+            ("failover", word(failover).to_owned()),
+            ("synced", word(synced).to_owned()),
+        ];
+        gauge!(names::POSTGRES_INFO, &labels).set(1.0);
     }
 
     /// A reconnection after a failure of `target`.

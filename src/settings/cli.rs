@@ -89,6 +89,16 @@ pub struct SlotArgs {
     /// dropped or lost): events committed in between are not recovered.
     #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_RECREATE_SLOT")]
     pub recreate_slot: bool,
+    /// PostgreSQL 17+: make the slot a failover slot, synchronised to standbys that set
+    /// sync_replication_slots, so streaming goes on from a promoted standby; turned on for
+    /// an existing slot (see docs/operations.md, failover)
+    #[arg(long, env = "PGOUTBOX_FAILOVER")]
+    pub failover: bool,
+    /// PostgreSQL 16+: the database URL names a physical standby on purpose; keep the slot
+    /// there and decode on it (needs hot_standby_feedback and the publication, made on the
+    /// primary; see docs/operations.md, streaming from a standby)
+    #[arg(long, env = "PGOUTBOX_FROM_STANDBY", conflicts_with = "failover")]
+    pub from_standby: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -4,9 +4,11 @@
 pub mod certs;
 pub mod cluster;
 pub mod nats;
+pub mod pg_bin;
 pub mod pgoutbox;
 pub mod postgres;
 pub mod proxy;
+pub mod standby;
 pub mod stream;
 
 use std::future::Future;

@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use super::free_port;
+use super::pg_bin::server;
 
 pub struct Postgres {
     dir: tempfile::TempDir,
-    bin: PathBuf,
     port: u16,
     running: bool,
 }
@@ -35,14 +35,9 @@ impl PostgresBuilder {
     }
 
     pub fn start(self) -> Postgres {
-        let bin = bin_dir();
-        let dir = tempfile::Builder::new().prefix("pgoutbox-pg-").tempdir().expect("temp dir");
-        let owner = postgres_user();
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).expect("chown temp dir");
-        }
+        let dir = cluster_dir();
         let data = dir.path().join("data");
-        let out = as_postgres(Command::new(bin.join("initdb")))
+        let out = as_postgres(server().command("initdb"))
             .args(["-A", "trust", "-U", "postgres", "--no-sync", "-D"])
             .arg(&data)
             .output()
@@ -67,8 +62,16 @@ impl PostgresBuilder {
             std::fs::write(&path, format!("{}\n{default}", self.hba.join("\n")))
                 .expect("write hba");
         }
-        let mut pg = Postgres { dir, bin, port: 0, running: false };
-        // Another process may grab the port between probing and binding: try a few.
+        // Another process may grab the port between probing and binding: start_on tries a few.
+        Postgres::start_on(dir)
+    }
+}
+
+impl Postgres {
+    /// A cluster on data already in `dir/data` (a copy made by `standby`), started on a
+    /// free port.
+    pub(super) fn start_on(dir: tempfile::TempDir) -> Postgres {
+        let mut pg = Postgres { dir, port: 0, running: false };
         for _ in 0..5 {
             pg.port = free_port();
             if pg.try_start() {
@@ -77,9 +80,7 @@ impl PostgresBuilder {
         }
         panic!("PostgreSQL did not start; log:\n{}", pg.log());
     }
-}
 
-impl Postgres {
     pub fn start() -> Postgres {
         Postgres::builder().start()
     }
@@ -125,7 +126,7 @@ impl Postgres {
     }
 
     fn run_psql(&self, db: &str, sql: &str) -> Result<String, String> {
-        run_psql(&self.bin, self.port, db, sql)
+        run_psql(self.port, db, sql)
     }
 
     /// Runs `sql` on another thread (e.g. a writer while the test kills things).
@@ -133,13 +134,13 @@ impl Postgres {
         &self,
         sql: String,
     ) -> std::thread::JoinHandle<Result<String, String>> {
-        let (bin, port) = (self.bin.clone(), self.port);
-        std::thread::spawn(move || run_psql(&bin, port, "postgres", &sql))
+        let port = self.port;
+        std::thread::spawn(move || run_psql(port, "postgres", &sql))
     }
 
     /// A psql runner that a thread can own.
     pub fn client_handle(&self) -> Psql {
-        Psql { bin: self.bin.clone(), port: self.port }
+        Psql { port: self.port }
     }
 
     /// Commits numbered rows (see [`super::numbered_rows`]) from `from` on, alternating 1-row
@@ -190,8 +191,8 @@ impl Postgres {
         self.running
     }
 
-    fn pg_ctl(&self, args: &[&str]) -> Output {
-        as_postgres(Command::new(self.bin.join("pg_ctl")))
+    pub(super) fn pg_ctl(&self, args: &[&str]) -> Output {
+        as_postgres(server().command("pg_ctl"))
             .arg("-D")
             .arg(self.data_dir())
             .args(args)
@@ -210,13 +211,12 @@ impl Drop for Postgres {
 
 /// Runs psql against one server, from any thread.
 pub struct Psql {
-    bin: PathBuf,
     port: u16,
 }
 
 impl Psql {
     pub fn try_psql(&self, sql: &str) -> Result<String, String> {
-        run_psql(&self.bin, self.port, "postgres", sql)
+        run_psql(self.port, "postgres", sql)
     }
 }
 
@@ -238,10 +238,10 @@ impl Writer {
     }
 }
 
-fn run_psql(bin: &Path, port: u16, db: &str, sql: &str) -> Result<String, String> {
+fn run_psql(port: u16, db: &str, sql: &str) -> Result<String, String> {
     use std::io::Write;
     use std::process::Stdio;
-    let out = Command::new(bin.join("psql"))
+    let out = Command::new(&server().psql)
         .args(["-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", "postgres"])
         .args(["-p", &port.to_string(), "-d", db, "-f", "-"])
         .stdin(Stdio::piped())
@@ -260,10 +260,17 @@ fn run_psql(bin: &Path, port: u16, db: &str, sql: &str) -> Result<String, String
     }
 }
 
-fn append(path: &Path, text: &str) {
+pub(super) fn append(path: &Path, text: &str) {
     use std::io::Write;
     let mut file = std::fs::OpenOptions::new().append(true).open(path).expect("open config");
     writeln!(file, "\n{text}").expect("write config");
+}
+
+/// A temp dir for a cluster, owned by the user the cluster runs as.
+pub(super) fn cluster_dir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix("pgoutbox-pg-").tempdir().expect("temp dir");
+    give_to_postgres(dir.path());
+    dir
 }
 
 /// Hands `path` to the user the cluster runs as (when the tests run as root).
@@ -292,43 +299,4 @@ fn as_postgres(mut cmd: Command) -> Command {
         cmd.uid(uid).gid(gid);
     }
     cmd
-}
-
-/// Finds the server binaries: $PGOUTBOX_PG_BINDIR, `pg_config --bindir`, the newest
-/// /usr/lib/postgresql/*/bin, then PATH.
-fn bin_dir() -> PathBuf {
-    let has_initdb = |dir: &Path| dir.join("initdb").is_file();
-    if let Ok(dir) = std::env::var("PGOUTBOX_PG_BINDIR") {
-        return PathBuf::from(dir);
-    }
-    if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
-        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        if has_initdb(&dir) {
-            return dir;
-        }
-    }
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join("bin"))
-        .filter(|d| has_initdb(d))
-        .collect();
-    versions.sort_by_key(|d| {
-        d.parent()
-            .and_then(|v| v.file_name())
-            .and_then(|v| v.to_str())
-            .and_then(|v| v.parse::<u32>().ok())
-            .unwrap_or(0)
-    });
-    if let Some(dir) = versions.pop() {
-        return dir;
-    }
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .find(|d| has_initdb(d))
-        .unwrap_or_else(|| {
-            panic!("PostgreSQL server binaries not found: install them with `apt-get install -y postgresql` or set PGOUTBOX_PG_BINDIR")
-        })
 }

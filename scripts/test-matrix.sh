@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The version matrix: the main-path, fault and slot tests against each PostgreSQL major
+# (the whole suite runs on the default version, Debian's 15, in scripts/test.sh).
+#
+#   scripts/test-matrix.sh              # 14 16 17 18
+#   scripts/test-matrix.sh 17           # one version
+#
+# Fetches the binaries once (scripts/fetch-postgres.sh), builds the test binary once, then
+# runs it with the filters below with PGOUTBOX_TEST_PG=<major> and prints each version's wall time.
+# CARGO overrides the cargo command (e.g. CARGO="flock /tmp/cargo.lock cargo").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+majors=("$@")
+((${#majors[@]})) || majors=(14 16 17 18)
+
+# Test-name filters (substrings; a test runs when it matches any). Why each is here:
+tests=(
+  version_matrix               # the cluster really is the version asked for
+  streams_inserts_end_to_end   # the main path: pgoutput decoding, headers, commit order
+  crash_anywhere               # kill -9 anywhere: confirm-after-ack, restart skip
+  survives_postgres_restart    # walsender lost and resumed from confirmed_flush_lsn
+  lost_slot                    # dropped and invalidated slots (wal_status differs by version)
+  hot_standby                  # slot in use: the active_pid check
+  one_source_per_stream        # system identifier, timeline, PITR copy of a data directory
+  schema_change_mid_stream     # Relation messages after ALTER TABLE
+  partitioned_outbox           # publish_via_partition_root
+  postgres_tls                 # the server's TLS as each version's OpenSSL build offers it
+  failover                     # 17+: failover slots through a promotion; 14-16: the refusal
+  standby_decoding             # 16+: streaming from a physical standby
+  recovery                     # a server in recovery is never a dropped slot
+  postgres_version_reported    # status and /metrics name the version, failover, synced
+  emitted_messages             # pgoutput's messages option (14+), interleaved with rows
+)
+
+scripts/fetch-postgres.sh "${majors[@]}"
+scripts/install-deps.sh
+# Built once; the versions then run the binary itself (no cargo, no rebuild in between).
+bin="$(${CARGO:-cargo} test --test main --no-run --message-format=json |
+  grep -o '"executable":"[^"]*"' | tail -n1 | cut -d'"' -f4)"
+[[ -x "$bin" ]] || { echo "the integration test binary was not built" >&2; exit 1; }
+
+summary=()
+for major in "${majors[@]}"; do
+  echo "=== PostgreSQL $major" >&2
+  started=$SECONDS
+  PGOUTBOX_TEST_PG=$major "$bin" "${tests[@]}" --test-threads=2
+  summary+=("PostgreSQL $major: $((SECONDS - started)) s")
+done
+printf '%s\n' "${summary[@]}" >&2
