@@ -33,12 +33,9 @@ pub async fn prepare_database(
     let client = admin::connect(&config.database, &config.pg_tls).await?;
     if config.messages_only {
         admin::check_server(&client).await?;
-        if admin::ensure_publication_for_messages(&client, &config.publication).await? {
-            info!(publication = %config.publication, "publication created (messages only)");
-        }
-        return Ok(client);
+    } else {
+        admin::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
     }
-    admin::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
     if admin::in_recovery(&client).await? {
         if !from_standby {
             anyhow::bail!(
@@ -48,7 +45,11 @@ pub async fn prepare_database(
         }
         prepare_standby(&client, config).await?;
     }
-    if admin::ensure_publication(&client, &config.publication, &config.table).await? {
+    if config.messages_only {
+        if admin::ensure_publication_for_messages(&client, &config.publication).await? {
+            info!(publication = %config.publication, "publication created (messages only)");
+        }
+    } else if admin::ensure_publication(&client, &config.publication, &config.table).await? {
         info!(publication = %config.publication, table = %config.table, "publication created");
     }
     Ok(client)
