@@ -140,4 +140,60 @@ proptest! {
             Some(if letter.payload_omitted { "true" } else { "false" })
         );
     }
+
+    /// Whatever an application emits (any bytes, or a JSON object of any values under the
+    /// column names), the emitted message maps to a valid message or a dead letter that fits.
+    #[test]
+    fn any_emitted_message_maps_to_a_valid_message_or_a_dead_letter_that_fits(
+        content in prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..200).prop_map(Bytes::from),
+            proptest::collection::vec(
+                (proptest::sample::select(ROLES.to_vec()), json_value()),
+                0..8,
+            )
+            .prop_map(|pairs| {
+                let object: serde_json::Map<String, serde_json::Value> =
+                    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+                Bytes::from(serde_json::Value::Object(object).to_string())
+            }),
+        ],
+        budget in MIN_BUDGET..20_000usize,
+    ) {
+        let template = "outbox.{aggregate_type}.{event_type}".parse().unwrap();
+        let mapping = RowMapping::for_emitted_messages("outbox", &ColumnRoles::default(), &template);
+        let position = Position { commit_lsn: 1, index: 0 };
+        let (row, rejection) = match mapping.emitted_row(&content) {
+            Ok(row) => match mapping.map(&row) {
+                Ok(event) => {
+                    assert_valid_headers(&event.headers);
+                    prop_assert!(!event.id.is_empty());
+                    (row, Rejection("refused by JetStream".into()))
+                }
+                Err(rejection) => (row, rejection),
+            },
+            Err(refused) => refused,
+        };
+        let letter = mapping.dead_letter(&row, position, &rejection, "outbox.dead_letter", budget);
+        let size = wire_len(&letter.event.headers) + letter.event.payload.len();
+        prop_assert!(size <= budget, "{size} > {budget}");
+        assert_valid_headers(&letter.event.headers);
+    }
+}
+
+/// JSON values of every kind, strings with line breaks and control characters among them.
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    let leaf = prop_oneof![
+        Just(serde_json::Value::Null),
+        any::<bool>().prop_map(serde_json::Value::Bool),
+        any::<i64>().prop_map(|n| serde_json::json!(n)),
+        ".{0,40}".prop_map(serde_json::Value::String),
+        "[a-z]{1,8}".prop_map(serde_json::Value::String),
+    ];
+    leaf.prop_recursive(2, 8, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::Array),
+            proptest::collection::btree_map("[a-zA-Z-]{0,10}", inner, 0..4)
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
 }
