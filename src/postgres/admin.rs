@@ -200,11 +200,7 @@ pub async fn ensure_publication_for_messages(
     client: &Client,
     publication: &str,
 ) -> Result<bool, SetupError> {
-    let exists = client
-        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&publication])
-        .await?
-        .is_some();
-    if exists {
+    if publication_exists(client, publication).await? {
         return Ok(false);
     }
     let sql = format!("CREATE PUBLICATION {} WITH (publish = 'insert')", quote_ident(publication));
