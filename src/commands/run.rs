@@ -273,7 +273,6 @@ impl Target<'_> {
         readiness: &Readiness,
     ) -> Result<Ended, PipelineError> {
         let Target { config, pipeline, database, publisher, claims, failover, from_standby } = self;
-        let publisher = &publisher.with_fresh_ack_window();
         let tail = match tokio::time::timeout(TAIL_TIMEOUT, publisher.tail()).await {
             Ok(tail) => tail.map_err(|err| {
                 PipelineError::Nats(NatsFailure::new(
@@ -394,7 +393,10 @@ impl Target<'_> {
             source,
             message_limit: tail.message_limit,
         };
-        Pipeline::new(pipeline, conn, publisher, memory, resume, liveness.verdict())
+        let outbound = publisher.outbound().await.map_err(|err| {
+            NatsFailure::new(NatsFailureKind::Request, format!("subscribing to acks: {err}"))
+        })?;
+        Pipeline::new(pipeline, conn, outbound, memory, resume, liveness.verdict())
             .run(shutdown)
             .await
     }

@@ -3,4 +3,5 @@
 
 pub mod claim;
 pub mod connect;
+pub mod outbound;
 pub mod publisher;

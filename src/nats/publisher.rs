@@ -1,22 +1,18 @@
-//! JetStream: the stream pgoutbox writes to, and pipelined publishing.
-//!
-//! `publish` hands a message to the client and returns the ack as a future; the pipeline keeps
-//! those futures in a FIFO and awaits the oldest, so thousands of messages are in flight while
-//! acks are still consumed in order. Each message also carries `Nats-Expected-Last-Sequence`:
-//! if message k is lost, k+1 is refused by the server instead of being stored before it.
-//! That guard assumes the stream is written only by this pgoutbox.
+//! JetStream: the stream pgoutbox writes to, and the opening of pipelined publishing
+//! ([`crate::nats::outbound`]). Each message carries `Nats-Expected-Last-Sequence`: if
+//! message k is lost, k+1 is refused by the server instead of being stored before it. That
+//! guard assumes the stream is written only by this pgoutbox.
 
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::context::CreateStreamErrorKind;
-use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode, stream};
-use bytes::Bytes;
 
 use crate::domain::outbox::PAYLOAD_OMITTED_HEADER;
 use crate::domain::progress::Position;
 use crate::domain::source::{SOURCE_HEADER, TailOrigin};
+use crate::nats::outbound::{self, Acks, Outbound};
 
 /// Header carrying the row's [`Position`].
 pub const POSITION_HEADER: &str = "Pgoutbox-Position";
@@ -74,20 +70,15 @@ pub struct Publisher {
 
 impl Publisher {
     pub fn new(client: async_nats::Client, stream: &str, ack_timeout: Duration) -> Self {
-        let js = jetstream::context::ContextBuilder::new()
-            .timeout(ack_timeout)
-            .max_ack_inflight(MAX_IN_FLIGHT)
-            .backpressure_on_inflight(true)
-            .build(client.clone());
+        let js =
+            jetstream::context::ContextBuilder::new().timeout(ack_timeout).build(client.clone());
         Publisher { js, client, stream: stream.to_owned(), ack_timeout }
     }
 
-    /// The same stream with a window of [`MAX_IN_FLIGHT`] acks of its own. A failed attempt
-    /// abandons its unacknowledged publishes, and async-nats keeps each one's slot in the
-    /// window until its ack times out: the next attempt must not wait behind them (it did,
-    /// for 20 s after a leader election, before each attempt got its own window).
-    pub fn with_fresh_ack_window(&self) -> Publisher {
-        Publisher::new(self.client.clone(), &self.stream, self.ack_timeout)
+    /// Pipelined publishing for one attempt, with a reply subscription of its own: acks
+    /// of messages a failed attempt abandoned never reach the next one.
+    pub async fn outbound(&self) -> Result<(Outbound, Acks), PublisherError> {
+        outbound::open(&self.client, self.ack_timeout).await.map_err(request_error)
     }
 
     /// The JetStream context, for the stream claims (`crate::nats::claim`).
@@ -180,16 +171,6 @@ impl Publisher {
             Err(_) => TailOrigin::default(),
         };
         Ok(StreamTail { last_sequence, origin, message_limit })
-    }
-
-    /// Sends one message; the returned future resolves when JetStream stored it.
-    pub async fn publish(
-        &self,
-        subject: String,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<PublishAckFuture, jetstream::context::PublishError> {
-        self.js.publish_with_headers(subject, headers, payload).await
     }
 
     /// How many messages the stream holds on one subject (the dead letters, for `status`).

@@ -1,10 +1,10 @@
 //! The one loop that moves rows from the WAL to JetStream and owns LSN bookkeeping.
 //!
 //! ```text
-//!  walsender ──XLogData──▶ pgoutput::parse ──Insert──▶ RowMapping::map ──▶ Publisher::publish
-//!      ▲                                                                       │ ack future
+//!  walsender ──XLogData──▶ pgoutput::parse ──Insert──▶ RowMapping::map ──▶ Outbound::send
+//!      ▲                                                                       │ ack (token)
 //!      │ StandbyStatus(flush = LsnTracker::confirmed)                          ▼
-//!      └──────────────────────────── LsnTracker ◀── on_acked ◀── FIFO of acks, oldest first
+//!      └──────────────────────────── LsnTracker ◀── on_acked ◀── Window, oldest first
 //! ```
 //! Rows are published as they arrive (a transaction is never held in memory) and up to
 //! [`MAX_IN_FLIGHT`] acks are outstanding. The flush position sent to Postgres comes only
@@ -12,23 +12,19 @@
 //! where an LSN is confirmed.
 
 use std::collections::HashMap;
-use std::future::IntoFuture;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::header::HeaderValue;
-use async_nats::jetstream::context::PublishError;
-use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use bytes::Bytes;
 use tracing::{debug, info, warn};
 
-use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping};
+use crate::domain::outbox::{Rejection, RowMapping};
 use crate::domain::progress::{LsnTracker, Position, Timing};
-use crate::domain::source::SOURCE_HEADER;
-use crate::nats::publisher::{
-    ADDED_HEADERS_ROOM, MAX_IN_FLIGHT, POSITION_HEADER, Publisher, refused_for_itself,
-};
+use crate::nats::outbound::{Ack, Acks, Outbound};
+use crate::nats::publisher::{ADDED_HEADERS_ROOM, MAX_IN_FLIGHT, refused_for_itself};
 use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
@@ -38,12 +34,15 @@ use crate::service::telemetry::Metrics;
 use crate::settings::config::PipelineConfig;
 
 mod emitted;
+mod interruption;
 mod memory;
+mod publish;
 mod resend;
 mod window;
 
+use interruption::{Interruption, Interruptions};
 pub use memory::{Memory, Resume};
-use window::{AckFuture, InFlight, Resend, Window};
+use window::{Resend, Window};
 
 /// How often the confirmed position is reported when it moved; when it did not, a report
 /// still goes out every [`ReplicationConnection::status_keepalive`].
@@ -59,7 +58,7 @@ struct Transaction {
 pub struct Pipeline<'a> {
     config: &'a PipelineConfig,
     conn: ReplicationConnection,
-    publisher: &'a Publisher,
+    outbound: Outbound,
     memory: &'a mut Memory,
     tracker: LsnTracker,
     in_flight: Window,
@@ -102,7 +101,7 @@ impl<'a> Pipeline<'a> {
     pub fn new(
         config: &'a PipelineConfig,
         conn: ReplicationConnection,
-        publisher: &'a Publisher,
+        (outbound, acks): (Outbound, Acks),
         memory: &'a mut Memory,
         resume: Resume,
         postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
@@ -118,10 +117,10 @@ impl<'a> Pipeline<'a> {
             postgres_dead,
             config,
             conn,
-            publisher,
+            outbound,
             memory,
             tracker: LsnTracker::new(start_lsn),
-            in_flight: Window::default(),
+            in_flight: Window::new(acks),
             mappings: HashMap::new(),
             emitted: config.message_prefix.as_ref().map(|prefix| {
                 Arc::new(RowMapping::for_emitted_messages(prefix, &config.roles, &config.template))
@@ -163,25 +162,31 @@ impl<'a> Pipeline<'a> {
     async fn stream(&mut self, shutdown: &mut Shutdown) -> Result<(), PipelineError> {
         let mut tick = tokio::time::interval(STATUS_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut interruptions = Interruptions::watch(
+            shutdown.clone(),
+            self.nats_disconnects.clone(),
+            self.postgres_dead.clone(),
+        );
         loop {
             let room = self.in_flight.has_room(MAX_IN_FLIGHT, self.config.max_in_flight_bytes);
             tokio::select! {
                 biased;
-                () = shutdown.requested() => return self.drain().await,
-                ack = self.in_flight.oldest() => self.on_ack(ack).await?,
-                Ok(()) = self.nats_disconnects.changed() => {
-                    let kind = match self.in_flight.is_empty() {
-                        true => NatsFailureKind::Request,
-                        false => NatsFailureKind::Connection,
-                    };
-                    let detail = "the connection to NATS was lost, and with it the acks awaited";
-                    return Err(NatsFailure::new(kind, detail).into());
-                }
-                Ok(()) = self.postgres_dead.changed() => {
-                    if let Some(why) = self.postgres_dead.borrow_and_update().clone() {
+                interruption = interruptions.next() => match interruption {
+                    Interruption::Shutdown => return self.drain().await,
+                    Interruption::NatsLost => {
+                        let kind = match self.in_flight.is_empty() {
+                            true => NatsFailureKind::Request,
+                            false => NatsFailureKind::Connection,
+                        };
+                        let detail =
+                            "the connection to NATS was lost, and with it the acks awaited";
+                        return Err(NatsFailure::new(kind, detail).into());
+                    }
+                    Interruption::PostgresDead(why) => {
                         return Err(ConnectionError::Unresponsive(why).into());
                     }
-                }
+                },
+                ack = self.in_flight.oldest() => self.on_ack(ack).await?,
                 message = self.conn.next_message(), if room => match message? {
                     ReplicationMessage::XLogData { data, wal_end, .. } => {
                         self.server_wal_end = self.server_wal_end.max(wal_end);
@@ -198,7 +203,7 @@ impl<'a> Pipeline<'a> {
                     }
                 },
                 _ = tick.tick() => {
-                    self.check_newest_ack()?;
+                    self.check_acks()?;
                     self.update_gauges();
                     let moved = self.tracker.confirmed() != self.reported;
                     if moved || self.reported_at.elapsed() >= self.conn.status_keepalive() {
@@ -237,7 +242,7 @@ impl<'a> Pipeline<'a> {
         Ok(())
     }
 
-    async fn on_ack(&mut self, ack: Result<PublishAck, PublishError>) -> Result<(), PipelineError> {
+    async fn on_ack(&mut self, ack: Ack) -> Result<(), PipelineError> {
         let Some(done) = self.in_flight.pop_oldest() else {
             return Ok(());
         };
@@ -259,11 +264,16 @@ impl<'a> Pipeline<'a> {
         Ok(())
     }
 
-    /// A refusal of the newest ack ends the attempt within a tick (see
-    /// [`Window::refused_newest`]).
-    fn check_newest_ack(&mut self) -> Result<(), PipelineError> {
-        match self.in_flight.refused_newest() {
-            Some((position, err)) => Err(self.refused(position, &err)),
+    /// A refusal of the newest ack (see [`Window::refused_newest`]) or an ack overdue for
+    /// the oldest ends the attempt within a tick.
+    fn check_acks(&mut self) -> Result<(), PipelineError> {
+        if let Some((position, err)) = self.in_flight.refused_newest() {
+            return Err(self.refused(position, &err));
+        }
+        match self.in_flight.overdue(self.outbound.ack_timeout()) {
+            Some(position) => {
+                Err(self.refused(position, &PublishError::new(PublishErrorKind::TimedOut)))
+            }
             None => Ok(()),
         }
     }
@@ -392,84 +402,6 @@ impl<'a> Pipeline<'a> {
         let subject = &self.config.dead_letter_subject;
         let letter = mapping.dead_letter(&tuple, position, &reason, subject, self.letter_budget);
         self.publish_dead_letter(letter, position).await
-    }
-
-    /// Publishes a row's dead letter in its place. It was built to fit, so only a transient
-    /// error can keep it from being sent; that one is retried like any other.
-    async fn publish_dead_letter(
-        &mut self,
-        letter: DeadLetter,
-        position: Position,
-    ) -> Result<(), PipelineError> {
-        let DeadLetter { event, reason, payload_omitted, row_id } = letter;
-        warn!(position = %position, id = %event.id, reason = %reason, payload_omitted,
-            subject = %event.subject, "row sent to the dead-letter subject");
-        let sent = match self.dispatch(event.clone(), position).await {
-            Ok(sent) => sent,
-            Err(err) => {
-                self.unsent_row = true;
-                return Err(match refused_for_itself(&err) {
-                    Some(why) => PipelineError::DeadLetter(why),
-                    None => PipelineError::Nats(NatsFailure::unacknowledged(&err)),
-                });
-            }
-        };
-        self.track(sent, position, Resend::Letter(event));
-        if payload_omitted && let Some(id) = row_id {
-            // Kept before its ack can move `published_up_to` past it.
-            self.memory.kept_rows.keep(id);
-        }
-        self.memory.dead_letters += 1;
-        self.metrics.dead_letters.increment(1);
-        Ok(())
-    }
-
-    /// The error that ends an attempt whose publish at `position` was not acknowledged.
-    /// A refusal of the message itself is remembered in [`Memory::refused`], so that the
-    /// next attempt publishes the row's dead letter in its place (the slot sends the row
-    /// again, since nothing past it was confirmed): the row is retried once, not forever.
-    /// Refused again, it was the dead letter that was refused, and pgoutbox stops.
-    fn refused(&mut self, position: Position, err: &PublishError) -> PipelineError {
-        let failure = NatsFailure::unacknowledged(err);
-        match refused_for_itself(err) {
-            Some(why) if self.memory.refused.get(&position).is_some() => {
-                PipelineError::DeadLetter(format!("{why} (position {position})"))
-            }
-            Some(why) => {
-                warn!(position = %position, reason = %why,
-                    "JetStream refused the row; its dead letter goes in its place on retry");
-                self.memory.refused.insert(position, Rejection(why));
-                failure.into()
-            }
-            None => failure.into(),
-        }
-    }
-
-    /// Hands one message to JetStream, chained to the previous one by sequence, and returns
-    /// its ack and payload size; [`Pipeline::track`] then keeps it in flight.
-    async fn dispatch(
-        &mut self,
-        event: OutboxEvent,
-        position: Position,
-    ) -> Result<(AckFuture, usize), PublishError> {
-        let OutboxEvent { subject, mut headers, payload, .. } = event;
-        let bytes = payload.len();
-        headers.insert(POSITION_HEADER, position.to_string());
-        headers.insert(SOURCE_HEADER, self.source_header.clone());
-        headers.insert(
-            async_nats::header::NATS_EXPECTED_LAST_SEQUENCE,
-            self.expected_last_sequence.to_string(),
-        );
-        let ack = self.publisher.publish(subject, headers, payload).await?;
-        self.expected_last_sequence += 1;
-        Ok((ack.into_future(), bytes))
-    }
-
-    /// Keeps a message just dispatched in flight, as one more sent message.
-    fn track(&mut self, (ack, payload): (AckFuture, usize), position: Position, resend: Resend) {
-        let bytes = payload + resend.held_bytes();
-        self.in_flight.push(InFlight { ack, early: None, position, bytes, resend });
-        self.tracker.on_sent();
     }
 
     /// Reports [`LsnTracker::confirmed`] to Postgres: the only place an LSN is confirmed.

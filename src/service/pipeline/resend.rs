@@ -1,6 +1,6 @@
 //! After a duplicate: the messages chained behind it, sent again in place.
 
-use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 
 use super::Pipeline;
 use super::window::{InFlight, Resend};
@@ -13,14 +13,15 @@ impl Pipeline<'_> {
     /// refusals and send the same messages again, chained to the stream's real end. The
     /// tracker's counts do not change: the same messages stay in flight, in the same order.
     pub(super) async fn resend_after_duplicate(&mut self) -> Result<(), PipelineError> {
-        let stale = self.in_flight.take_all();
+        let stale = self.in_flight.len();
         // The duplicate and every message behind it each counted one stored message.
-        self.expected_last_sequence -= 1 + stale.len() as u64;
-        for entry in stale {
-            let refusal = match entry.early {
-                Some(ack) => ack,
-                None => entry.ack.await,
-            };
+        self.expected_last_sequence -= 1 + stale as u64;
+        let timeout = self.outbound.ack_timeout();
+        for _ in 0..stale {
+            let refusal = tokio::time::timeout(timeout, self.in_flight.oldest())
+                .await
+                .unwrap_or_else(|_| Err(PublishError::new(PublishErrorKind::TimedOut)));
+            let Some(entry) = self.in_flight.pop_oldest() else { break };
             match refusal {
                 Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {}
                 // Not stored either (JetStream checks duplicates first): sent again, it is
@@ -42,17 +43,16 @@ impl Pipeline<'_> {
                     .map_err(|_| PipelineError::Protocol("a row mapped once did not map again"))?,
                 Resend::Letter(letter) => letter.clone(),
             };
-            let (ack, payload) = self.dispatch(event, entry.position).await.map_err(|err| {
+            let (token, payload) = self.dispatch(event, entry.position).await.map_err(|err| {
                 self.unsent_row = true;
                 PipelineError::Nats(NatsFailure::unacknowledged(&err))
             })?;
-            let position = entry.position;
-            let bytes = payload + entry.resend.held_bytes();
             self.in_flight.push(InFlight {
-                ack,
-                early: None,
-                position,
-                bytes,
+                token,
+                sent_at: std::time::Instant::now(),
+                ack: None,
+                position: entry.position,
+                bytes: payload + entry.resend.held_bytes(),
                 resend: entry.resend,
             });
         }

@@ -1,26 +1,24 @@
-//! The messages sent and not yet acknowledged, oldest first, with their payload bytes.
+//! The messages sent and not yet acknowledged, oldest first, and their acks as they arrive.
 //! Acks are consumed in this order, which is what lets `LsnTracker` only count.
 
 use std::collections::VecDeque;
-use std::future::Future;
-use std::pin::Pin;
-
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::PublishError;
-use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use bytes::BytesMut;
 
 use crate::domain::outbox::{OutboxEvent, RowMapping};
 use crate::domain::progress::Position;
 use crate::domain::row::ColumnValue;
-
-pub(super) type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
+use crate::nats::outbound::{Ack, Acks};
 
 pub(super) struct InFlight {
-    pub(super) ack: AckFuture,
-    /// The ack, when it was found ready before its turn (see `check_newest_ack`).
-    pub(super) early: Option<Result<PublishAck, PublishError>>,
+    /// What the message's ack carries to name it (see `crate::nats::outbound`).
+    pub(super) token: u64,
+    pub(super) sent_at: Instant,
+    /// The ack, once it arrived; it waits here until every older message had its own.
+    pub(super) ack: Option<Ack>,
     pub(super) position: Position,
     /// Bytes held for this message, counted against `--max-in-flight-bytes`: its payload
     /// (until the client writes it) and what [`Resend`] keeps (until the ack).
@@ -77,14 +75,18 @@ fn value_bytes(value: &ColumnValue) -> usize {
     }
 }
 
-/// The in-flight window: bounded by count and by bytes held.
-#[derive(Default)]
+/// The in-flight window: bounded by count and by bytes held, fed by one attempt's acks.
 pub(super) struct Window {
     entries: VecDeque<InFlight>,
     bytes: usize,
+    acks: Acks,
 }
 
 impl Window {
+    pub(super) fn new(acks: Acks) -> Window {
+        Window { entries: VecDeque::new(), bytes: 0, acks }
+    }
+
     pub(super) fn len(&self) -> usize {
         self.entries.len()
     }
@@ -99,6 +101,7 @@ impl Window {
         self.entries.is_empty() || (self.entries.len() < max_count && self.bytes < max_bytes)
     }
 
+    /// Adds a message just sent; tokens grow with every send, so the window stays sorted.
     pub(super) fn push(&mut self, entry: InFlight) {
         self.bytes += entry.bytes;
         self.entries.push_back(entry);
@@ -110,41 +113,64 @@ impl Window {
         Some(oldest)
     }
 
-    /// Empties the window, oldest first.
-    pub(super) fn take_all(&mut self) -> VecDeque<InFlight> {
-        self.bytes = 0;
-        std::mem::take(&mut self.entries)
-    }
-
     /// Acks are consumed oldest first, but when the oldest waits for its timeout (it went to
     /// a stream leader that died), the ones after it are refused at once (no leader yet).
     /// Looking at the newest ack every tick ends such an attempt within 100 ms instead of
-    /// after the ack timeout; any refused ack means the attempt must restart anyway. A ready
-    /// ack that is not a refusal is kept for its turn.
+    /// after the ack timeout; any refused ack means the attempt must restart anyway.
     pub(super) fn refused_newest(&mut self) -> Option<(Position, PublishError)> {
-        use futures_util::FutureExt;
         if self.entries.len() < 2 {
             return None;
         }
-        let newest = self.entries.back_mut().filter(|newest| newest.early.is_none())?;
-        match (&mut newest.ack).now_or_never() {
+        let newest = self.entries.back_mut()?;
+        match newest.ack.take() {
             Some(Err(err)) => Some((newest.position, err)),
             ready => {
-                newest.early = ready;
+                newest.ack = ready;
                 None
             }
         }
     }
 
-    /// Waits for the oldest ack; never resolves when nothing is in flight. Cancel-safe: the
-    /// boxed future keeps its state across polls.
-    pub(super) async fn oldest(&mut self) -> Result<PublishAck, PublishError> {
-        match self.entries.front_mut() {
-            Some(oldest) => match oldest.early.take() {
-                Some(ack) => ack,
-                None => (&mut oldest.ack).await,
-            },
-            None => std::future::pending().await,
+    /// The oldest message, when it has waited longer than `timeout` for its ack.
+    pub(super) fn overdue(&self, timeout: Duration) -> Option<Position> {
+        let oldest = self.entries.front()?;
+        (oldest.ack.is_none() && oldest.sent_at.elapsed() > timeout).then_some(oldest.position)
+    }
+
+    /// Waits for the oldest message's ack, keeping every ack that arrives meanwhile with its
+    /// message; never resolves when nothing is in flight. Cancel-safe: an ack received is
+    /// stored before the next await.
+    pub(super) async fn oldest(&mut self) -> Ack {
+        loop {
+            match self.entries.front_mut() {
+                Some(oldest) => {
+                    if let Some(ack) = oldest.ack.take() {
+                        return ack;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+            let Some((token, ack)) = self.acks.next().await else {
+                return Err(PublishError::new(PublishErrorKind::BrokenPipe));
+            };
+            // An ack of a message no longer in flight (sent again after a duplicate) is late.
+            if let Some(entry) = self.find(token)
+                && entry.ack.is_none()
+            {
+                entry.ack = Some(ack);
+            }
         }
+    }
+
+    /// The message with `token`. Tokens are consecutive unless a send failed between two
+    /// messages, so the offset from the oldest finds it at once; a search is the fallback.
+    fn find(&mut self, token: u64) -> Option<&mut InFlight> {
+        let oldest = self.entries.front()?.token;
+        let offset = usize::try_from(token.checked_sub(oldest)?).ok()?;
+        let i = match self.entries.get(offset) {
+            Some(entry) if entry.token == token => offset,
+            _ => self.entries.binary_search_by_key(&token, |entry| entry.token).ok()?,
+        };
+        self.entries.get_mut(i)
     }
 }
