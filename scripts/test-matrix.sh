@@ -36,7 +36,9 @@ tests=(
 scripts/fetch-postgres.sh "${majors[@]}"
 scripts/install-deps.sh
 # Built once; the versions then run the binary itself (no cargo, no rebuild in between).
+# Cargo also lists the pgoutbox binary the tests run, in no fixed order: pick the test.
 bin="$(${CARGO:-cargo} test --test main --no-run --message-format=json |
+  grep -F '"kind":["test"],"crate_types":["bin"],"name":"main"' |
   grep -o '"executable":"[^"]*"' | tail -n1 | cut -d'"' -f4)"
 [[ -x "$bin" ]] || { echo "the integration test binary was not built" >&2; exit 1; }
 
