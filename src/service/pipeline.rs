@@ -175,7 +175,7 @@ impl<'a> Pipeline<'a> {
         tokio::pin!(confirm);
         let mut confirm_armed = false;
         loop {
-            if !confirm_armed && self.confirmable_since.is_some() {
+            if !confirm_armed && self.tracker.confirmed() != self.reported {
                 let due = (self.reported_at + MIN_STATUS_GAP).max(Instant::now());
                 confirm.as_mut().reset(due.into());
                 confirm_armed = true;
@@ -200,7 +200,7 @@ impl<'a> Pipeline<'a> {
                 },
                 () = &mut confirm, if confirm_armed => {
                     confirm_armed = false;
-                    if self.confirmable_since.is_some() {
+                    if self.tracker.confirmed() != self.reported {
                         self.send_status(false).await?;
                     }
                 }
