@@ -24,9 +24,11 @@ use crate::settings::cli::RunArgs;
 use crate::settings::config::Config;
 use crate::settings::config::PipelineConfig;
 
-/// Reading the stream's end takes milliseconds; no answer means no stream leader yet (an
-/// election), and retrying soon beats waiting out the ack timeout.
-const TAIL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Reading the stream's end or its claim takes milliseconds; no answer means no leader
+/// yet for the stream or the claims bucket (an election), and retrying soon beats waiting
+/// out async-nats's 10 s request timeout (which added 10 s to 1 leader election in 9 in
+/// the benchmark, when the claims bucket had lost its leader too).
+const LEADER_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     if config.messages_only && args.message_prefix.is_empty() {
@@ -273,7 +275,7 @@ impl Target<'_> {
         readiness: &Readiness,
     ) -> Result<Ended, PipelineError> {
         let Target { config, pipeline, database, publisher, claims, failover, from_standby } = self;
-        let tail = match tokio::time::timeout(TAIL_TIMEOUT, publisher.tail()).await {
+        let tail = match tokio::time::timeout(LEADER_PROBE_TIMEOUT, publisher.tail()).await {
             Ok(tail) => tail.map_err(|err| {
                 PipelineError::Nats(NatsFailure::new(
                     NatsFailureKind::Request,
@@ -281,7 +283,7 @@ impl Target<'_> {
                 ))
             })?,
             Err(_) => {
-                let waited = TAIL_TIMEOUT.as_secs();
+                let waited = LEADER_PROBE_TIMEOUT.as_secs();
                 return Err(PipelineError::Nats(NatsFailure::new(
                     NatsFailureKind::Request,
                     format!(
@@ -302,7 +304,20 @@ impl Target<'_> {
             return Err(PipelineError::InRecovery { slot: slot.clone() });
         }
         let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
-        match claims.claim(&config.stream, &source).await {
+        let claim =
+            tokio::time::timeout(LEADER_PROBE_TIMEOUT, claims.claim(&config.stream, &source))
+                .await
+                .map_err(|_| {
+                    let waited = LEADER_PROBE_TIMEOUT.as_secs();
+                    NatsFailure::new(
+                        NatsFailureKind::Request,
+                        format!(
+                            "checking the stream's claim: no answer in {waited} s (no leader for \
+                         the claims bucket?)"
+                        ),
+                    )
+                })?;
+        match claim {
             Ok(Claim::Theirs(writer)) => {
                 return Err(PipelineError::stream_claimed(
                     &config.stream,
