@@ -401,7 +401,7 @@ impl<'a> Pipeline<'a> {
             None => match mapping.map(&tuple) {
                 Ok(event) => match self.dispatch(event, position).await {
                     Ok(sent) => {
-                        let resend = Resend::row(mapping, tuple);
+                        let resend = Resend::row(mapping, &tuple);
                         self.track(sent, position, resend);
                         self.memory.published += 1;
                         return Ok(());

@@ -3,7 +3,7 @@
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 
 use super::Pipeline;
-use super::window::{InFlight, Resend};
+use super::window::InFlight;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 
 impl Pipeline<'_> {
@@ -37,12 +37,10 @@ impl Pipeline<'_> {
                 }
                 Err(err) => return Err(self.refused(entry.position, &err)),
             }
-            let event = match &entry.resend {
-                Resend::Row { mapping, tuple } => mapping
-                    .map(tuple)
-                    .map_err(|_| PipelineError::Protocol("a row mapped once did not map again"))?,
-                Resend::Letter(letter) => letter.clone(),
-            };
+            let event = entry
+                .resend
+                .rebuild()
+                .map_err(|_| PipelineError::Protocol("a row mapped once did not map again"))?;
             let (token, payload) = self.dispatch(event, entry.position).await.map_err(|err| {
                 self.unsent_row = true;
                 PipelineError::Nats(NatsFailure::unacknowledged(&err))
