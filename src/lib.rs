@@ -4,7 +4,7 @@
 //! Postgres WAL ─▶ postgres::walsender ─▶ postgres::pgoutput (decode) ─▶ domain::outbox
 //!                        ▲                                                 │ (row → message)
 //!                        │ standby status: flush = domain::progress::LsnTracker
-//!                        └──────────── service::pipeline (the one loop) ◀── nats::publisher
+//!                        └──────────── service::pipeline (the one loop) ◀── nats::outbound
 //! ```
 //! The invariant everything rests on: the LSN reported to Postgres never passes the end of
 //! a transaction that has a message JetStream has not acknowledged. It is enforced in one

@@ -172,6 +172,24 @@ pub fn ack_of(status: Option<StatusCode>, payload: &[u8]) -> Ack {
 mod tests {
     use super::*;
     use crate::nats::publisher::refused_for_itself;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever arrives on the inbox, reading it never panics.
+        #[test]
+        fn any_answer_is_read_without_panicking(payload in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = ack_of(None, &payload);
+            let _ = ack_of(Some(StatusCode::OK), &payload);
+        }
+
+        /// A stored message's sequence and duplicate flag come back as JetStream sent them,
+        /// whatever else the ack holds.
+        #[test]
+        fn a_stored_ack_reads_back(seq in 1u64.., duplicate: bool, stream in "[A-Z_]{1,12}") {
+            let ack = format!(r#"{{"stream":"{stream}","domain":"d","seq":{seq},"duplicate":{duplicate}}}"#);
+            prop_assert_eq!(ack_of(None, ack.as_bytes()).unwrap(), Stored { sequence: seq, duplicate });
+        }
+    }
 
     #[test]
     fn stored_and_duplicate_acks_are_read() {
