@@ -70,7 +70,8 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                 let process = process_report(http_addr.or(advertised).unwrap_or(default)).await;
                 if process["stalled"] == json!(true) {
                     problems.push(format!(
-                        "pgoutbox is stalled: nothing confirmed for {} s while messages wait",
+                        "pgoutbox is stalled: no ack and nothing confirmed while messages wait \
+                         (last confirmation {} s ago)",
                         process["last_confirmation_age_seconds"]
                     ));
                     health = health.max(Health::Warning);

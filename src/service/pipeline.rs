@@ -89,6 +89,8 @@ pub struct Pipeline<'a> {
     nats_disconnects: tokio::sync::watch::Receiver<u64>,
     /// A decoded row could not be handed to NATS: it waits for the next attempt.
     unsent_row: bool,
+    /// Acks since `Progress` was last told: the stall detector counts them as progress.
+    acks_unrecorded: u64,
     /// Becomes `Some(why)` when the path to Postgres is found dead (see `liveness`).
     postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
     metrics: Metrics,
@@ -118,6 +120,7 @@ impl<'a> Pipeline<'a> {
         Pipeline {
             nats_disconnects,
             unsent_row: false,
+            acks_unrecorded: 0,
             postgres_dead,
             config,
             conn,
@@ -152,7 +155,8 @@ impl<'a> Pipeline<'a> {
         // Messages sent and not acknowledged, or a row that could not even be sent, wait for
         // the next attempt; a lost connection with nothing in flight leaves nothing waiting.
         let waiting = self.unsent_row || self.tracker.in_flight() > 0;
-        self.memory.progress.record(self.tracker.confirmed(), waiting);
+        let acks = std::mem::take(&mut self.acks_unrecorded);
+        self.memory.progress.record(self.tracker.confirmed(), acks, waiting);
         match result {
             Ok(()) => {
                 let confirmed = self.tracker.confirmed();
@@ -198,6 +202,17 @@ impl<'a> Pipeline<'a> {
                         return Err(ConnectionError::Unresponsive(why).into());
                     }
                 },
+                // Before acks and WAL: under a sustained drain those are always ready, and
+                // a tick placed after them never ran (gauges, ack checks and the stall
+                // detector's view went stale for as long as the drain lasted).
+                _ = tick.tick() => {
+                    self.check_acks()?;
+                    self.update_gauges();
+                    let moved = self.tracker.confirmed() != self.reported;
+                    if moved || self.reported_at.elapsed() >= self.conn.status_keepalive() {
+                        self.send_status(false).await?;
+                    }
+                }
                 () = &mut confirm, if confirm_armed => {
                     confirm_armed = false;
                     if self.tracker.confirmed() != self.reported {
@@ -220,14 +235,6 @@ impl<'a> Pipeline<'a> {
                         }
                     }
                 },
-                _ = tick.tick() => {
-                    self.check_acks()?;
-                    self.update_gauges();
-                    let moved = self.tracker.confirmed() != self.reported;
-                    if moved || self.reported_at.elapsed() >= self.conn.status_keepalive() {
-                        self.send_status(false).await?;
-                    }
-                }
             }
         }
     }
@@ -266,6 +273,7 @@ impl<'a> Pipeline<'a> {
         };
         let bytes = done.bytes;
         let ack = ack.map_err(|err| self.refused(done.position, &err))?;
+        self.acks_unrecorded += 1;
         self.metrics.rows_published.increment(1);
         self.metrics.bytes_published.increment(bytes as u64);
         self.tracker.on_acked();
@@ -311,7 +319,8 @@ impl<'a> Pipeline<'a> {
 
     fn update_gauges(&mut self) {
         let confirmed = self.tracker.confirmed();
-        self.memory.progress.record(confirmed, self.tracker.in_flight() > 0);
+        let acks = std::mem::take(&mut self.acks_unrecorded);
+        self.memory.progress.record(confirmed, acks, self.tracker.in_flight() > 0);
         self.metrics.messages_in_flight.set(self.tracker.in_flight() as f64);
         self.metrics.confirmed_lsn.set(confirmed as f64);
         let lag = self.server_wal_end.saturating_sub(confirmed);

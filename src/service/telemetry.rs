@@ -121,7 +121,10 @@ fn describe() {
         (names::CONFIRMED_LSN, "The LSN last confirmed to Postgres, as a number."),
         (names::REPLICATION_LAG_BYTES, "Server WAL end minus the confirmed LSN, in bytes."),
         (names::STREAMING, "1 while the replication stream is open (0 for a hot standby)."),
-        (names::STALLED, "1 while messages wait and nothing was confirmed for --stall-timeout."),
+        (
+            names::STALLED,
+            "1 while messages wait and no ack came and nothing was confirmed for --stall-timeout.",
+        ),
         (
             names::LAST_CONFIRMATION_AGE,
             "Seconds since the confirmed position last advanced while something waited.",
@@ -416,8 +419,7 @@ pub async fn watch_stalls(progress: Arc<Progress>, readiness: Arc<Readiness>, ti
     loop {
         tick.tick().await;
         let now = Instant::now();
-        let (confirmed, waiting) = progress.read();
-        readiness.set_stalled(detector.observe(confirmed, waiting, now));
+        readiness.set_stalled(detector.observe(progress.read(), now));
         age.set(detector.age(now).as_secs_f64());
     }
 }

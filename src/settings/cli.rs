@@ -68,7 +68,7 @@ pub struct RunArgs {
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_RETENTION", value_parser = crate::settings::units::parse_duration)]
     pub retention: Option<std::time::Duration>,
     /// Report a stall (/readyz 503, pgoutbox_stalled 1, a warning) when messages wait for
-    /// acks and nothing was confirmed for this long
+    /// acks and neither an ack came nor anything was confirmed for this long
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_STALL_TIMEOUT", default_value = "60s", value_parser = crate::settings::units::parse_duration)]
     pub stall_timeout: std::time::Duration,
     /// Stop reading WAL while this many payload bytes await their acks (e.g. 32MiB, 1GB),
