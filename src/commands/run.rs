@@ -275,24 +275,9 @@ impl Target<'_> {
         readiness: &Readiness,
     ) -> Result<Ended, PipelineError> {
         let Target { config, pipeline, database, publisher, claims, failover, from_standby } = self;
-        let tail = match tokio::time::timeout(LEADER_PROBE_TIMEOUT, publisher.tail()).await {
-            Ok(tail) => tail.map_err(|err| {
-                PipelineError::Nats(NatsFailure::new(
-                    NatsFailureKind::Request,
-                    format!("reading the end of the stream: {err}"),
-                ))
-            })?,
-            Err(_) => {
-                let waited = LEADER_PROBE_TIMEOUT.as_secs();
-                return Err(PipelineError::Nats(NatsFailure::new(
-                    NatsFailureKind::Request,
-                    format!(
-                        "reading the end of the stream: no answer in {waited} s (no stream \
-                         leader?)"
-                    ),
-                )));
-            }
-        };
+        let tail =
+            leader_probe("reading the end of the stream", "no stream leader?", publisher.tail())
+                .await?;
         let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
         let slot = &config.slot;
         let identity = conn.identify_system().await?;
@@ -304,31 +289,14 @@ impl Target<'_> {
             return Err(PipelineError::InRecovery { slot: slot.clone() });
         }
         let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
-        let claim =
-            tokio::time::timeout(LEADER_PROBE_TIMEOUT, claims.claim(&config.stream, &source))
-                .await
-                .map_err(|_| {
-                    let waited = LEADER_PROBE_TIMEOUT.as_secs();
-                    NatsFailure::new(
-                        NatsFailureKind::Request,
-                        format!(
-                            "checking the stream's claim: no answer in {waited} s (no leader for \
-                         the claims bucket?)"
-                        ),
-                    )
-                })?;
-        match claim {
-            Ok(Claim::Theirs(writer)) => {
-                return Err(PipelineError::stream_claimed(
-                    &config.stream,
-                    writer,
-                    &source.database,
-                ));
-            }
-            Ok(_) => {}
-            Err(err) => {
-                return Err(NatsFailure::new(NatsFailureKind::Request, err.to_string()).into());
-            }
+        let claim = leader_probe(
+            "checking the stream's claim",
+            "no leader for the claims bucket?",
+            claims.claim(&config.stream, &source),
+        )
+        .await?;
+        if let Claim::Theirs(writer) = claim {
+            return Err(PipelineError::stream_claimed(&config.stream, writer, &source.database));
         }
         let history = match tail.origin.source.as_deref().and_then(|s| s.parse::<Source>().ok()) {
             Some(theirs) if theirs.timeline < source.timeline => {
@@ -414,6 +382,25 @@ impl Target<'_> {
         Pipeline::new(pipeline, conn, outbound, memory, resume, liveness.verdict())
             .run(shutdown)
             .await
+    }
+}
+
+/// A JetStream question asked at the start of an attempt, given [`LEADER_PROBE_TIMEOUT`]
+/// to answer. `what` prefixes its errors; `silence` says what no answer likely means.
+async fn leader_probe<T, E: std::fmt::Display>(
+    what: &str,
+    silence: &str,
+    question: impl Future<Output = Result<T, E>>,
+) -> Result<T, NatsFailure> {
+    let failure = |why: &dyn std::fmt::Display| {
+        NatsFailure::new(NatsFailureKind::Request, format!("{what}: {why}"))
+    };
+    match tokio::time::timeout(LEADER_PROBE_TIMEOUT, question).await {
+        Ok(answer) => answer.map_err(|err| failure(&err)),
+        Err(_) => {
+            let waited = LEADER_PROBE_TIMEOUT.as_secs();
+            Err(failure(&format!("no answer in {waited} s ({silence})")))
+        }
     }
 }
 

@@ -45,7 +45,7 @@ pub struct Acks {
 /// Opens the reply subscription. The server handles it before any publish sent after it
 /// on the same connection, so no ack can come before the subscription exists. async-nats
 /// queues up to 65,536 messages per subscription and drops the rest (a slow consumer);
-/// the pipeline has at most `MAX_IN_FLIGHT` (4,096) messages in flight, so every ack fits.
+/// the pipeline has at most 4,096 messages in flight, so every ack fits.
 pub async fn open(
     client: &async_nats::Client,
     ack_timeout: Duration,

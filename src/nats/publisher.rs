@@ -17,9 +17,6 @@ use crate::nats::outbound::{self, Acks, Outbound};
 /// Header carrying the row's [`Position`].
 pub const POSITION_HEADER: &str = "Pgoutbox-Position";
 
-/// How many publishes may await their ack at once.
-pub const MAX_IN_FLIGHT: usize = 4096;
-
 /// Room left in every message for the headers the pipeline adds to it after the row was
 /// mapped (`Pgoutbox-Position: <lsn>:<index>`, `Nats-Expected-Last-Sequence: <u64>` and
 /// `Pgoutbox-Source: <system id>/<timeline>/<database>/<slot>`, whose names Postgres caps

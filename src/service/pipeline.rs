@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 use crate::domain::outbox::{Rejection, RowMapping};
 use crate::domain::progress::{LsnTracker, Position, Timing};
 use crate::nats::outbound::{Ack, Acks, Outbound};
-use crate::nats::publisher::{ADDED_HEADERS_ROOM, MAX_IN_FLIGHT, refused_for_itself};
+use crate::nats::publisher::{ADDED_HEADERS_ROOM, refused_for_itself};
 use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
@@ -42,10 +42,10 @@ mod window;
 
 use interruption::{Interruption, Interruptions};
 pub use memory::{Memory, Resume};
-use window::{Resend, Window};
+use window::{MAX_IN_FLIGHT, Resend, Window};
 
-/// How often acks are checked and gauges updated; a report still goes out every
-/// [`ReplicationConnection::status_keepalive`] when the confirmed position did not move.
+/// How often acks are checked and gauges updated, and a report goes out when none did for
+/// [`ReplicationConnection::status_keepalive`].
 const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// When the confirmed position moves, it is reported at once, but not twice within this:
 /// the slot releases WAL within milliseconds of the acks (it waited for the 100 ms tick,
@@ -154,9 +154,7 @@ impl<'a> Pipeline<'a> {
         let _ = self.send_status(false).await;
         // Messages sent and not acknowledged, or a row that could not even be sent, wait for
         // the next attempt; a lost connection with nothing in flight leaves nothing waiting.
-        let waiting = self.unsent_row || self.tracker.in_flight() > 0;
-        let acks = std::mem::take(&mut self.acks_unrecorded);
-        self.memory.progress.record(self.tracker.confirmed(), acks, waiting);
+        self.record_progress(self.unsent_row || self.tracker.in_flight() > 0);
         match result {
             Ok(()) => {
                 let confirmed = self.tracker.confirmed();
@@ -208,8 +206,7 @@ impl<'a> Pipeline<'a> {
                 _ = tick.tick() => {
                     self.check_acks()?;
                     self.update_gauges();
-                    let moved = self.tracker.confirmed() != self.reported;
-                    if moved || self.reported_at.elapsed() >= self.conn.status_keepalive() {
+                    if self.reported_at.elapsed() >= self.conn.status_keepalive() {
                         self.send_status(false).await?;
                     }
                 }
@@ -317,10 +314,15 @@ impl<'a> Pipeline<'a> {
         }
     }
 
-    fn update_gauges(&mut self) {
-        let confirmed = self.tracker.confirmed();
+    /// Tells the stall detector where things stand (`waiting`: something awaits an ack).
+    fn record_progress(&mut self, waiting: bool) {
         let acks = std::mem::take(&mut self.acks_unrecorded);
-        self.memory.progress.record(confirmed, acks, self.tracker.in_flight() > 0);
+        self.memory.progress.record(self.tracker.confirmed(), acks, waiting);
+    }
+
+    fn update_gauges(&mut self) {
+        self.record_progress(self.tracker.in_flight() > 0);
+        let confirmed = self.tracker.confirmed();
         self.metrics.messages_in_flight.set(self.tracker.in_flight() as f64);
         self.metrics.confirmed_lsn.set(confirmed as f64);
         let lag = self.server_wal_end.saturating_sub(confirmed);

@@ -6,7 +6,7 @@ use async_nats::jetstream::context::PublishError;
 use tracing::warn;
 
 use super::Pipeline;
-use super::window::{InFlight, Resend};
+use super::window::Resend;
 use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection};
 use crate::domain::progress::Position;
 use crate::domain::source::SOURCE_HEADER;
@@ -93,9 +93,7 @@ impl Pipeline<'_> {
         position: Position,
         resend: Resend,
     ) {
-        let bytes = payload + resend.held_bytes();
-        let sent_at = std::time::Instant::now();
-        self.in_flight.push(InFlight { token, sent_at, ack: None, position, bytes, resend });
+        self.in_flight.push(token, position, payload, resend);
         self.tracker.on_sent();
     }
 }

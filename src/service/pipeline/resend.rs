@@ -3,7 +3,6 @@
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 
 use super::Pipeline;
-use super::window::InFlight;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 
 impl Pipeline<'_> {
@@ -45,14 +44,7 @@ impl Pipeline<'_> {
                 self.unsent_row = true;
                 PipelineError::Nats(NatsFailure::unacknowledged(&err))
             })?;
-            self.in_flight.push(InFlight {
-                token,
-                sent_at: std::time::Instant::now(),
-                ack: None,
-                position: entry.position,
-                bytes: payload + entry.resend.held_bytes(),
-                resend: entry.resend,
-            });
+            self.in_flight.push(token, entry.position, payload, entry.resend);
         }
         Ok(())
     }

@@ -13,12 +13,15 @@ use crate::domain::progress::Position;
 use crate::domain::row::ColumnValue;
 use crate::nats::outbound::{Ack, Acks};
 
+/// How many messages may await their ack at once.
+pub const MAX_IN_FLIGHT: usize = 4096;
+
 pub(super) struct InFlight {
     /// What the message's ack carries to name it (see `crate::nats::outbound`).
-    pub(super) token: u64,
-    pub(super) sent_at: Instant,
+    token: u64,
+    sent_at: Instant,
     /// The ack, once it arrived; it waits here until every older message had its own.
-    pub(super) ack: Option<Ack>,
+    ack: Option<Ack>,
     pub(super) position: Position,
     /// Bytes held for this message, counted against `--max-in-flight-bytes`: its payload
     /// (until the client writes it) and what [`Resend`] keeps (until the ack).
@@ -144,10 +147,13 @@ impl Window {
         self.entries.is_empty() || (self.entries.len() < max_count && self.bytes < max_bytes)
     }
 
-    /// Adds a message just sent; tokens grow with every send, so the window stays sorted.
-    pub(super) fn push(&mut self, entry: InFlight) {
-        self.bytes += entry.bytes;
-        self.entries.push_back(entry);
+    /// Adds a message just sent with `token`, `payload` bytes long; tokens grow with every
+    /// send, so the window stays sorted.
+    pub(super) fn push(&mut self, token: u64, position: Position, payload: usize, resend: Resend) {
+        let bytes = payload + resend.held_bytes();
+        let sent_at = Instant::now();
+        self.bytes += bytes;
+        self.entries.push_back(InFlight { token, sent_at, ack: None, position, bytes, resend });
     }
 
     pub(super) fn pop_oldest(&mut self) -> Option<InFlight> {
