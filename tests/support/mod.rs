@@ -57,9 +57,20 @@ pub fn free_port() -> u16 {
     panic!("no free port between {low} and {high}")
 }
 
-/// Waits until `app` holds the slot and streams (the slot is active).
+/// Waits until `app` holds the slot and streams: the slot is active and pgoutbox has said
+/// "streaming". The slot alone is not enough: it is active while it is being created, and
+/// a test that stopped NATS at that moment caught pgoutbox still setting up.
 pub async fn wait_until_streaming(pg: &Postgres, app: &pgoutbox::Pgoutbox) {
     wait_until_slot_active(pg, "pgoutbox", app).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = app.log();
+        if log.contains("run: streaming") || log.contains(r#""message":"streaming""#) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "pgoutbox never said it streams; log:\n{log}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 pub async fn wait_until_slot_active(pg: &Postgres, slot: &str, app: &pgoutbox::Pgoutbox) {
