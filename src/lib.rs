@@ -22,3 +22,6 @@ pub(crate) mod nats;
 pub mod postgres;
 pub(crate) mod service;
 pub mod settings;
+
+/// The NATS protocol parser, public for its fuzz target (`fuzz/fuzz_targets/nats_wire.rs`).
+pub use nats::wire as nats_wire;

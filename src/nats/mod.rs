@@ -5,3 +5,4 @@ pub mod claim;
 pub mod connect;
 pub mod outbound;
 pub mod publisher;
+pub mod wire;
