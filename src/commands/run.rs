@@ -12,6 +12,7 @@ use crate::domain::retry::{Backoff, Next, RetryPolicy};
 use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::domain::stall::Progress;
 use crate::nats::claim::{Claim, Claims};
+use crate::nats::handshake::Dialer;
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
@@ -140,6 +141,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         },
         database,
         publisher,
+        dialer: Dialer::new(&config.nats),
         claims,
         failover: args.slot.failover,
         from_standby: args.slot.from_standby,
@@ -258,6 +260,8 @@ struct Target<'a> {
     /// The configured connection with the advertised `application_name`.
     database: tokio_postgres::Config,
     publisher: Publisher,
+    /// Opens each attempt's publishing connection.
+    dialer: Dialer<'a>,
     claims: Claims,
     /// `--failover`: the slot must be a failover slot (17+, checked at setup).
     failover: bool,
@@ -274,7 +278,16 @@ impl Target<'_> {
         shutdown: &mut Shutdown,
         readiness: &Readiness,
     ) -> Result<Ended, PipelineError> {
-        let Target { config, pipeline, database, publisher, claims, failover, from_standby } = self;
+        let Target {
+            config,
+            pipeline,
+            database,
+            publisher,
+            dialer,
+            claims,
+            failover,
+            from_standby,
+        } = self;
         let tail =
             leader_probe("reading the end of the stream", "no stream leader?", publisher.tail())
                 .await?;
@@ -376,8 +389,11 @@ impl Target<'_> {
             source,
             message_limit: tail.message_limit,
         };
-        let outbound = publisher.outbound().await.map_err(|err| {
-            NatsFailure::new(NatsFailureKind::Request, format!("subscribing to acks: {err}"))
+        let outbound = publisher.outbound(dialer).await.map_err(|err| {
+            NatsFailure::new(
+                NatsFailureKind::Request,
+                format!("opening the publishing connection: {err}"),
+            )
         })?;
         Pipeline::new(pipeline, conn, outbound, memory, resume, liveness.verdict())
             .run(shutdown)

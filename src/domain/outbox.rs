@@ -7,26 +7,26 @@
 //! pipeline sends to the dead-letter subject in its place.
 //!
 //! Everything here is pure: no I/O, no async, and no panic whatever bytes a column holds
-//! (header values are built with `HeaderValue::from_str`, never with the asserting
-//! `From<&str>`), so it is unit-, property- and fuzz-tested on values alone.
+//! (every header name and value is checked before it is set), so it is unit-, property- and
+//! fuzz-tested on values alone.
 
 use std::fmt;
 use std::str::FromStr;
 
-use async_nats::HeaderMap;
-use async_nats::header::{HeaderName, HeaderValue};
 use bytes::Bytes;
 
 use crate::domain::row::{ColumnValue, Relation};
 
 mod dead_letter;
 mod emitted;
+mod headers;
 
 pub use dead_letter::{
     DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET, PAYLOAD_OMITTED_HEADER, RefusedRows,
-    TRUNCATED, wire_len,
+    TRUNCATED,
 };
 pub use emitted::log_preview;
+pub use headers::Headers;
 
 const BYTEA_OID: u32 = 17;
 /// How much of a bad value a rejection's reason quotes.
@@ -158,12 +158,15 @@ impl SubjectTemplate {
     }
 }
 
+/// The header JetStream deduplicates by: the row's id.
+pub const MESSAGE_ID_HEADER: &str = "Nats-Msg-Id";
+
 /// A ready-to-publish message.
 #[derive(Debug, Clone)]
 pub struct OutboxEvent {
     pub id: String,
     pub subject: String,
-    pub headers: HeaderMap,
+    pub headers: Headers,
     pub payload: Bytes,
 }
 
@@ -194,7 +197,7 @@ pub struct RowMapping {
     payload: usize,
     payload_is_bytea: bool,
     headers: Option<usize>,
-    header_columns: Vec<(HeaderName, usize)>,
+    header_columns: Vec<(&'static str, usize)>,
     subject: Vec<SubjectPart>,
 }
 
@@ -271,13 +274,12 @@ impl RowMapping {
                 }
             }
         }
-        let mut headers = HeaderMap::new();
-        headers
-            .insert(async_nats::header::NATS_MESSAGE_ID, header_value(&id, || self.name(self.id))?);
-        for (header, i) in &self.header_columns {
-            if let ColumnValue::Text(value) = &tuple[*i] {
-                let value = utf8(value, || self.name(*i))?;
-                headers.insert(header.clone(), header_value(value, || self.name(*i))?);
+        let mut headers = Headers::with_capacity(256);
+        headers.insert(MESSAGE_ID_HEADER, header_value(&id, || self.name(self.id))?);
+        for &(header, i) in &self.header_columns {
+            if let ColumnValue::Text(value) = &tuple[i] {
+                let value = utf8(value, || self.name(i))?;
+                headers.insert(header, header_value(value, || self.name(i))?);
             }
         }
         if let Some(i) = self.headers {
@@ -300,7 +302,7 @@ impl RowMapping {
     fn add_user_headers(
         &self,
         value: &ColumnValue,
-        headers: &mut HeaderMap,
+        headers: &mut Headers,
     ) -> Result<(), Rejection> {
         let bytes = match value {
             ColumnValue::Text(b) | ColumnValue::Binary(b) => b,
@@ -325,10 +327,12 @@ impl RowMapping {
             if lower.starts_with("nats-") || lower.starts_with("pgoutbox-") {
                 return Err(Rejection(format!("header {key:?} in column {column} is reserved")));
             }
-            let name = HeaderName::from_str(&key).map_err(|_| {
-                Rejection(format!("header name {key:?} in column {column} is invalid"))
-            })?;
-            headers.insert(name, header_value(&value, || column)?);
+            if !headers::valid_name(&key) {
+                return Err(Rejection(format!(
+                    "header name {key:?} in column {column} is invalid"
+                )));
+            }
+            headers.insert(&key, header_value(&value, || column)?);
         }
         Ok(())
     }
@@ -349,7 +353,7 @@ impl RowMapping {
 }
 
 /// The headers read from optional role columns, with each role's column name.
-fn optional_headers(roles: &ColumnRoles) -> impl Iterator<Item = (HeaderName, &str)> {
+fn optional_headers(roles: &ColumnRoles) -> impl Iterator<Item = (&'static str, &str)> {
     [
         ("Outbox-Aggregate-Type", &roles.aggregate_type),
         ("Outbox-Aggregate-Id", &roles.aggregate_id),
@@ -357,7 +361,7 @@ fn optional_headers(roles: &ColumnRoles) -> impl Iterator<Item = (HeaderName, &s
         ("Outbox-Created-At", &roles.created_at),
     ]
     .into_iter()
-    .map(|(header, column)| (HeaderName::from_static(header), column.as_str()))
+    .map(|(header, column)| (header, column.as_str()))
 }
 
 fn utf8<'a, 'n>(bytes: &'a [u8], column: impl Fn() -> &'n str) -> Result<&'a str, Rejection> {
@@ -365,10 +369,15 @@ fn utf8<'a, 'n>(bytes: &'a [u8], column: impl Fn() -> &'n str) -> Result<&'a str
         .map_err(|_| Rejection(format!("column {} is not valid UTF-8", column())))
 }
 
-fn header_value<'n>(value: &str, column: impl Fn() -> &'n str) -> Result<HeaderValue, Rejection> {
-    HeaderValue::from_str(value).map_err(|_| {
-        Rejection(format!("column {} holds a line break, not allowed in a header", column()))
-    })
+fn header_value<'v, 'n>(
+    value: &'v str,
+    column: impl Fn() -> &'n str,
+) -> Result<&'v str, Rejection> {
+    if headers::valid_value(value) {
+        Ok(value)
+    } else {
+        Err(Rejection(format!("column {} holds a line break, not allowed in a header", column())))
+    }
 }
 
 /// Why a value cannot be one subject token, if it cannot.

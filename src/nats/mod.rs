@@ -3,6 +3,7 @@
 
 pub mod claim;
 pub mod connect;
+pub mod handshake;
 pub mod outbound;
 pub mod publisher;
 pub mod wire;

@@ -1,21 +1,28 @@
-//! Pipelined publishing to JetStream with every ack on one reply subscription.
+//! Pipelined publishing to JetStream on a connection of its own, every ack on one reply
+//! subscription.
 //!
-//! Each message is a plain publish whose reply subject is `<inbox>.<token>`, the token
-//! counting up; one subscription on `<inbox>.*` receives every ack, and [`ack_of`] reads
-//! it. async-nats's JetStream `publish` gives each message its own inbox, map entry,
-//! oneshot channel, two timers and a boxed future; at tens of thousands of messages a
-//! second that was a third of pgoutbox's CPU. Connecting, reconnecting, auth and TLS stay
-//! async-nats's.
+//! Each message is an `HPUB` whose reply subject is `<inbox>.<token>`, the token counting
+//! up; one subscription on `<inbox>.*` receives every ack, and [`ack_of`] reads it. The
+//! frames are written straight into one buffer that a writer task hands to the socket in
+//! batches. Measured on 200,000 messages with pgoutbox's 8 headers, async-nats's publish
+//! path cost 3.95–4.65 µs of CPU per message and these frames 1.40–1.50 µs: the difference
+//! is most of pgoutbox's budget per row. The handshake (`crate::nats::handshake`) logs in
+//! as async-nats does; everything else (stream, tail, claims) stays on async-nats.
 
-use std::future::Future;
-use std::task::Poll;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
-use async_nats::{HeaderMap, StatusCode};
-use bytes::Bytes;
-use futures_util::StreamExt;
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use crate::nats::handshake::{Dialer, Opened, Transport};
+use crate::nats::wire::{self, HeaderBlock, ServerOp};
 
 /// What JetStream answered for a stored message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,37 +35,84 @@ pub struct Stored {
 
 pub type Ack = Result<Stored, PublishError>;
 
-/// The sending half: hands messages to the client, each with its token.
+/// The status a server gives a request nothing subscribes to (no stream for the subject,
+/// or, on a cluster, no leader).
+const NO_RESPONDERS: u16 = 503;
+/// What a server that announces no `max_payload` accepts.
+const DEFAULT_MAX_PAYLOAD: usize = 1 << 20;
+/// How many framed bytes may wait for the writer before the pipeline stops taking rows:
+/// dozens of messages per write, and both buffers stay within their first 64 KiB. At
+/// 256 KiB they grew past it, and mimalloc kept the pages of each size they passed
+/// through: 6 MB more peak RSS (30.6 against 24.9 MB at full drain) for 0.1 MB more live
+/// heap.
+const MAX_UNSENT: usize = 48 * 1024;
+
+/// The sending half: frames each message with its token.
 pub struct Outbound {
-    client: async_nats::Client,
+    shared: Arc<Shared>,
+    writer: JoinHandle<()>,
     reply_prefix: String,
     next_token: u64,
     ack_timeout: Duration,
+    max_payload: usize,
+    /// The header block of the message being framed, reused.
+    headers: BytesMut,
 }
 
 /// The receiving half: the acks, in the order they arrive, each with its message's token.
 pub struct Acks {
-    replies: async_nats::Subscriber,
+    read: ReadHalf<Box<dyn Transport>>,
+    unread: BytesMut,
     reply_prefix: String,
+    shared: Arc<Shared>,
 }
 
-/// Opens the reply subscription. The server handles it before any publish sent after it
-/// on the same connection, so no ack can come before the subscription exists. async-nats
-/// queues up to 65,536 messages per subscription and drops the rest (a slow consumer);
-/// the pipeline has at most 4,096 messages in flight, so every ack fits.
+/// What both halves and the writer task share.
+struct Shared {
+    /// Frames not yet handed to the socket. Every message in it is in the pipeline's
+    /// window, so the window's bounds bound it too.
+    pending: Mutex<BytesMut>,
+    /// How many bytes `pending` holds, read without the lock on every loop turn.
+    unsent: AtomicUsize,
+    wake_writer: Notify,
+    /// Told each time a batch was written.
+    written: Notify,
+    /// Why writing failed, once it has.
+    failed: Mutex<Option<String>>,
+}
+
+/// Opens a publishing connection and its reply subscription on `<inbox>.*`. The server
+/// handles the `SUB` before any publish sent after it on the same connection, so no ack
+/// can come before the subscription exists.
 pub async fn open(
-    client: &async_nats::Client,
+    dialer: &Dialer<'_>,
+    inbox: &str,
     ack_timeout: Duration,
-) -> Result<(Outbound, Acks), async_nats::SubscribeError> {
-    let reply_prefix = format!("{}.", client.new_inbox());
-    let replies = client.subscribe(format!("{reply_prefix}*")).await?;
+) -> Result<(Outbound, Acks), String> {
+    let Opened { transport, info, unread } = dialer.open().await?;
+    let (read, write) = tokio::io::split(transport);
+    let reply_prefix = format!("{inbox}.");
+    let mut pending = BytesMut::with_capacity(64 * 1024);
+    wire::write_sub(&mut pending, &format!("{reply_prefix}*"), 1);
+    let shared = Arc::new(Shared {
+        unsent: AtomicUsize::new(pending.len()),
+        pending: Mutex::new(pending),
+        wake_writer: Notify::new(),
+        written: Notify::new(),
+        failed: Mutex::new(None),
+    });
+    shared.wake_writer.notify_one();
+    let writer = tokio::spawn(write_frames(shared.clone(), write));
     let outbound = Outbound {
-        client: client.clone(),
+        shared: shared.clone(),
+        writer,
         reply_prefix: reply_prefix.clone(),
         next_token: 0,
         ack_timeout,
+        max_payload: if info.max_payload == 0 { DEFAULT_MAX_PAYLOAD } else { info.max_payload },
+        headers: BytesMut::with_capacity(1024),
     };
-    Ok((outbound, Acks { replies, reply_prefix }))
+    Ok((outbound, Acks { read, unread, reply_prefix, shared }))
 }
 
 impl Outbound {
@@ -67,55 +121,147 @@ impl Outbound {
         self.ack_timeout
     }
 
-    /// Sends one message and returns the token its ack will carry. When the client's queue
-    /// is full (NATS not reading), the wait for room is bounded by the ack timeout; the
-    /// usual case, room at once, sets no timer.
-    pub async fn send(
+    /// Whether the writer has room for more: below [`MAX_UNSENT`] bytes framed and not yet
+    /// handed to the socket. Sending never waits; the pipeline asks this first.
+    pub fn has_room(&self) -> bool {
+        self.shared.unsent.load(Ordering::Relaxed) < MAX_UNSENT
+    }
+
+    /// Resolves once the writer has written another batch. Cancel-safe.
+    pub async fn written(&self) {
+        self.shared.written.notified().await;
+    }
+
+    /// Frames one message, its header block written by `headers`, and returns the token its
+    /// ack will carry. Never waits (see [`Outbound::has_room`]).
+    pub fn send(
         &mut self,
-        subject: String,
-        headers: HeaderMap,
-        payload: Bytes,
+        subject: &str,
+        headers: impl FnOnce(&mut HeaderBlock<'_>),
+        payload: &[u8],
     ) -> Result<u64, PublishError> {
-        use std::fmt::Write;
+        if let Some(why) = self.shared.failure() {
+            return Err(PublishError::with_source(PublishErrorKind::BrokenPipe, why));
+        }
+        if !wire::publishable(subject) {
+            let why = format!("subject {subject:?} cannot be published to");
+            return Err(PublishError::with_source(PublishErrorKind::Other, why));
+        }
+        self.headers.clear();
+        let mut block = HeaderBlock::start(&mut self.headers);
+        headers(&mut block);
+        block.finish();
+        if self.headers.len() + payload.len() > self.max_payload {
+            return Err(PublishError::new(PublishErrorKind::MaxPayloadExceeded));
+        }
         let token = self.next_token;
-        let mut reply = String::with_capacity(self.reply_prefix.len() + 20);
-        reply.push_str(&self.reply_prefix);
-        let _ = write!(reply, "{token}");
-        let send = self.client.publish_with_reply_and_headers(subject, reply, headers, payload);
-        let mut send = std::pin::pin!(send);
-        let sent = match std::future::poll_fn(|cx| Poll::Ready(send.as_mut().poll(cx))).await {
-            Poll::Ready(sent) => sent,
-            Poll::Pending => tokio::time::timeout(self.ack_timeout, send)
-                .await
-                .map_err(|_| PublishError::new(PublishErrorKind::TimedOut))?,
-        };
-        sent.map_err(|err| {
-            let kind = match err.kind() {
-                async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                    PublishErrorKind::MaxPayloadExceeded
-                }
-                async_nats::client::PublishErrorKind::Send => PublishErrorKind::BrokenPipe,
-                _ => PublishErrorKind::Other,
-            };
-            PublishError::with_source(kind, err)
-        })?;
+        self.shared.append(|pending| {
+            wire::write_hpub(pending, subject, (&self.reply_prefix, token), &self.headers, payload)
+        });
         self.next_token += 1;
         Ok(token)
     }
 }
 
+impl Drop for Outbound {
+    fn drop(&mut self) {
+        self.writer.abort();
+    }
+}
+
 impl Acks {
-    /// The next ack to arrive, with its message's token; `None` once the subscription has
-    /// ended (the client closed). Cancel-safe.
-    pub async fn next(&mut self) -> Option<(u64, Ack)> {
+    /// The next ack to arrive, with its message's token; an error once the connection has
+    /// ended. Answers the server's `PING`s meanwhile. Cancel-safe: bytes read are kept in
+    /// `unread` before the next await.
+    pub async fn next(&mut self) -> Result<(u64, Ack), PublishError> {
+        let ended = |why: String| {
+            let why = format!("the publishing connection to NATS ended: {why}");
+            PublishError::with_source(PublishErrorKind::BrokenPipe, why)
+        };
         loop {
-            let reply = self.replies.next().await?;
-            let token = reply.subject.strip_prefix(self.reply_prefix.as_str());
-            // Only the server writes to this inbox; anything else there is not an ack.
-            if let Some(token) = token.and_then(|token| token.parse().ok()) {
-                return Some((token, ack_of(reply.status, &reply.payload)));
+            let Some((op, used)) =
+                wire::parse(&self.unread).map_err(|err| ended(err.to_string()))?
+            else {
+                match self.read.read_buf(&mut self.unread).await {
+                    Ok(0) => return Err(ended("closed by the server".into())),
+                    Ok(_) => continue,
+                    Err(err) => return Err(ended(err.to_string())),
+                }
+            };
+            let ack = match op {
+                ServerOp::Message(delivery) => {
+                    let token = delivery.subject.strip_prefix(self.reply_prefix.as_str());
+                    // Only the server writes to this inbox; anything else there is no ack.
+                    token
+                        .and_then(|token| token.parse().ok())
+                        .map(|token| (token, ack_of(delivery.status, delivery.payload)))
+                }
+                ServerOp::Ping => {
+                    self.shared.append(|pending| pending.extend_from_slice(b"PONG\r\n"));
+                    None
+                }
+                // A fatal error is followed by the server closing the connection.
+                ServerOp::Err(why) => {
+                    warn!(error = %why, "the NATS server reported an error on the publishing connection");
+                    None
+                }
+                ServerOp::Info(_) | ServerOp::Pong | ServerOp::Ok => None,
+            };
+            self.unread.advance(used);
+            if let Some(ack) = ack {
+                return Ok(ack);
             }
         }
+    }
+}
+
+impl Shared {
+    fn pending(&self) -> MutexGuard<'_, BytesMut> {
+        self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Adds frames for the writer, waking it when it may be waiting.
+    fn append(&self, frame: impl FnOnce(&mut BytesMut)) {
+        let mut pending = self.pending();
+        let was_empty = pending.is_empty();
+        frame(&mut pending);
+        self.unsent.store(pending.len(), Ordering::Relaxed);
+        if was_empty {
+            self.wake_writer.notify_one();
+        }
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+}
+
+/// Hands what was framed to the socket, all of it at once: while one write is under way the
+/// pipeline frames the next batch.
+async fn write_frames(shared: Arc<Shared>, mut sink: WriteHalf<Box<dyn Transport>>) {
+    let mut batch = BytesMut::with_capacity(64 * 1024);
+    loop {
+        shared.wake_writer.notified().await;
+        {
+            let mut pending = shared.pending();
+            std::mem::swap(&mut *pending, &mut batch);
+            shared.unsent.store(0, Ordering::Relaxed);
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let written = async {
+            sink.write_all(&batch).await?;
+            sink.flush().await
+        };
+        if let Err(err) = written.await {
+            *shared.failed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                Some(format!("writing to NATS: {err}"));
+            shared.written.notify_one();
+            return;
+        }
+        batch.clear();
+        shared.written.notify_one();
     }
 }
 
@@ -123,7 +269,7 @@ impl Acks {
 /// API error, or a status without body (503: nothing answers for the subject, so on a
 /// cluster the stream has no leader). Errors are sorted as async-nats sorts them, so that
 /// callers tell them apart by kind and API code alone.
-pub fn ack_of(status: Option<StatusCode>, payload: &[u8]) -> Ack {
+pub fn ack_of(status: Option<u16>, payload: &[u8]) -> Ack {
     #[derive(serde::Deserialize)]
     struct Reply {
         #[serde(default)]
@@ -134,10 +280,10 @@ pub fn ack_of(status: Option<StatusCode>, payload: &[u8]) -> Ack {
         error: Option<jetstream::Error>,
     }
     match status {
-        Some(StatusCode::NO_RESPONDERS) => {
+        Some(NO_RESPONDERS) => {
             return Err(PublishError::new(PublishErrorKind::StreamNotFound));
         }
-        Some(status) if !status.is_success() => {
+        Some(status) if !(200..300).contains(&status) => {
             return Err(PublishError::with_source(
                 PublishErrorKind::Other,
                 format!("the publish was answered with status {status}"),
@@ -179,7 +325,7 @@ mod tests {
         #[test]
         fn any_answer_is_read_without_panicking(payload in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = ack_of(None, &payload);
-            let _ = ack_of(Some(StatusCode::OK), &payload);
+            let _ = ack_of(Some(200), &payload);
         }
 
         /// A stored message's sequence and duplicate flag come back as JetStream sent them,
@@ -213,9 +359,9 @@ mod tests {
 
     #[test]
     fn statuses_and_unreadable_answers_are_errors() {
-        let none = ack_of(Some(StatusCode::NO_RESPONDERS), b"").unwrap_err();
+        let none = ack_of(Some(NO_RESPONDERS), b"").unwrap_err();
         assert_eq!(none.kind(), PublishErrorKind::StreamNotFound);
-        let timeout = ack_of(Some(StatusCode::TIMEOUT), b"").unwrap_err();
+        let timeout = ack_of(Some(408), b"").unwrap_err();
         assert_eq!(timeout.kind(), PublishErrorKind::Other);
         for garbage in [&b""[..], b"{", b"{}", b"[1]", b"\xff\xfe", br#"{"seq":"x"}"#] {
             assert!(ack_of(None, garbage).is_err(), "{garbage:?}");

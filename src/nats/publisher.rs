@@ -12,10 +12,13 @@ use async_nats::jetstream::{self, ErrorCode, stream};
 use crate::domain::outbox::PAYLOAD_OMITTED_HEADER;
 use crate::domain::progress::Position;
 use crate::domain::source::{SOURCE_HEADER, TailOrigin};
+use crate::nats::handshake::Dialer;
 use crate::nats::outbound::{self, Acks, Outbound};
 
 /// Header carrying the row's [`Position`].
 pub const POSITION_HEADER: &str = "Pgoutbox-Position";
+/// JetStream's guard that chains each message to the one before it.
+pub const EXPECTED_LAST_SEQUENCE_HEADER: &str = "Nats-Expected-Last-Sequence";
 
 /// Room left in every message for the headers the pipeline adds to it after the row was
 /// mapped (`Pgoutbox-Position: <lsn>:<index>`, `Nats-Expected-Last-Sequence: <u64>` and
@@ -72,10 +75,10 @@ impl Publisher {
         Publisher { js, client, stream: stream.to_owned(), ack_timeout }
     }
 
-    /// Pipelined publishing for one attempt, with a reply subscription of its own: acks
-    /// of messages a failed attempt abandoned never reach the next one.
-    pub async fn outbound(&self) -> Result<(Outbound, Acks), PublisherError> {
-        outbound::open(&self.client, self.ack_timeout).await.map_err(request_error)
+    /// Pipelined publishing for one attempt, on a connection and a reply subscription of
+    /// its own: acks of messages a failed attempt abandoned never reach the next one.
+    pub async fn outbound(&self, dialer: &Dialer<'_>) -> Result<(Outbound, Acks), String> {
+        outbound::open(dialer, &self.client.new_inbox(), self.ack_timeout).await
     }
 
     /// The JetStream context, for the stream claims (`crate::nats::claim`).

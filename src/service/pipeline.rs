@@ -12,11 +12,9 @@
 //! where an LSN is confirmed.
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::header::HeaderValue;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use bytes::Bytes;
 use tracing::{debug, info, warn};
@@ -75,7 +73,7 @@ pub struct Pipeline<'a> {
     skip_through: Option<Position>,
     expected_last_sequence: u64,
     /// `Pgoutbox-Source` of every message, rendered once.
-    source_header: HeaderValue,
+    source_header: String,
     /// How large a dead letter may be: the server's and the stream's limit, less the
     /// headers `publish` adds.
     letter_budget: usize,
@@ -136,8 +134,7 @@ impl<'a> Pipeline<'a> {
             skip_through: resume.skip_through,
             expected_last_sequence: resume.stream_sequence,
             // Source fields are made header-safe in `Source::new`.
-            source_header: HeaderValue::from_str(&resume.source.to_string())
-                .unwrap_or_else(|_| HeaderValue::from("unknown")),
+            source_header: resume.source.to_string(),
             letter_budget: resume.message_limit.saturating_sub(ADDED_HEADERS_ROOM),
             reported: start_lsn,
             reported_at: Instant::now(),
@@ -182,7 +179,9 @@ impl<'a> Pipeline<'a> {
                 confirm.as_mut().reset(due.into());
                 confirm_armed = true;
             }
-            let room = self.in_flight.has_room(MAX_IN_FLIGHT, self.config.max_in_flight_bytes);
+            let unsent_room = self.outbound.has_room();
+            let room = unsent_room
+                && self.in_flight.has_room(MAX_IN_FLIGHT, self.config.max_in_flight_bytes);
             tokio::select! {
                 biased;
                 interruption = interruptions.next() => match interruption {
@@ -217,6 +216,7 @@ impl<'a> Pipeline<'a> {
                     }
                 }
                 ack = self.in_flight.oldest() => self.on_ack(ack).await?,
+                () = self.outbound.written(), if !unsent_room => {}
                 message = self.conn.next_message(), if room => match message? {
                     ReplicationMessage::XLogData { data, wal_end, .. } => {
                         self.server_wal_end = self.server_wal_end.max(wal_end);
@@ -266,7 +266,9 @@ impl<'a> Pipeline<'a> {
 
     async fn on_ack(&mut self, ack: Ack) -> Result<(), PipelineError> {
         let Some(done) = self.in_flight.pop_oldest() else {
-            return Ok(());
+            // Nothing was in flight: the publishing connection itself ended.
+            let err = ack.err().map(|err| err.to_string()).unwrap_or_default();
+            return Err(NatsFailure::new(NatsFailureKind::Request, err).into());
         };
         let bytes = done.bytes;
         let ack = ack.map_err(|err| self.refused(done.position, &err))?;

@@ -1,5 +1,6 @@
 //! pgoutbox authenticates to nats-server configured for each method: user and password,
-//! token (both in the URL), an NKey seed file, and TLS verified with a CA.
+//! token (both in the URL), an NKey seed file, a creds file, and TLS verified with a CA, with
+//! and without a client certificate.
 
 use std::path::Path;
 use std::time::Duration;
@@ -86,6 +87,27 @@ async fn tls_verified_with_a_ca() {
     let ca = d.join("ca.pem");
     let url = format!("tls://127.0.0.1:{}", nats.port());
     streams_with(&pg, &nats, &url, &["--nats-tls-ca", ca.to_str().expect("UTF-8 path")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mutual_tls_with_a_client_certificate() {
+    let dir = tempfile::tempdir().expect("dir");
+    let d = dir.path();
+    crate::support::certs::ca_and_server(d, "IP:127.0.0.1,DNS:localhost");
+    crate::support::certs::client(d);
+    let path = |name: &str| d.join(name).to_str().expect("UTF-8 path").to_owned();
+    let config = format!(
+        "tls {{ cert_file: \"{}\", key_file: \"{}\", ca_file: \"{}\", verify: true }}\n",
+        path("server.pem"),
+        path("server.key"),
+        path("ca.pem")
+    );
+    let nats = nats_with_config(d, &config);
+    let pg = fresh_pg();
+    let url = format!("tls://127.0.0.1:{}", nats.port());
+    let (ca, cert, key) = (path("ca.pem"), path("client.pem"), path("client.key"));
+    let args = ["--nats-tls-ca", &ca, "--nats-tls-cert", &cert, "--nats-tls-key", &key];
+    streams_with(&pg, &nats, &url, &args).await;
 }
 
 /// A JWT as nats-server's operator mode reads it (nats-io/jwt v2): ed25519-nkey signed.

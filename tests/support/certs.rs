@@ -26,30 +26,36 @@ pub fn ca(dir: &Path, name: &str) {
 /// the CA for `subject_alt_names` (e.g. `IP:127.0.0.1,DNS:localhost`).
 pub fn ca_and_server(dir: &Path, subject_alt_names: &str) {
     ca(dir, "ca");
+    signed_by_ca(dir, "server", &format!("subjectAltName={subject_alt_names}\n"));
+}
+
+/// Writes `client.pem`/`client.key`, a client certificate signed by the CA of
+/// [`ca_and_server`], for mutual TLS.
+pub fn client(dir: &Path) {
+    signed_by_ca(dir, "client", "extendedKeyUsage=clientAuth\n");
+}
+
+/// Writes `<name>.pem`/`<name>.key`, signed by `ca.pem` with the extensions `ext`.
+fn signed_by_ca(dir: &Path, name: &str, ext: &str) {
+    let (key, csr, pem, ext_file) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.pem"),
+        format!("{name}.ext"),
+    );
+    let subject = format!("/CN={name}");
     openssl(
         dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=server",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
+        &["req", "-newkey", "rsa:2048", "-nodes", "-subj", &subject, "-keyout", &key, "-out", &csr],
     );
-    std::fs::write(dir.join("san.ext"), format!("subjectAltName={subject_alt_names}\n"))
-        .expect("write san.ext");
+    std::fs::write(dir.join(&ext_file), ext).expect("write the extensions");
     openssl(
         dir,
         &[
             "x509",
             "-req",
             "-in",
-            "server.csr",
+            &csr,
             "-CA",
             "ca.pem",
             "-CAkey",
@@ -58,9 +64,9 @@ pub fn ca_and_server(dir: &Path, subject_alt_names: &str) {
             "-days",
             "2",
             "-extfile",
-            "san.ext",
+            &ext_file,
             "-out",
-            "server.pem",
+            &pem,
         ],
     );
 }

@@ -22,14 +22,11 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::str::FromStr;
 
-use async_nats::HeaderMap;
-use async_nats::header::{HeaderName, HeaderValue, NATS_MESSAGE_ID};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::{OutboxEvent, Rejection, RowMapping};
+use super::{Headers, MESSAGE_ID_HEADER, OutboxEvent, Rejection, RowMapping};
 use crate::domain::progress::Position;
 use crate::domain::row::ColumnValue;
 
@@ -161,7 +158,7 @@ impl RowMapping {
                 let headers = headers(&message_id, &reason, omitted);
                 (headers, letter.body(shape), omitted)
             })
-            .find(|(headers, body, _)| wire_len(headers) + body.len() <= budget)
+            .find(|(headers, body, _)| headers.wire_len() + body.len() <= budget)
             .unwrap_or_else(|| {
                 (headers(&message_id, &reason, true), letter.body(Shape::LastResort), true)
             });
@@ -230,34 +227,13 @@ impl Letter<'_> {
     }
 }
 
-/// The dead letter's headers; every value is valid by construction (no line breaks).
-fn headers(message_id: &str, reason: &str, payload_omitted: bool) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    headers.insert(NATS_MESSAGE_ID, header_value(message_id));
-    headers.insert(HeaderName::from_static(DEAD_LETTER_REASON_HEADER), header_value(reason));
-    let omitted = if payload_omitted { "true" } else { "false" };
-    headers.insert(HeaderName::from_static(PAYLOAD_OMITTED_HEADER), header_value(omitted));
+/// The dead letter's headers; every value is made one line here.
+fn headers(message_id: &str, reason: &str, payload_omitted: bool) -> Headers {
+    let mut headers = Headers::with_capacity(128 + message_id.len() + reason.len());
+    headers.insert(MESSAGE_ID_HEADER, &one_line(message_id));
+    headers.insert(DEAD_LETTER_REASON_HEADER, &one_line(reason));
+    headers.insert(PAYLOAD_OMITTED_HEADER, if payload_omitted { "true" } else { "false" });
     headers
-}
-
-/// A header value from text already made one line; `HeaderValue::from_str` is the
-/// non-panicking constructor (`From<&str>` asserts), and an empty value is the fallback.
-fn header_value(text: &str) -> HeaderValue {
-    HeaderValue::from_str(&one_line(text)).unwrap_or_default()
-}
-
-/// How many bytes `headers` take on the wire (`NATS/1.0\r\n`, `Name: value\r\n` each, and a
-/// closing `\r\n`), as the client and the server count them against `max_payload`.
-pub fn wire_len(headers: &HeaderMap) -> usize {
-    let framing = "NATS/1.0\r\n".len() + "\r\n".len();
-    framing
-        + headers
-            .iter()
-            .map(|(name, values)| {
-                let name: &str = name.as_ref();
-                values.iter().map(|v| name.len() + ": ".len() + v.as_str().len() + 2).sum::<usize>()
-            })
-            .sum::<usize>()
 }
 
 /// A column's value as text (invalid UTF-8 replaced), or `None` for NULL and unsent TOAST.

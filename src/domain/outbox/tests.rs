@@ -49,7 +49,7 @@ fn default_mapping() -> RowMapping {
 }
 
 fn header<'a>(event: &'a OutboxEvent, name: &str) -> Option<&'a str> {
-    event.headers.get(name).map(|v| v.as_str())
+    event.headers.get(name)
 }
 
 #[test]

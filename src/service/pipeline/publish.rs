@@ -1,7 +1,6 @@
 //! Handing messages to NATS: each one chained to the previous by sequence and kept in
 //! flight, a dead letter in a row's place, and what a refusal means for the attempt.
 
-use async_nats::header::HeaderName;
 use async_nats::jetstream::context::PublishError;
 use tracing::warn;
 
@@ -10,7 +9,8 @@ use super::window::Resend;
 use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection};
 use crate::domain::progress::Position;
 use crate::domain::source::SOURCE_HEADER;
-use crate::nats::publisher::{POSITION_HEADER, refused_for_itself};
+use crate::nats::publisher::{EXPECTED_LAST_SEQUENCE_HEADER, POSITION_HEADER, refused_for_itself};
+use crate::nats::wire::HeaderBlock;
 use crate::service::error::{NatsFailure, PipelineError};
 
 impl Pipeline<'_> {
@@ -72,16 +72,16 @@ impl Pipeline<'_> {
         event: OutboxEvent,
         position: Position,
     ) -> Result<(u64, usize), PublishError> {
-        let OutboxEvent { subject, mut headers, payload, .. } = event;
+        let OutboxEvent { subject, headers, payload, .. } = event;
         let bytes = payload.len();
-        // Static names: a `&str` name is validated and copied into an allocation each time.
-        headers.insert(HeaderName::from_static(POSITION_HEADER), position.to_string());
-        headers.insert(HeaderName::from_static(SOURCE_HEADER), self.source_header.clone());
-        headers.insert(
-            async_nats::header::NATS_EXPECTED_LAST_SEQUENCE,
-            self.expected_last_sequence.to_string(),
-        );
-        let token = self.outbound.send(subject, headers, payload).await?;
+        let (source, expected) = (&self.source_header, self.expected_last_sequence);
+        let header_block = |block: &mut HeaderBlock<'_>| {
+            block.add_lines(headers.lines());
+            block.add_display(POSITION_HEADER, position);
+            block.add(SOURCE_HEADER, source);
+            block.add_display(EXPECTED_LAST_SEQUENCE_HEADER, expected);
+        };
+        let token = self.outbound.send(&subject, header_block, &payload)?;
         self.expected_last_sequence += 1;
         Ok((token, bytes))
     }

@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::context::PublishError;
 use bytes::{Bytes, BytesMut};
 
 use crate::domain::outbox::{OutboxEvent, Rejection, RowMapping};
@@ -187,21 +187,18 @@ impl Window {
     }
 
     /// Waits for the oldest message's ack, keeping every ack that arrives meanwhile with its
-    /// message; never resolves when nothing is in flight. Cancel-safe: an ack received is
-    /// stored before the next await.
+    /// message. With nothing in flight it resolves only with the error that the publishing
+    /// connection ended. Cancel-safe: an ack received is stored before the next await.
     pub(super) async fn oldest(&mut self) -> Ack {
         loop {
-            match self.entries.front_mut() {
-                Some(oldest) => {
-                    if let Some(ack) = oldest.ack.take() {
-                        return ack;
-                    }
-                }
-                None => std::future::pending().await,
+            // With nothing in flight, read all the same: the server's pings are answered
+            // there, and a connection that ended is found while idle.
+            if let Some(oldest) = self.entries.front_mut()
+                && let Some(ack) = oldest.ack.take()
+            {
+                return ack;
             }
-            let Some((token, ack)) = self.acks.next().await else {
-                return Err(PublishError::new(PublishErrorKind::BrokenPipe));
-            };
+            let (token, ack) = self.acks.next().await?;
             // An ack of a message no longer in flight (sent again after a duplicate) is late.
             if let Some(entry) = self.find(token)
                 && entry.ack.is_none()
