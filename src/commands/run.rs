@@ -11,9 +11,9 @@ use super::setup::{ensure_stream_and_slot, prepare_database};
 use crate::domain::retry::{Backoff, Next, RetryPolicy};
 use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::domain::stall::Progress;
-use crate::nats::claim::{Claim, Claims};
+use crate::nats::claim::{Claim, ClaimError, Claims};
 use crate::nats::handshake::Dialer;
-use crate::nats::publisher::Publisher;
+use crate::nats::publisher::{Publisher, PublisherError};
 use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
@@ -85,13 +85,25 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         .await?;
     }
     let (disconnects, nats_disconnects) = tokio::sync::watch::channel(0);
-    let Some(nats) = connect_nats_patiently(config, Arc::new(disconnects), &mut shutdown).await
+    let disconnects = Arc::new(disconnects);
+    let connect = || {
+        crate::nats::connect::connect_nats_watched(&config.nats, disconnects.clone(), || {
+            Metrics::reconnect(ReconnectTarget::Nats)
+        })
+    };
+    let unreachable = "NATS unreachable; retrying";
+    let Some(nats) = patiently(unreachable, |_| true, &mut shutdown, &readiness, connect).await?
     else {
         return Ok(());
     };
     readiness.set_nats(nats.clone());
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
-    let claims = ensure_stream_and_slot(config, &client, &publisher, &args.slot).await?;
+    let set_up = || ensure_stream_and_slot(config, &client, &publisher, &args.slot);
+    let Some(claims) =
+        patiently(UNANSWERED, jetstream_unanswered, &mut shutdown, &readiness, set_up).await?
+    else {
+        return Ok(());
+    };
     let (_, version) = admin::server_version(&client).await?;
     let slot = admin::slot_state(&client, &config.slot).await?;
     Metrics::postgres_info(
@@ -111,9 +123,17 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     if let Some(keep) = args.retention {
         // Dead letters of earlier runs that lack their payload: those rows must stay.
         let subject = &config.pipeline.dead_letter_subject;
-        for id in publisher.ids_of_letters_without_payload(subject).await.with_context(|| {
-            format!("reading the dead letters on {subject} that --retention must keep")
-        })? {
+        let read = || async {
+            publisher.ids_of_letters_without_payload(subject).await.with_context(|| {
+                format!("reading the dead letters on {subject} that --retention must keep")
+            })
+        };
+        let Some(ids) =
+            patiently(UNANSWERED, jetstream_unanswered, &mut shutdown, &readiness, read).await?
+        else {
+            return Ok(());
+        };
+        for id in ids {
             memory.kept_rows.keep_letter_id(&id);
         }
         let roles = &config.pipeline.roles;
@@ -448,28 +468,42 @@ async fn wait_until_primary(
     Ok(true)
 }
 
-/// NATS may come up after us: retry with backoff, saying so, until it answers.
-async fn connect_nats_patiently(
-    config: &Config,
-    disconnects: Arc<tokio::sync::watch::Sender<u64>>,
+/// What is logged while start-up waits for JetStream to answer.
+const UNANSWERED: &str = "JetStream did not answer while setting up; retrying";
+
+/// Whether a start-up step failed for want of an answer from JetStream (NATS restarting, a
+/// leader election, quorum lost) rather than for a refusal that waiting will not change.
+fn jetstream_unanswered(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause.downcast_ref::<PublisherError>().is_some_and(PublisherError::is_transient)
+            || cause.downcast_ref::<ClaimError>().is_some_and(ClaimError::is_transient)
+    })
+}
+
+/// Runs a start-up step until it succeeds, waiting with backoff after each failure that
+/// `passing` says time may mend, and logging `waiting` each time: pgoutbox started beside
+/// its NATS (a deploy, a node reboot) must wait for it, not exit. `None` on shutdown.
+async fn patiently<T, F: Future<Output = anyhow::Result<T>>>(
+    waiting: &str,
+    passing: impl Fn(&anyhow::Error) -> bool,
     shutdown: &mut Shutdown,
-) -> Option<async_nats::Client> {
+    readiness: &Readiness,
+    mut step: impl FnMut() -> F,
+) -> anyhow::Result<Option<T>> {
     let mut backoff = Backoff::new();
     loop {
-        match crate::nats::connect::connect_nats_watched(&config.nats, disconnects.clone(), || {
-            Metrics::reconnect(ReconnectTarget::Nats)
-        })
-        .await
-        {
-            Ok(client) => return Some(client),
-            Err(err) => {
-                let delay = backoff.next_delay();
-                warn!(error = format!("{err:#}"), retry_in = ?delay, "NATS unreachable; retrying");
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
-                    () = shutdown.requested() => return None,
-                }
-            }
+        let err = match step().await {
+            Ok(done) => return Ok(Some(done)),
+            Err(err) if passing(&err) => err,
+            Err(err) => return Err(err),
+        };
+        let delay = backoff.next_delay();
+        let error = format!("{err:#}");
+        warn!(%error, retry_in = ?delay, "{waiting}");
+        readiness.set_retrying_after(error);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.requested() => return Ok(None),
         }
     }
 }

@@ -15,6 +15,7 @@ use async_nats::jetstream::{self};
 use bytes::Bytes;
 
 use crate::domain::source::Source;
+use crate::nats::publisher::is_final_answer;
 
 /// The bucket holding one key per stream, valued with its writer ([`Source::writer`]). It is
 /// laid out as a JetStream key-value bucket (stream `KV_<bucket>`, subjects
@@ -24,12 +25,20 @@ use crate::domain::source::Source;
 pub const BUCKET: &str = "pgoutbox_writers";
 
 #[derive(Debug, thiserror::Error)]
-#[error("the stream claims in JetStream key-value bucket {BUCKET}: {0}")]
-pub struct ClaimError(String);
+#[error("the stream claims in JetStream key-value bucket {BUCKET}: {detail}")]
+pub struct ClaimError {
+    detail: String,
+    /// JetStream refused; otherwise it did not answer, and waiting may mend it.
+    refused: bool,
+}
 
 impl ClaimError {
-    fn from(err: impl std::fmt::Display) -> Self {
-        ClaimError(err.to_string())
+    fn from(err: impl std::error::Error + 'static) -> Self {
+        ClaimError { detail: err.to_string(), refused: is_final_answer(&err) }
+    }
+
+    pub fn is_transient(&self) -> bool {
+        !self.refused
     }
 }
 

@@ -13,6 +13,7 @@ mod failover;
 mod hot_standby;
 mod huge_transaction;
 mod idle_lag_stays_small;
+mod jetstream_unavailable_at_start;
 mod least_privilege;
 mod lost_slot;
 mod nats_auth;
