@@ -8,12 +8,12 @@ use anyhow::Context;
 use tracing::{info, warn};
 
 use super::setup::{ensure_stream_and_slot, prepare_database};
-use crate::domain::retry::{Backoff, Next, RetryPolicy};
+use crate::domain::retry::{Next, RetryPolicy};
 use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::domain::stall::Progress;
-use crate::nats::claim::{Claim, ClaimError, Claims};
+use crate::nats::claim::{Claim, Claims};
 use crate::nats::handshake::Dialer;
-use crate::nats::publisher::{Publisher, PublisherError};
+use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
@@ -24,6 +24,9 @@ use crate::service::telemetry::{self, Metrics, Readiness, ReconnectTarget};
 use crate::settings::cli::RunArgs;
 use crate::settings::config::Config;
 use crate::settings::config::PipelineConfig;
+use waiting::{UNANSWERED, jetstream_unanswered, patiently, wait_until_primary};
+
+mod waiting;
 
 /// Reading the stream's end or its claim takes milliseconds; no answer means no leader
 /// yet for the stream or the claims bucket (an election), and retrying soon beats waiting
@@ -436,74 +439,6 @@ async fn leader_probe<T, E: std::fmt::Display>(
         Err(_) => {
             let waited = LEADER_PROBE_TIMEOUT.as_secs();
             Err(failure(&format!("no answer in {waited} s ({silence})")))
-        }
-    }
-}
-
-/// Waits while the server is in recovery (a standby, or one being promoted): setting up
-/// there would fail read-only, or take a slot that was never synchronised to it for a
-/// dropped one. Says so once. `false` when shutdown was asked meanwhile.
-async fn wait_until_primary(
-    config: &Config,
-    shutdown: &mut Shutdown,
-    readiness: &Readiness,
-) -> anyhow::Result<bool> {
-    let client = admin::connect(&config.database, &config.pg_tls).await?;
-    let mut announced = false;
-    while admin::in_recovery(&client).await? {
-        if !announced {
-            let err = PipelineError::InRecovery { slot: config.slot.clone() };
-            warn!("{err}");
-            readiness.set_retrying_after(err.to_string());
-            announced = true;
-        }
-        tokio::select! {
-            () = tokio::time::sleep(RetryPolicy::STANDBY_POLL) => {}
-            () = shutdown.requested() => return Ok(false),
-        }
-    }
-    if announced {
-        info!("Postgres left recovery; setting up");
-    }
-    Ok(true)
-}
-
-/// What is logged while start-up waits for JetStream to answer.
-const UNANSWERED: &str = "JetStream did not answer while setting up; retrying";
-
-/// Whether a start-up step failed for want of an answer from JetStream (NATS restarting, a
-/// leader election, quorum lost) rather than for a refusal that waiting will not change.
-fn jetstream_unanswered(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause.downcast_ref::<PublisherError>().is_some_and(PublisherError::is_transient)
-            || cause.downcast_ref::<ClaimError>().is_some_and(ClaimError::is_transient)
-    })
-}
-
-/// Runs a start-up step until it succeeds, waiting with backoff after each failure that
-/// `passing` says time may mend, and logging `waiting` each time: pgoutbox started beside
-/// its NATS (a deploy, a node reboot) must wait for it, not exit. `None` on shutdown.
-async fn patiently<T, F: Future<Output = anyhow::Result<T>>>(
-    waiting: &str,
-    passing: impl Fn(&anyhow::Error) -> bool,
-    shutdown: &mut Shutdown,
-    readiness: &Readiness,
-    mut step: impl FnMut() -> F,
-) -> anyhow::Result<Option<T>> {
-    let mut backoff = Backoff::new();
-    loop {
-        let err = match step().await {
-            Ok(done) => return Ok(Some(done)),
-            Err(err) if passing(&err) => err,
-            Err(err) => return Err(err),
-        };
-        let delay = backoff.next_delay();
-        let error = format!("{err:#}");
-        warn!(%error, retry_in = ?delay, "{waiting}");
-        readiness.set_retrying_after(error);
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            () = shutdown.requested() => return Ok(None),
         }
     }
 }

@@ -15,7 +15,7 @@ use async_nats::jetstream::{self};
 use bytes::Bytes;
 
 use crate::domain::source::Source;
-use crate::nats::publisher::is_final_answer;
+use crate::nats::api_error::is_final_answer;
 
 /// The bucket holding one key per stream, valued with its writer ([`Source::writer`]). It is
 /// laid out as a JetStream key-value bucket (stream `KV_<bucket>`, subjects

@@ -1,6 +1,7 @@
 //! Everything that talks to NATS: the connection, the stream and pipelined publishing, and
 //! the claim that gives each stream one source.
 
+pub mod api_error;
 pub mod claim;
 pub mod connect;
 pub mod handshake;

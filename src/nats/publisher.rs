@@ -12,6 +12,7 @@ use async_nats::jetstream::{self, ErrorCode, stream};
 use crate::domain::outbox::PAYLOAD_OMITTED_HEADER;
 use crate::domain::progress::Position;
 use crate::domain::source::{SOURCE_HEADER, TailOrigin};
+use crate::nats::api_error::is_final_answer;
 use crate::nats::handshake::Dialer;
 use crate::nats::outbound::{self, Acks, Outbound};
 
@@ -301,50 +302,6 @@ fn request_error(err: impl std::error::Error + 'static) -> PublisherError {
     }
 }
 
-/// JetStream API codes that mean "not now" (no meta leader, cluster still forming), not "no".
-const TEMPORARILY_UNAVAILABLE: [ErrorCode; 4] = [
-    ErrorCode::CLUSTER_NOT_AVAILABLE,
-    ErrorCode::CLUSTER_NOT_ACTIVE,
-    ErrorCode::CLUSTER_NOT_LEADER,
-    ErrorCode::CLUSTER_INCOMPLETE,
-];
-
-/// Whether `err` carries JetStream's own refusal of the request, told by its API error code
-/// (async-nats keeps it in the error's kind, not as its source). A timeout, a lost
-/// connection or one of [`TEMPORARILY_UNAVAILABLE`] is no final answer.
-pub fn is_final_answer(err: &(dyn std::error::Error + 'static)) -> bool {
-    use async_nats::jetstream::context::{CreateStreamError, GetStreamError, GetStreamErrorKind};
-    use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind};
-    let mut cause = Some(err);
-    while let Some(error) = cause {
-        let code = if let Some(api) = error.downcast_ref::<jetstream::Error>() {
-            Some(api.error_code())
-        } else if let Some(get) = error.downcast_ref::<GetStreamError>() {
-            match get.kind() {
-                GetStreamErrorKind::JetStream(api) => Some(api.error_code()),
-                _ => None,
-            }
-        } else if let Some(create) = error.downcast_ref::<CreateStreamError>() {
-            match create.kind() {
-                CreateStreamErrorKind::JetStream(api) => Some(api.error_code()),
-                _ => None,
-            }
-        } else if let Some(last) = error.downcast_ref::<LastRawMessageError>() {
-            match last.kind() {
-                LastRawMessageErrorKind::JetStream(api) => Some(api.error_code()),
-                _ => None,
-            }
-        } else {
-            None
-        };
-        if let Some(code) = code {
-            return !TEMPORARILY_UNAVAILABLE.contains(&code);
-        }
-        cause = error.source();
-    }
-    false
-}
-
 /// Whether the stream subject filter `filter` matches every subject `wanted` can match.
 pub fn subject_covers(filter: &str, wanted: &str) -> bool {
     let mut filter = filter.split('.');
@@ -364,12 +321,16 @@ pub fn subject_covers(filter: &str, wanted: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// A refused ack as async-nats builds it from the server's JSON answer.
-    fn refused_ack(err_code: u64, description: &str) -> PublishError {
+    /// An API error as async-nats parses it from the server's JSON answer.
+    fn api(err_code: u64, description: &str) -> jetstream::Error {
         let answer =
             serde_json::json!({"code": 400, "err_code": err_code, "description": description});
-        let api: jetstream::Error = serde_json::from_value(answer).unwrap();
-        PublishError::with_source(PublishErrorKind::Other, api)
+        serde_json::from_value(answer).unwrap()
+    }
+
+    /// A refused ack as async-nats builds it.
+    fn refused_ack(err_code: u64, description: &str) -> PublishError {
+        PublishError::with_source(PublishErrorKind::Other, api(err_code, description))
     }
 
     #[test]
@@ -393,40 +354,13 @@ mod tests {
         }
     }
 
-    /// An API error as async-nats parses the server's JSON answer.
-    fn api(err_code: u64) -> jetstream::Error {
-        let answer = serde_json::json!({"code": 503, "err_code": err_code, "description": "x"});
-        serde_json::from_value(answer).unwrap()
-    }
-
-    #[test]
-    fn only_a_refusal_is_a_final_answer_at_start_up() {
-        use async_nats::jetstream::context::{
-            CreateStreamError, GetStreamError, GetStreamErrorKind, RequestError, RequestErrorKind,
-        };
-        use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind};
-        let overlap = CreateStreamError::new(CreateStreamErrorKind::JetStream(api(10065)));
-        assert!(is_final_answer(&overlap));
-        let no_quorum = GetStreamError::new(GetStreamErrorKind::JetStream(api(10008)));
-        assert!(!is_final_answer(&no_quorum));
-        let timed_out = GetStreamError::with_source(
-            GetStreamErrorKind::Request,
-            RequestError::new(RequestErrorKind::TimedOut),
-        );
-        assert!(!is_final_answer(&timed_out));
-        assert!(!is_final_answer(&CreateStreamError::new(CreateStreamErrorKind::TimedOut)));
-        let forming = LastRawMessageError::new(LastRawMessageErrorKind::JetStream(api(10004)));
-        assert!(!is_final_answer(&forming));
-        assert!(is_final_answer(&refused_ack(10077, "maximum bytes exceeded")));
-        assert!(!is_final_answer(&PublishError::new(PublishErrorKind::TimedOut)));
-    }
-
     #[test]
     fn start_up_waits_only_for_what_time_mends() {
         use async_nats::jetstream::context::{GetStreamError, GetStreamErrorKind};
-        let no_quorum = GetStreamError::new(GetStreamErrorKind::JetStream(api(10008)));
+        let no_quorum =
+            GetStreamError::new(GetStreamErrorKind::JetStream(api(10008, "unavailable")));
         assert!(request_error(no_quorum).is_transient());
-        let refused = GetStreamError::new(GetStreamErrorKind::JetStream(api(10003)));
+        let refused = GetStreamError::new(GetStreamErrorKind::JetStream(api(10003, "bad request")));
         assert!(!request_error(refused).is_transient());
         assert!(!PublisherError::JetStreamDisabled.is_transient());
         assert!(PublisherError::NoLeader("OUTBOX".into()).is_transient());
