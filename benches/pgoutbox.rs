@@ -453,15 +453,25 @@ async fn stored_and_committed(
     count: u64,
 ) -> Vec<(f64, f64)> {
     let stream = js.get_stream(stream_name).await.expect("stream");
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: skip + 1,
-            },
-            ..Default::default()
-        })
-        .await
-        .expect("consumer");
+    let config = OrderedConfig {
+        deliver_policy: jetstream::consumer::DeliverPolicy::ByStartSequence {
+            start_sequence: skip + 1,
+        },
+        ..Default::default()
+    };
+    // On the three-server cluster with both cores busy, the request once went unanswered
+    // for async-nats's 5 s (a CI run): ask again, under a deadline.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let consumer = loop {
+        match stream.create_consumer(config.clone()).await {
+            Ok(consumer) => break consumer,
+            Err(err) if Instant::now() < deadline => {
+                eprintln!("ordered consumer not created yet ({err}); asking again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(err) => panic!("ordered consumer: {err:?}"),
+        }
+    };
     let mut messages = consumer.messages().await.expect("messages");
     let mut times = Vec::with_capacity(count as usize);
     while (times.len() as u64) < count {
