@@ -188,7 +188,7 @@ async fn attempts(
     let mut repeats = RepeatedError::default();
     loop {
         let started = Instant::now();
-        let published_before = memory.published;
+        let acked_before = memory.acked;
         let outcome = target.stream_once(memory, shutdown, readiness).await;
         readiness.set_streaming(false);
         let err = match outcome {
@@ -222,7 +222,7 @@ async fn attempts(
                 readiness.set_retrying_after(err.to_string());
             }
             _ => {
-                if memory.published > published_before {
+                if memory.acked > acked_before {
                     repeats = RepeatedError::default(); // it recovered in between
                 }
                 match &err {

@@ -19,7 +19,6 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tracing::warn;
 
 use crate::nats::handshake::{Dialer, Opened, Transport};
 use crate::nats::wire::{self, HeaderBlock, ServerOp};
@@ -200,10 +199,13 @@ impl Acks {
                     self.shared.append(|pending| pending.extend_from_slice(b"PONG\r\n"));
                     None
                 }
-                // A fatal error is followed by the server closing the connection.
+                // Fatal errors close the connection; the others (a permissions violation, an
+                // invalid subject) refuse a message without a word to its reply subject, so
+                // its ack will never come. Either way the attempt is over: say why now, once,
+                // rather than per message or after the ack timeout.
                 ServerOp::Err(why) => {
-                    warn!(error = %why, "the NATS server reported an error on the publishing connection");
-                    None
+                    let why = format!("the NATS server answered -ERR {why}");
+                    return Err(PublishError::with_source(PublishErrorKind::Other, why));
                 }
                 ServerOp::Info(_) | ServerOp::Pong | ServerOp::Ok => None,
             };

@@ -25,6 +25,7 @@ mod poison_rows;
 mod postgres_black_hole;
 mod postgres_tls;
 mod postgres_version_reported;
+mod publish_permission;
 mod publishing_connection;
 mod quiet_cli;
 mod recovery;
