@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what pgoutbox's tests and first look need, from Debian's packages, when missing:
-# PostgreSQL (server binaries) and nats-server.
+# PostgreSQL (server binaries) and nats-server; a C++ compiler for the libFuzzer that CI's
+# check of the fuzz targets builds.
 set -euo pipefail
 
 need=()
@@ -12,6 +13,9 @@ if ! command -v nats-server >/dev/null 2>&1 && [ ! -x /usr/sbin/nats-server ]; t
 fi
 if ! command -v psql >/dev/null 2>&1; then
   need+=(postgresql-client)
+fi
+if ! command -v c++ >/dev/null 2>&1; then
+  need+=(g++)
 fi
 if ((${#need[@]})); then
   echo "installing ${need[*]} from Debian's packages" >&2
