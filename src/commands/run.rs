@@ -8,7 +8,7 @@ use anyhow::Context;
 use tracing::{info, warn};
 
 use super::setup::{ensure_stream_and_slot, prepare_database};
-use crate::domain::retry::{Next, RetryPolicy};
+use crate::domain::retry::{Backoff, Next, RepeatedError, RetryPolicy};
 use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::domain::stall::Progress;
 use crate::nats::claim::{Claim, Claims};
@@ -24,7 +24,9 @@ use crate::service::telemetry::{self, Metrics, Readiness, ReconnectTarget};
 use crate::settings::cli::RunArgs;
 use crate::settings::config::Config;
 use crate::settings::config::PipelineConfig;
-use waiting::{UNANSWERED, jetstream_unanswered, patiently, wait_until_primary};
+use waiting::{
+    JETSTREAM_RETRY_CAP, UNANSWERED, jetstream_unanswered, patiently, wait_until_primary,
+};
 
 mod waiting;
 
@@ -95,15 +97,19 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         })
     };
     let unreachable = "NATS unreachable; retrying";
-    let Some(nats) = patiently(unreachable, |_| true, &mut shutdown, &readiness, connect).await?
+    let Some(nats) =
+        patiently(unreachable, |_| true, Backoff::new(), &mut shutdown, &readiness, connect)
+            .await?
     else {
         return Ok(());
     };
     readiness.set_nats(nats.clone());
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
     let set_up = || ensure_stream_and_slot(config, &client, &publisher, &args.slot);
+    let backoff = || Backoff::capped(JETSTREAM_RETRY_CAP);
     let Some(claims) =
-        patiently(UNANSWERED, jetstream_unanswered, &mut shutdown, &readiness, set_up).await?
+        patiently(UNANSWERED, jetstream_unanswered, backoff(), &mut shutdown, &readiness, set_up)
+            .await?
     else {
         return Ok(());
     };
@@ -132,7 +138,8 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
             })
         };
         let Some(ids) =
-            patiently(UNANSWERED, jetstream_unanswered, &mut shutdown, &readiness, read).await?
+            patiently(UNANSWERED, jetstream_unanswered, backoff(), &mut shutdown, &readiness, read)
+                .await?
         else {
             return Ok(());
         };
@@ -246,33 +253,6 @@ async fn attempts(
             () = tokio::time::sleep(delay) => {}
             () = shutdown.requested() => return Ok(()),
         }
-    }
-}
-
-/// Keeps a failure that repeats every half second (quorum lost for minutes) from flooding
-/// the log: a new error is a warning at once, the same one again every 30 s, with a count.
-#[derive(Default)]
-struct RepeatedError {
-    last: String,
-    warned_at: Option<Instant>,
-    since_warned: u32,
-}
-
-impl RepeatedError {
-    /// `Some(times seen since the last warning)` when this one should be a warning.
-    fn note(&mut self, error: &str) -> Option<u32> {
-        const EVERY: Duration = Duration::from_secs(30);
-        self.since_warned += 1;
-        let same = self.last == error;
-        if same && self.warned_at.is_some_and(|at| at.elapsed() < EVERY) {
-            return None;
-        }
-        if !same {
-            self.last = error.to_owned();
-            self.since_warned = 1;
-        }
-        self.warned_at = Some(Instant::now());
-        Some(std::mem::take(&mut self.since_warned))
     }
 }
 
@@ -440,20 +420,5 @@ async fn leader_probe<T, E: std::fmt::Display>(
             let waited = LEADER_PROBE_TIMEOUT.as_secs();
             Err(failure(&format!("no answer in {waited} s ({silence})")))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::RepeatedError;
-
-    #[test]
-    fn a_repeated_error_is_warned_once_then_counted() {
-        let mut repeats = RepeatedError::default();
-        assert_eq!(repeats.note("no leader"), Some(1));
-        assert_eq!(repeats.note("no leader"), None);
-        assert_eq!(repeats.note("no leader"), None);
-        assert_eq!(repeats.note("timed out"), Some(1), "a different error is warned at once");
-        assert_eq!(repeats.note("timed out"), None);
     }
 }

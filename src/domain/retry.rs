@@ -1,7 +1,7 @@
 //! Whether to try again after a failed attempt, and how soon: a pure decision, so every
 //! rule is a unit test.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What an attempt's failure means for the next one (`PipelineError::failure`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,9 +56,10 @@ impl RetryPolicy {
     }
 }
 
-/// Capped exponential backoff: 200 ms doubling up to 30 s.
+/// Capped exponential backoff: 200 ms doubling up to 30 s, or up to the cap given.
 pub struct Backoff {
     next: Duration,
+    cap: Duration,
 }
 
 impl Backoff {
@@ -66,23 +67,55 @@ impl Backoff {
     const CAP: Duration = Duration::from_secs(30);
 
     pub fn new() -> Self {
-        Backoff { next: Self::FIRST }
+        Self::capped(Self::CAP)
+    }
+
+    /// For waits whose every try is cheap, where waking late costs more than trying.
+    pub fn capped(cap: Duration) -> Self {
+        Backoff { next: Self::FIRST.min(cap), cap }
     }
 
     pub fn next_delay(&mut self) -> Duration {
         let delay = self.next;
-        self.next = (self.next * 2).min(Self::CAP);
+        self.next = (self.next * 2).min(self.cap);
         delay
     }
 
     pub fn reset(&mut self) {
-        self.next = Self::FIRST;
+        self.next = Self::FIRST.min(self.cap);
     }
 }
 
 impl Default for Backoff {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Keeps a failure that repeats every half second (quorum lost for minutes) from flooding
+/// the log: a new error is a warning at once, the same one again every 30 s, with a count.
+#[derive(Default)]
+pub struct RepeatedError {
+    last: String,
+    warned_at: Option<Instant>,
+    since_warned: u32,
+}
+
+impl RepeatedError {
+    /// `Some(times seen since the last warning)` when this one should be a warning.
+    pub fn note(&mut self, error: &str) -> Option<u32> {
+        const EVERY: Duration = Duration::from_secs(30);
+        self.since_warned += 1;
+        let same = self.last == error;
+        if same && self.warned_at.is_some_and(|at| at.elapsed() < EVERY) {
+            return None;
+        }
+        if !same {
+            self.last = error.to_owned();
+            self.since_warned = 1;
+        }
+        self.warned_at = Some(Instant::now());
+        Some(std::mem::take(&mut self.since_warned))
     }
 }
 
@@ -118,5 +151,22 @@ mod tests {
         assert_eq!(delays, [200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000]);
         b.reset();
         assert_eq!(b.next_delay(), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn a_repeated_error_is_warned_once_then_counted() {
+        let mut repeats = RepeatedError::default();
+        assert_eq!(repeats.note("no leader"), Some(1));
+        assert_eq!(repeats.note("no leader"), None);
+        assert_eq!(repeats.note("no leader"), None);
+        assert_eq!(repeats.note("timed out"), Some(1), "a different error is warned at once");
+        assert_eq!(repeats.note("timed out"), None);
+    }
+
+    #[test]
+    fn a_capped_backoff_stops_at_its_cap() {
+        let mut b = Backoff::capped(Duration::from_secs(2));
+        let delays: Vec<_> = (0..6).map(|_| b.next_delay().as_millis()).collect();
+        assert_eq!(delays, [200, 400, 800, 1600, 2000, 2000]);
     }
 }

@@ -2,9 +2,11 @@
 //! recovery), a reachable NATS, and a JetStream that answers. Each wait says why it waits,
 //! in the log and on `/readyz`, and ends early on shutdown.
 
-use tracing::{info, warn};
+use std::time::Duration;
 
-use crate::domain::retry::{Backoff, RetryPolicy};
+use tracing::{debug, info, warn};
+
+use crate::domain::retry::{Backoff, RepeatedError, RetryPolicy};
 use crate::nats::claim::ClaimError;
 use crate::nats::publisher::PublisherError;
 use crate::postgres::admin;
@@ -53,17 +55,24 @@ pub fn jetstream_unanswered(err: &anyhow::Error) -> bool {
     })
 }
 
-/// Runs a start-up step until it succeeds, waiting with backoff after each failure that
-/// `passing` says time may mend, and logging `waiting` each time: pgoutbox started beside
-/// its NATS (a deploy, a node reboot) must wait for it, not exit. `None` on shutdown.
+/// The longest pause between tries while JetStream does not answer at start: each try is
+/// a request or two, and a cluster regains quorum within seconds of its servers' return
+/// (with 30 s, a loaded CI host once streamed only 30 s after quorum was back).
+pub const JETSTREAM_RETRY_CAP: Duration = Duration::from_secs(2);
+
+/// Runs a start-up step until it succeeds, waiting as `backoff` says after each failure
+/// that `passing` says time may mend, and logging `waiting` (a warning at once and then
+/// every 30 s): pgoutbox started beside its NATS (a deploy, a node reboot) must wait for
+/// it, not exit. `None` on shutdown.
 pub async fn patiently<T, F: Future<Output = anyhow::Result<T>>>(
     waiting: &str,
     passing: impl Fn(&anyhow::Error) -> bool,
+    mut backoff: Backoff,
     shutdown: &mut Shutdown,
     readiness: &Readiness,
     mut step: impl FnMut() -> F,
 ) -> anyhow::Result<Option<T>> {
-    let mut backoff = Backoff::new();
+    let mut repeats = RepeatedError::default();
     loop {
         let err = match step().await {
             Ok(done) => return Ok(Some(done)),
@@ -72,7 +81,10 @@ pub async fn patiently<T, F: Future<Output = anyhow::Result<T>>>(
         };
         let delay = backoff.next_delay();
         let error = format!("{err:#}");
-        warn!(%error, retry_in = ?delay, "{waiting}");
+        match repeats.note(&error) {
+            Some(repeated) => warn!(%error, retry_in = ?delay, repeated, "{waiting}"),
+            None => debug!(%error, retry_in = ?delay, "{waiting}"),
+        }
         readiness.set_retrying_after(error);
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
