@@ -25,7 +25,8 @@ use crate::settings::cli::RunArgs;
 use crate::settings::config::Config;
 use crate::settings::config::PipelineConfig;
 use waiting::{
-    JETSTREAM_RETRY_CAP, UNANSWERED, jetstream_unanswered, patiently, wait_until_primary,
+    JETSTREAM_RETRY_CAP, UNANSWERED, UNREACHABLE, jetstream_unanswered, patiently,
+    wait_until_primary,
 };
 
 mod waiting;
@@ -96,9 +97,8 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
             Metrics::reconnect(ReconnectTarget::Nats)
         })
     };
-    let unreachable = "NATS unreachable; retrying";
     let Some(nats) =
-        patiently(unreachable, |_| true, Backoff::new(), &mut shutdown, &readiness, connect)
+        patiently(UNREACHABLE, |_| true, Backoff::new(), &mut shutdown, &readiness, connect)
             .await?
     else {
         return Ok(());
@@ -195,7 +195,8 @@ async fn attempts(
     let mut repeats = RepeatedError::default();
     loop {
         let started = Instant::now();
-        let acked_before = memory.acked;
+        // Acks over all attempts, recorded when each attempt ends.
+        let acked_before = memory.progress.read().acks;
         let outcome = target.stream_once(memory, shutdown, readiness).await;
         readiness.set_streaming(false);
         let err = match outcome {
@@ -229,7 +230,7 @@ async fn attempts(
                 readiness.set_retrying_after(err.to_string());
             }
             _ => {
-                if memory.acked > acked_before {
+                if memory.progress.read().acks > acked_before {
                     repeats = RepeatedError::default(); // it recovered in between
                 }
                 match &err {

@@ -272,7 +272,6 @@ impl<'a> Pipeline<'a> {
         };
         let bytes = done.bytes;
         let ack = ack.map_err(|err| self.refused(done.position, &err))?;
-        self.memory.acked += 1;
         self.acks_unrecorded += 1;
         self.metrics.rows_published.increment(1);
         self.metrics.bytes_published.increment(bytes as u64);

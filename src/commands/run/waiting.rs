@@ -43,6 +43,9 @@ pub async fn wait_until_primary(
     Ok(true)
 }
 
+/// What is logged while start-up waits for NATS to take the connection.
+pub const UNREACHABLE: &str = "NATS unreachable; retrying";
+
 /// What is logged while start-up waits for JetStream to answer.
 pub const UNANSWERED: &str = "JetStream did not answer while setting up; retrying";
 

@@ -24,9 +24,6 @@ pub struct Memory {
     pub refused: RefusedRows,
     pub published: u64,
     pub dead_letters: u64,
-    /// Messages JetStream acknowledged, over all attempts: a failure that recurs after an
-    /// attempt that got acks is a new episode, not a repeat (`commands::run`).
-    pub acked: u64,
     /// Shared with `--retention`: the commit time of the newest confirmed transaction.
     pub published_up_to: PublishedUpTo,
     /// Shared with `--retention`: rows whose dead letter lacks the payload stay in the table.
@@ -47,7 +44,6 @@ impl Memory {
             refused: RefusedRows::default(),
             published: 0,
             dead_letters: 0,
-            acked: 0,
             published_up_to: PublishedUpTo::default(),
             kept_rows: KeptRows::default(),
         }
