@@ -16,6 +16,7 @@ use crate::nats::handshake::Dialer;
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
+use crate::postgres::outbox_table;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::Liveness;
 use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
@@ -105,6 +106,11 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     };
     readiness.set_nats(nats.clone());
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
+    let nats_version = publisher.server_version();
+    if let Some(warning) = crate::nats::server_version::unsupported(&nats_version) {
+        warn!("{warning}");
+    }
+    Metrics::nats_info(&nats_version, false);
     let set_up = || ensure_stream_and_slot(config, &client, &publisher, &args.slot);
     let backoff = || Backoff::capped(JETSTREAM_RETRY_CAP);
     let Some(claims) =
@@ -113,6 +119,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     else {
         return Ok(());
     };
+    Metrics::nats_info(&publisher.server_version(), true);
     let (_, version) = admin::server_version(&client).await?;
     let slot = admin::slot_state(&client, &config.slot).await?;
     Metrics::postgres_info(
@@ -295,6 +302,8 @@ impl Target<'_> {
         let tail =
             leader_probe("reading the end of the stream", "no stream leader?", publisher.tail())
                 .await?;
+        // async-nats may have moved to another server of the list since.
+        Metrics::nats_info(&publisher.server_version(), true);
         let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
         let slot = &config.slot;
         let identity = conn.identify_system().await?;
@@ -305,6 +314,14 @@ impl Target<'_> {
         {
             return Err(PipelineError::InRecovery { slot: slot.clone() });
         }
+        let outbox_table = match &pipeline.table {
+            Some(table) => {
+                let query = outbox_table::query(table, &config.publication);
+                let rows = conn.simple_query(&query).await?;
+                Some(outbox_table::judge(&rows, table, &config.publication)?)
+            }
+            None => None,
+        };
         let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
         let claim = leader_probe(
             "checking the stream's claim",
@@ -313,7 +330,8 @@ impl Target<'_> {
         )
         .await?;
         if let Claim::Theirs(writer) = claim {
-            return Err(PipelineError::stream_claimed(&config.stream, writer, &source.database));
+            let database = &source.database;
+            return Err(PipelineError::stream_claimed(&config.stream, writer, database, slot));
         }
         let history = match tail.origin.source.as_deref().and_then(|s| s.parse::<Source>().ok()) {
             Some(theirs) if theirs.timeline < source.timeline => {
@@ -340,7 +358,8 @@ impl Target<'_> {
         let rows = conn
             .simple_query(&format!(
                 "SELECT confirmed_flush_lsn::text, wal_status, active, \
-                        to_jsonb(s) ->> 'failover' FROM pg_replication_slots s \
+                        to_jsonb(s) ->> 'failover', to_jsonb(s) ->> 'invalidation_reason' \
+                 FROM pg_replication_slots s \
                  WHERE slot_name = {}",
                 postgres_protocol::escape::escape_literal(slot)
             ))
@@ -348,10 +367,11 @@ impl Target<'_> {
         let Some(row) = rows.first() else {
             return Err(PipelineError::SlotMissing { slot: slot.clone() });
         };
+        let reason = row.get(4).and_then(Option::as_deref);
         if row.get(1).and_then(Option::as_deref).and_then(WalStatus::parse) == Some(WalStatus::Lost)
+            || reason.is_some()
         {
-            let detail = "wal_status = lost".to_owned();
-            return Err(PipelineError::SlotInvalidated { slot: slot.clone(), detail });
+            return Err(PipelineError::slot_invalidated(slot, reason));
         }
         let start: u64 = row
             .first()
@@ -392,6 +412,7 @@ impl Target<'_> {
             skip_through,
             source,
             message_limit: tail.message_limit,
+            table: outbox_table,
         };
         let outbound = publisher.outbound(dialer).await.map_err(|err| {
             NatsFailure::new(
@@ -399,7 +420,7 @@ impl Target<'_> {
                 format!("opening the publishing connection: {err}"),
             )
         })?;
-        Pipeline::new(pipeline, conn, outbound, memory, resume, liveness.verdict())
+        Pipeline::new(pipeline, conn, outbound, memory, resume, liveness.verdict(), publisher)
             .run(shutdown)
             .await
     }

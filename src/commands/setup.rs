@@ -97,11 +97,8 @@ pub async fn ensure_stream_and_slot(
     match state {
         Some(state) if state.wal_status == Some(WalStatus::Lost) => {
             if !recreate {
-                return Err(PipelineError::SlotInvalidated {
-                    slot: name.clone(),
-                    detail: "wal_status = lost".into(),
-                }
-                .into());
+                let reason = state.invalidation_reason.as_deref();
+                return Err(PipelineError::slot_invalidated(name, reason).into());
             }
             warn!(slot = %name, "dropping the lost slot and creating it again, as asked");
             admin::teardown_slot(client, name).await?;
@@ -143,9 +140,13 @@ pub async fn ensure_stream_and_slot(
     }
     if let Claim::Theirs(writer) = claims.claim(&config.stream, &source).await? {
         if !recreate {
-            return Err(
-                PipelineError::stream_claimed(&config.stream, writer, &source.database).into()
-            );
+            return Err(PipelineError::stream_claimed(
+                &config.stream,
+                writer,
+                &source.database,
+                name,
+            )
+            .into());
         }
         warn!(stream = %config.stream, previous = %writer, source = %source.writer(),
             "taking the stream over from its previous source, as --recreate-slot asks; \

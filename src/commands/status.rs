@@ -78,7 +78,9 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                 }
                 report["problems"] = json!(problems);
                 report["postgres"] = postgres_report(&client).await;
-                report["stream"] = stream_report(config).await;
+                let (nats, stream) = nats_and_stream_report(config).await;
+                report["nats"] = nats;
+                report["stream"] = stream;
                 report["pgoutbox"] = process;
                 (report, health)
             }
@@ -146,10 +148,19 @@ async fn postgres_report(client: &tokio_postgres::Client) -> serde_json::Value {
     }
 }
 
-/// The stream's figures, or why they could not be read; never fails the command.
-async fn stream_report(config: &Config) -> serde_json::Value {
+/// The nats-server's version and whether JetStream answered, and the stream's figures, or
+/// why they could not be read; never fails the command.
+async fn nats_and_stream_report(config: &Config) -> (serde_json::Value, serde_json::Value) {
+    let mut server = None;
     let read = async {
         let client = crate::nats::connect::connect_nats(&config.nats).await?;
+        let info = client.server_info();
+        server = Some(json!({
+            "version": info.version,
+            "server_name": info.server_name,
+            "supported": crate::nats::server_version::unsupported(&info.version).is_none(),
+            "jetstream_answered": false,
+        }));
         let publisher = Publisher::new(client, &config.stream, Duration::from_secs(2));
         let info = publisher.stream_info().await?;
         let dead_letters = publisher.count_on_subject(&config.pipeline.dead_letter_subject).await?;
@@ -162,11 +173,16 @@ async fn stream_report(config: &Config) -> serde_json::Value {
             "duplicate_window_seconds": info.config.duplicate_window.as_secs_f64(),
         }))
     };
-    match tokio::time::timeout(Duration::from_secs(5), read).await {
+    let stream = match tokio::time::timeout(Duration::from_secs(5), read).await {
         Ok(Ok(report)) => report,
         Ok(Err(err)) => json!({ "name": config.stream, "error": format!("{err:#}") }),
         Err(_) => json!({ "name": config.stream, "error": "NATS did not answer within 5 s" }),
+    };
+    let mut nats = server.unwrap_or_else(|| json!({ "error": "not connected" }));
+    if stream.get("error").is_none() {
+        nats["jetstream_answered"] = json!(true);
     }
+    (nats, stream)
 }
 
 /// The running process's view, from its `/metrics`; never fails the command.
@@ -236,6 +252,7 @@ fn table_lines(report: &serde_json::Value) -> Vec<String> {
     };
     push("", report);
     push("postgres.", &report["postgres"]);
+    push("nats.", &report["nats"]);
     push("stream.", &report["stream"]);
     push("pgoutbox.", &report["pgoutbox"]);
     if let Some(problems) = report["problems"].as_array() {

@@ -199,6 +199,9 @@ pub struct RowMapping {
     headers: Option<usize>,
     header_columns: Vec<(&'static str, usize)>,
     subject: Vec<SubjectPart>,
+    /// Why no row of this version of the table can be published, when none can: it lacks a
+    /// column the mapping needs that the table has today (it was added later).
+    unusable: Option<String>,
 }
 
 impl RowMapping {
@@ -239,11 +242,37 @@ impl RowMapping {
             payload,
             header_columns,
             subject,
+            unusable: None,
         })
+    }
+
+    /// A mapping for a version of the table that lacks a column the mapping needs, written
+    /// before that column was added: each of its rows becomes a dead letter saying so, where
+    /// failing would stop pgoutbox on every start until the WAL past it was thrown away.
+    pub fn unusable(relation: &Relation, roles: &ColumnRoles, missing: &MappingError) -> Self {
+        let find = |name: &str| relation.columns.iter().position(|c| c.name == name);
+        RowMapping {
+            table: format!("{}.{}", relation.namespace, relation.name),
+            column_names: relation.columns.iter().map(|c| c.name.clone()).collect(),
+            // Out of range when missing: a dead letter then reads nothing from them.
+            id: find(&roles.id).unwrap_or(usize::MAX),
+            payload: find(&roles.payload).unwrap_or(usize::MAX),
+            payload_is_bytea: false,
+            headers: None,
+            header_columns: Vec::new(),
+            subject: Vec::new(),
+            unusable: Some(format!(
+                "the row was written before column {:?} (the {}) was added to {}",
+                missing.column, missing.role, missing.table
+            )),
+        }
     }
 
     /// Maps one inserted row, or says why it cannot be published.
     pub fn map(&self, tuple: &[ColumnValue]) -> Result<OutboxEvent, Rejection> {
+        if let Some(why) = &self.unusable {
+            return Err(Rejection(why.clone()));
+        }
         if tuple.len() != self.column_names.len() {
             return Err(Rejection(format!(
                 "row has {} columns, the relation announced {}",
@@ -273,6 +302,14 @@ impl RowMapping {
                     subject.push_str(token);
                 }
             }
+        }
+        if subject.len() > MAX_SUBJECT_BYTES {
+            return Err(Rejection(format!(
+                "the subject is {} bytes: longer than the {MAX_SUBJECT_BYTES} that fit the \
+                 NATS control line (nats-server's max_control_line, 4 KiB by default, refuses \
+                 the publish and closes the connection)",
+                subject.len()
+            )));
         }
         let mut headers = Headers::with_capacity(256);
         headers.insert(MESSAGE_ID_HEADER, header_value(&id, || self.name(self.id))?);
@@ -379,6 +416,12 @@ fn header_value<'v, 'n>(
         Err(Rejection(format!("column {} holds a line break, not allowed in a header", column())))
     }
 }
+
+/// The longest subject published: the `HPUB` line also holds the reply subject (about 50
+/// bytes) and two lengths, and nats-server refuses a line over its `max_control_line`
+/// (4,096 bytes by default) with `-ERR 'Maximum Control Line Exceeded'`, closing the
+/// connection, so such a row would be retried forever.
+pub const MAX_SUBJECT_BYTES: usize = 3_968;
 
 /// Why a value cannot be one subject token, if it cannot.
 fn check_subject_token(token: &str) -> Result<(), &'static str> {

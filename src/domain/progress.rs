@@ -19,7 +19,7 @@ pub struct Timing {
     pub received: i64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct LsnTracker {
     sent: u64,
     acked: u64,

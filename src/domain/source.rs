@@ -84,6 +84,9 @@ pub struct TailOrigin {
     /// The raw `Pgoutbox-Source` header, if any.
     pub source: Option<String>,
     pub position: Option<Position>,
+    /// Written under the id chain (`publishing.rs`), which leaves no gap behind
+    /// a message; earlier pgoutbox versions chained by sequence alone and could.
+    pub chained: bool,
 }
 
 /// What the stream's tail means for this source.
@@ -123,6 +126,12 @@ pub fn judge_tail(
     let Some(position) = tail.position else {
         return TailVerdict::NothingToSkip(None);
     };
+    if !tail.chained {
+        return TailVerdict::NothingToSkip(Some(
+            "the stream's last message was written by a pgoutbox that chained messages by \
+             sequence alone, which could leave a gap behind it; nothing is skipped",
+        ));
+    }
     if position.commit_lsn > wal_end {
         return TailVerdict::NothingToSkip(Some(
             "the stream's last message lies beyond the server's WAL (a restore to an earlier \
@@ -183,6 +192,7 @@ mod tests {
         TailOrigin {
             source: Some(source.to_owned()),
             position: Some(Position { commit_lsn: lsn, index: 0 }),
+            chained: true,
         }
     }
 
@@ -237,12 +247,20 @@ mod tests {
 
     #[test]
     fn a_tail_without_a_readable_source_skips_nothing() {
-        let legacy = TailOrigin { source: None, position: Some(Position::default()) };
+        let legacy =
+            TailOrigin { source: None, position: Some(Position::default()), ..tail("", 0) };
         assert!(matches!(judge_tail(&ours(), 1, &[], &legacy), TailVerdict::NothingToSkip(_)));
         let empty = TailOrigin::default();
         assert_eq!(judge_tail(&ours(), 1, &[], &empty), TailVerdict::NothingToSkip(None));
         let garbage = tail("not a source", 1);
         assert!(matches!(judge_tail(&ours(), 1, &[], &garbage), TailVerdict::NothingToSkip(_)));
+    }
+
+    #[test]
+    fn a_tail_chained_by_sequence_alone_skips_nothing() {
+        let unchained = TailOrigin { chained: false, ..tail("7/2/app/pgoutbox", 500) };
+        let verdict = judge_tail(&ours(), 1_000, &[], &unchained);
+        assert!(matches!(verdict, TailVerdict::NothingToSkip(Some(why)) if why.contains("gap")));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Which source writes a stream: one record per stream in a JetStream key-value bucket.
 //!
-//! The ordering guard (`Nats-Expected-Last-Sequence`) and the tail skip both rest on one
-//! writer per stream. Two pgoutbox sources on one stream (two databases left on the default
+//! The chain that orders the messages (`crate::domain::publishing`) and the tail skip rest
+//! on one writer per stream. Two pgoutbox sources on one stream (two databases left on the default
 //! `--stream`) break both, and rows are lost. So before it streams, a source claims its
 //! stream with an atomic create; a stream claimed by another source is refused before
 //! anything is confirmed, at start and on every reconnection. The claim also remembers that
@@ -55,8 +55,12 @@ pub enum Claim {
 
 pub struct Claims {
     js: jetstream::Context,
-    stream: stream::Stream,
+    /// The bucket's stream, created again should an operator delete it.
+    bucket: stream::Config,
 }
+
+/// The key-value header that marks a key deleted (`nats kv del`) or purged.
+const KV_OPERATION: &str = "KV-Operation";
 
 impl Claims {
     /// Opens the bucket, creating it with `replicas` copies when missing.
@@ -74,33 +78,52 @@ impl Claims {
             num_replicas: replicas,
             ..Default::default()
         };
-        let stream = js.get_or_create_stream(config).await.map_err(ClaimError::from)?;
-        Ok(Claims { js: js.clone(), stream })
+        let claims = Claims { js: js.clone(), bucket: config };
+        claims.stream().await?;
+        Ok(claims)
+    }
+
+    /// The bucket's stream, created when missing (an operator may have deleted it).
+    async fn stream(&self) -> Result<stream::Stream, ClaimError> {
+        self.js.get_or_create_stream(self.bucket.clone()).await.map_err(ClaimError::from)
     }
 
     /// Who writes `stream`, as seen from `ours`, without changing anything.
     pub async fn holder(&self, stream: &str, ours: &Source) -> Result<Claim, ClaimError> {
-        let value = match self.stream.get_last_raw_message_by_subject(&subject(stream)).await {
-            Ok(message) => message.payload,
+        Ok(self.read(stream, ours).await?.0)
+    }
+
+    /// The claim, and the sequence of the key's last record (0 when it has none), which a
+    /// new claim must expect.
+    async fn read(&self, stream: &str, ours: &Source) -> Result<(Claim, u64), ClaimError> {
+        let bucket = self.stream().await?;
+        let message = match bucket.get_last_raw_message_by_subject(&subject(stream)).await {
+            Ok(message) => message,
             Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
-                return Ok(Claim::Free);
+                return Ok((Claim::Free, 0));
             }
             Err(err) => return Err(ClaimError::from(err)),
         };
-        Ok(if *value == *ours.writer().as_bytes() {
+        // `nats kv del` or `purge` releases the claim: the key's record is then a marker.
+        let released = message.headers.get(KV_OPERATION).is_some();
+        let claim = if released {
+            Claim::Free
+        } else if *message.payload == *ours.writer().as_bytes() {
             Claim::Ours { new: false }
         } else {
-            Claim::Theirs(String::from_utf8_lossy(&value).into_owned())
-        })
+            Claim::Theirs(String::from_utf8_lossy(&message.payload).into_owned())
+        };
+        Ok((claim, message.sequence))
     }
 
     /// Claims `stream` for `ours` unless another source holds it. Atomic: of two sources
     /// claiming at once, one wins and the other sees [`Claim::Theirs`].
     pub async fn claim(&self, stream: &str, ours: &Source) -> Result<Claim, ClaimError> {
-        match self.holder(stream, ours).await? {
-            Claim::Free => {
+        match self.read(stream, ours).await? {
+            (Claim::Free, last) => {
                 let mut only_if_unclaimed = HeaderMap::new();
-                only_if_unclaimed.insert("Nats-Expected-Last-Subject-Sequence", "0");
+                only_if_unclaimed
+                    .insert("Nats-Expected-Last-Subject-Sequence", last.to_string().as_str());
                 match self.write(stream, ours, only_if_unclaimed).await {
                     Ok(()) => Ok(Claim::Ours { new: true }),
                     Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => {
@@ -109,7 +132,7 @@ impl Claims {
                     Err(err) => Err(ClaimError::from(err)),
                 }
             }
-            held => Ok(held),
+            (held, _) => Ok(held),
         }
     }
 

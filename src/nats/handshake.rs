@@ -17,13 +17,54 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::nats::connect::{NatsAuth, NatsSettings};
-use crate::nats::wire::{self, ServerInfo, ServerOp};
+use crate::nats::wire::{self, ServerInfo, ServerOp, WireError};
 
 /// How long one server may take to accept the connection and the login.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
+
+/// No server of the list accepted the publishing connection: each one's failure, in the
+/// order they were tried.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.iter().map(|(server, why)| format!("{server}: {why}")).collect::<Vec<_>>().join("; "))]
+pub struct OpenError(pub Vec<(String, ServerError)>);
+
+/// Why one server did not accept the publishing connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("no answer in {} s", HANDSHAKE_TIMEOUT.as_secs())]
+    Timeout,
+    #[error("{0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    #[error("the server sent PONG before INFO")]
+    PongBeforeInfo,
+    /// `-ERR` during the login: a refused login, most often.
+    #[error("the server said: {0}")]
+    Refused(String),
+    #[error("the server closed the connection")]
+    Closed,
+    #[error("TLS: {0}")]
+    Tls(io::Error),
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+}
+
+/// The configured credentials could not be read or used.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    #[error("reading {flag} {path}: {source}")]
+    Unreadable { flag: &'static str, path: String, source: io::Error },
+    #[error("--nats-creds {0} holds no JWT and seed")]
+    NoJwtAndSeed(String),
+    #[error("{flag}: {source}")]
+    BadKey { flag: &'static str, source: nkeys::error::Error },
+    #[error("signing the nonce: {0}")]
+    Signing(nkeys::error::Error),
+}
 
 /// A logged-in connection, with what the server said about itself and any bytes it sent
 /// after the `PONG`.
@@ -53,7 +94,7 @@ impl<'a> Dialer<'a> {
     }
 
     /// Tries each server once, in turn; the error names each server's failure.
-    pub async fn open(&self) -> Result<Opened, String> {
+    pub async fn open(&self) -> Result<Opened, OpenError> {
         let servers = {
             let known = self.known.lock().unwrap_or_else(|e| e.into_inner());
             let (after, before) = known.servers.split_at(known.first.min(known.servers.len()));
@@ -65,18 +106,16 @@ impl<'a> Dialer<'a> {
             let opened =
                 tokio::time::timeout(HANDSHAKE_TIMEOUT, open(&server, &self.settings.auth))
                     .await
-                    .unwrap_or_else(|_| {
-                        Err(format!("no answer in {} s", HANDSHAKE_TIMEOUT.as_secs()))
-                    });
+                    .unwrap_or(Err(ServerError::Timeout));
             match opened {
                 Ok(opened) => {
                     self.worked(&server, &opened.info.connect_urls);
                     return Ok(opened);
                 }
-                Err(why) => failures.push(format!("{name}: {why}")),
+                Err(why) => failures.push((name, why)),
             }
         }
-        Err(failures.join("; "))
+        Err(OpenError(failures))
     }
 
     fn worked(&self, server: &ServerAddr, announced: &[String]) {
@@ -92,16 +131,14 @@ impl<'a> Dialer<'a> {
     }
 }
 
-async fn open(server: &ServerAddr, auth: &NatsAuth) -> Result<Opened, String> {
-    let tcp = tokio::net::TcpStream::connect((server.host(), server.port()))
-        .await
-        .map_err(|err| err.to_string())?;
-    tcp.set_nodelay(true).map_err(|err| err.to_string())?;
+async fn open(server: &ServerAddr, auth: &NatsAuth) -> Result<Opened, ServerError> {
+    let tcp = tokio::net::TcpStream::connect((server.host(), server.port())).await?;
+    tcp.set_nodelay(true)?;
     let mut transport: Box<dyn Transport> = Box::new(tcp);
     let mut unread = BytesMut::with_capacity(16 * 1024);
     let info = match next_op(&mut transport, &mut unread).await? {
         Step::Info(info) => info,
-        Step::Pong => return Err("the server sent PONG before INFO".into()),
+        Step::Pong => return Err(ServerError::PongBeforeInfo),
     };
     let tls = auth.tls_ca.is_some() || server.tls_required() || info.tls_required;
     if tls {
@@ -109,8 +146,8 @@ async fn open(server: &ServerAddr, auth: &NatsAuth) -> Result<Opened, String> {
     }
     let connect = connect_fields(auth, &info, auth.tls_ca.is_some() || server.tls_required())?;
     let login = format!("CONNECT {connect}\r\nPING\r\n");
-    transport.write_all(login.as_bytes()).await.map_err(|err| err.to_string())?;
-    transport.flush().await.map_err(|err| err.to_string())?;
+    transport.write_all(login.as_bytes()).await?;
+    transport.flush().await?;
     // `INFO` may come again meanwhile; `-ERR` is a refused login.
     while let Step::Info(_) = next_op(&mut transport, &mut unread).await? {}
     Ok(Opened { transport, info, unread })
@@ -122,14 +159,17 @@ enum Step {
 }
 
 /// Reads until `INFO` or `PONG`; `-ERR` and the end of the connection are errors.
-async fn next_op(transport: &mut Box<dyn Transport>, buf: &mut BytesMut) -> Result<Step, String> {
+async fn next_op(
+    transport: &mut Box<dyn Transport>,
+    buf: &mut BytesMut,
+) -> Result<Step, ServerError> {
     loop {
-        let parsed = wire::parse(buf).map_err(|err| err.to_string())?;
+        let parsed = wire::parse(buf)?;
         if let Some((op, used)) = parsed {
             let step = match op {
                 ServerOp::Info(info) => Some(Step::Info(info)),
                 ServerOp::Pong => Some(Step::Pong),
-                ServerOp::Err(why) => return Err(format!("the server said: {why}")),
+                ServerOp::Err(why) => return Err(ServerError::Refused(why)),
                 ServerOp::Ping | ServerOp::Ok | ServerOp::Message(_) => None,
             };
             buf.advance(used);
@@ -138,8 +178,8 @@ async fn next_op(transport: &mut Box<dyn Transport>, buf: &mut BytesMut) -> Resu
                 None => continue,
             }
         }
-        if transport.read_buf(buf).await.map_err(|err| err.to_string())? == 0 {
-            return Err("the server closed the connection".into());
+        if transport.read_buf(buf).await? == 0 {
+            return Err(ServerError::Closed);
         }
     }
 }
@@ -149,7 +189,7 @@ fn connect_fields(
     auth: &NatsAuth,
     info: &ServerInfo,
     tls_required: bool,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, CredentialsError> {
     let mut fields = serde_json::json!({
         "verbose": false,
         "pedantic": false,
@@ -164,23 +204,24 @@ fn connect_fields(
     });
     let nonce = info.nonce.as_deref().unwrap_or_default().as_bytes();
     let sign = |key: &nkeys::KeyPair| {
-        let signature = key.sign(nonce).map_err(|err| format!("signing the nonce: {err}"))?;
-        Ok::<_, String>(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature))
+        let signature = key.sign(nonce).map_err(CredentialsError::Signing)?;
+        Ok::<_, CredentialsError>(
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature),
+        )
     };
     if let Some(path) = &auth.creds_file {
-        let contents = std::fs::read_to_string(path)
-            .map_err(|err| format!("reading --nats-creds {}: {err}", path.display()))?;
+        let contents = read(path, "--nats-creds")?;
         let (jwt, seed) = parse_creds(&contents)
-            .ok_or_else(|| format!("--nats-creds {} holds no JWT and seed", path.display()))?;
-        let key = nkeys::KeyPair::from_seed(seed).map_err(|err| format!("--nats-creds: {err}"))?;
+            .ok_or_else(|| CredentialsError::NoJwtAndSeed(path.display().to_string()))?;
+        let key = nkeys::KeyPair::from_seed(seed)
+            .map_err(|source| CredentialsError::BadKey { flag: "--nats-creds", source })?;
         fields["jwt"] = jwt.into();
         fields["sig"] = sign(&key)?.into();
     }
     if let Some(path) = &auth.nkey_file {
-        let seed = std::fs::read_to_string(path)
-            .map_err(|err| format!("reading --nats-nkey {}: {err}", path.display()))?;
-        let key =
-            nkeys::KeyPair::from_seed(seed.trim()).map_err(|err| format!("--nats-nkey: {err}"))?;
+        let seed = read(path, "--nats-nkey")?;
+        let key = nkeys::KeyPair::from_seed(seed.trim())
+            .map_err(|source| CredentialsError::BadKey { flag: "--nats-nkey", source })?;
         fields["nkey"] = key.public_key().into();
         fields["sig"] = sign(&key)?.into();
     }
@@ -192,6 +233,14 @@ fn connect_fields(
         fields["auth_token"] = token.as_str().into();
     }
     Ok(fields)
+}
+
+fn read(path: &std::path::Path, flag: &'static str) -> Result<String, CredentialsError> {
+    std::fs::read_to_string(path).map_err(|source| CredentialsError::Unreadable {
+        flag,
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// The user JWT and the NKey seed of a creds file, each the first line after its
@@ -213,11 +262,12 @@ async fn upgrade(
     transport: Box<dyn Transport>,
     host: &str,
     auth: &NatsAuth,
-) -> Result<Box<dyn Transport>, String> {
-    let config = tls_config(auth).map_err(|err| format!("TLS: {err}"))?;
-    let name = ServerName::try_from(host.to_owned()).map_err(|err| format!("TLS: {err}"))?;
+) -> Result<Box<dyn Transport>, ServerError> {
+    let config = tls_config(auth).map_err(ServerError::Tls)?;
+    let name = ServerName::try_from(host.to_owned())
+        .map_err(|err| ServerError::Tls(io::Error::new(io::ErrorKind::InvalidInput, err)))?;
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tls = connector.connect(name, transport).await.map_err(|err| format!("TLS: {err}"))?;
+    let tls = connector.connect(name, transport).await.map_err(ServerError::Tls)?;
     Ok(Box::new(tls))
 }
 

@@ -7,4 +7,5 @@ pub mod connect;
 pub mod handshake;
 pub mod outbound;
 pub mod publisher;
+pub mod server_version;
 pub mod wire;

@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use crate::nats::handshake::{Dialer, Opened, Transport};
+use crate::nats::handshake::{Dialer, OpenError, Opened, Transport};
 use crate::nats::wire::{self, HeaderBlock, ServerOp};
 
 /// What JetStream answered for a stored message.
@@ -87,7 +87,7 @@ pub async fn open(
     dialer: &Dialer<'_>,
     inbox: &str,
     ack_timeout: Duration,
-) -> Result<(Outbound, Acks), String> {
+) -> Result<(Outbound, Acks), OpenError> {
     let Opened { transport, info, unread } = dialer.open().await?;
     let (read, write) = tokio::io::split(transport);
     let reply_prefix = format!("{inbox}.");

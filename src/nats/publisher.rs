@@ -1,7 +1,7 @@
 //! JetStream: the stream pgoutbox writes to, and the opening of pipelined publishing
-//! ([`crate::nats::outbound`]). Each message carries `Nats-Expected-Last-Sequence`: if
-//! message k is lost, k+1 is refused by the server instead of being stored before it. That
-//! guard assumes the stream is written only by this pgoutbox.
+//! ([`crate::nats::outbound`]). Each message carries a guard naming its predecessor
+//! (`crate::domain::publishing`): if message k is lost, k+1 is refused by the server instead
+//! of being stored before it. That guard assumes the stream is written only by this pgoutbox.
 
 use std::time::Duration;
 
@@ -11,21 +11,20 @@ use async_nats::jetstream::{self, ErrorCode, stream};
 
 use crate::domain::outbox::PAYLOAD_OMITTED_HEADER;
 use crate::domain::progress::Position;
+use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
 use crate::domain::source::{SOURCE_HEADER, TailOrigin};
 use crate::nats::api_error::is_final_answer;
-use crate::nats::handshake::Dialer;
+use crate::nats::handshake::{Dialer, OpenError};
 use crate::nats::outbound::{self, Acks, Outbound};
 
 /// Header carrying the row's [`Position`].
 pub const POSITION_HEADER: &str = "Pgoutbox-Position";
-/// JetStream's guard that chains each message to the one before it.
-pub const EXPECTED_LAST_SEQUENCE_HEADER: &str = "Nats-Expected-Last-Sequence";
 
 /// Room left in every message for the headers the pipeline adds to it after the row was
-/// mapped (`Pgoutbox-Position: <lsn>:<index>`, `Nats-Expected-Last-Sequence: <u64>` and
-/// `Pgoutbox-Source: <system id>/<timeline>/<database>/<slot>`, whose names Postgres caps
-/// at 63 bytes: about 300 bytes at most), so a dead letter built to `message_limit` minus
-/// this still fits.
+/// mapped (`Pgoutbox-Position: <lsn>:<index>` and `Pgoutbox-Source: <system id>/<timeline>/
+/// <database>/<slot>`, whose names Postgres caps at 63 bytes: about 250 bytes at most), so a
+/// dead letter built to `message_limit` minus this, less the guard's own line
+/// (`Guard::header_bytes`: it repeats the previous message's id), still fits.
 pub const ADDED_HEADERS_ROOM: usize = 512;
 
 /// JetStream API error codes that refuse a message for what it is, whatever the stream's
@@ -89,8 +88,13 @@ impl Publisher {
 
     /// Pipelined publishing for one attempt, on a connection and a reply subscription of
     /// its own: acks of messages a failed attempt abandoned never reach the next one.
-    pub async fn outbound(&self, dialer: &Dialer<'_>) -> Result<(Outbound, Acks), String> {
+    pub async fn outbound(&self, dialer: &Dialer<'_>) -> Result<(Outbound, Acks), OpenError> {
         outbound::open(dialer, &self.client.new_inbox(), self.ack_timeout).await
+    }
+
+    /// The version the connected nats-server announced.
+    pub fn server_version(&self) -> String {
+        self.client.server_info().version
     }
 
     /// The JetStream context, for the stream claims (`crate::nats::claim`).
@@ -107,6 +111,9 @@ impl Publisher {
         match self.js.get_stream(&self.stream).await {
             Ok(mut existing) => {
                 let info = existing.info().await.map_err(request_error)?;
+                if let Some(why) = tail_may_vanish(&info.config) {
+                    tracing::warn!(stream = %self.stream, "{why}");
+                }
                 if info.config.num_replicas != replicas {
                     tracing::warn!(stream = %self.stream, replicas = info.config.num_replicas,
                         asked = replicas, "the existing stream keeps its replica count");
@@ -172,17 +179,22 @@ impl Publisher {
             return Ok(StreamTail { message_limit, ..StreamTail::default() });
         }
         let origin = match stream.get_raw_message(last_sequence).await {
-            Ok(message) => {
-                let header = |name| message.headers.get(name).map(|v| v.as_str().to_owned());
-                TailOrigin {
-                    source: header(SOURCE_HEADER),
-                    position: header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()),
-                }
-            }
-            // The last message was deleted or purged: nothing to skip by.
-            Err(_) => TailOrigin::default(),
+            Ok(message) => origin(&message),
+            // The last message was deleted or purged: nothing to skip by. Any other error
+            // (no leader, a permission, a timeout) says nothing about the tail: taken as
+            // "nothing to skip", every unconfirmed row past the duplicate window would be
+            // stored twice.
+            Err(err) if is_no_message(&err) => TailOrigin::default(),
+            Err(err) => return Err(request_error(err)),
         };
         Ok(StreamTail { last_sequence, origin, message_limit })
+    }
+
+    /// Where the message at `sequence` came from, as its headers say.
+    pub async fn origin_of(&self, sequence: u64) -> Result<TailOrigin, PublisherError> {
+        let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        let message = stream.get_raw_message(sequence).await.map_err(request_error)?;
+        Ok(origin(&message))
     }
 
     /// How many messages the stream holds on one subject (the dead letters, for `status`).
@@ -238,6 +250,26 @@ impl Publisher {
     }
 }
 
+/// Why the stream's last message may be gone by design when pgoutbox next starts, if it
+/// may: then the restart skip cannot read where pgoutbox stopped, and only the duplicate
+/// window keeps the rows sent again from being stored twice.
+fn tail_may_vanish(config: &stream::Config) -> Option<String> {
+    let why = if config.retention != stream::RetentionPolicy::Limits {
+        format!("its retention is {:?}: consumed messages are removed", config.retention)
+    } else if !config.max_age.is_zero() {
+        format!("its messages expire after {:?} (max_age)", config.max_age)
+    } else if config.max_messages_per_subject > 0 {
+        format!("it keeps {} messages per subject", config.max_messages_per_subject)
+    } else {
+        return None;
+    };
+    Some(format!(
+        "the stream's last message may be gone when pgoutbox restarts, since {why}; a restart \
+         then skips nothing by the stream's end and relies on the duplicate window \
+         (docs/guarantees.md)"
+    ))
+}
+
 /// Why a publish was refused for the message itself, if it was: too large for the server
 /// (checked by the client before sending) or refused by JetStream with one of
 /// [`REFUSED_FOR_ITSELF`] (the API error travels as the source of a `PublishErrorKind::Other`).
@@ -256,6 +288,29 @@ pub fn refused_for_itself(err: &PublishError) -> Option<String> {
                 .then(|| format!("JetStream refused the message: {api}"))
         }
         _ => None,
+    }
+}
+
+/// What a stored message's headers say about where it came from.
+fn origin(message: &async_nats::jetstream::message::StreamMessage) -> TailOrigin {
+    let header = |name| message.headers.get(name).map(|v| v.as_str().to_owned());
+    TailOrigin {
+        chained: [EXPECTED_LAST_MSG_ID_HEADER, CHAIN_HEADER]
+            .iter()
+            .any(|name| message.headers.get(*name).is_some()),
+        source: header(SOURCE_HEADER),
+        position: header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()),
+    }
+}
+
+/// The message asked for is not in the stream (deleted, purged, expired).
+fn is_no_message(err: &stream::RawMessageError) -> bool {
+    match err.kind() {
+        stream::RawMessageErrorKind::NoMessageFound => true,
+        stream::RawMessageErrorKind::JetStream(api) => {
+            api.error_code() == ErrorCode::NO_MESSAGE_FOUND
+        }
+        _ => false,
     }
 }
 
@@ -364,6 +419,30 @@ mod tests {
         assert!(!request_error(refused).is_transient());
         assert!(!PublisherError::JetStreamDisabled.is_transient());
         assert!(PublisherError::NoLeader("OUTBOX".into()).is_transient());
+    }
+
+    #[test]
+    fn only_a_missing_message_means_nothing_to_skip_by() {
+        use stream::{RawMessageError, RawMessageErrorKind};
+        assert!(is_no_message(&RawMessageError::new(RawMessageErrorKind::NoMessageFound)));
+        let missing = RawMessageErrorKind::JetStream(api(10037, "no message found"));
+        assert!(is_no_message(&RawMessageError::new(missing)));
+        let no_quorum = RawMessageErrorKind::JetStream(api(10008, "unavailable"));
+        assert!(!is_no_message(&RawMessageError::new(no_quorum)));
+        assert!(!is_no_message(&RawMessageError::new(RawMessageErrorKind::Other)));
+    }
+
+    #[test]
+    fn streams_whose_tail_vanishes_by_design_are_named() {
+        let limits = stream::Config::default();
+        assert_eq!(tail_may_vanish(&limits), None);
+        let work_queue =
+            stream::Config { retention: stream::RetentionPolicy::WorkQueue, ..Default::default() };
+        assert!(tail_may_vanish(&work_queue).unwrap().contains("WorkQueue"));
+        let aging = stream::Config { max_age: Duration::from_secs(3600), ..Default::default() };
+        assert!(tail_may_vanish(&aging).unwrap().contains("max_age"));
+        let per_subject = stream::Config { max_messages_per_subject: 1, ..Default::default() };
+        assert!(tail_may_vanish(&per_subject).unwrap().contains("per subject"));
     }
 
     #[test]

@@ -327,6 +327,9 @@ pub struct SlotState {
     /// `None` before 17.
     pub failover: Option<bool>,
     pub synced: Option<bool>,
+    /// PostgreSQL 17+: why Postgres invalidated the slot (`wal_removed`, `rows_removed`,
+    /// `wal_level_insufficient`, 18's `idle_timeout`); `None` while it is valid and before 17.
+    pub invalidation_reason: Option<String>,
     /// Whether the slot was made for the database we are connected to (slots are
     /// cluster-wide, so two databases left on the default `--slot` meet here).
     pub in_this_database: bool,
@@ -341,7 +344,8 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
                     pg_wal_lsn_diff(w.lsn, restart_lsn)::bigint, \
                     extract(epoch FROM r.flush_lag)::float8, r.application_name, \
                     r.client_addr::text, s.database = current_database(), \
-                    (to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool \
+                    (to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool, \
+                    to_jsonb(s) ->> 'invalidation_reason' \
              FROM pg_replication_slots s \
              LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid \
              CROSS JOIN (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
@@ -367,6 +371,7 @@ pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>
         in_this_database: r.get::<_, Option<bool>>(13).unwrap_or(false),
         failover: r.get(14),
         synced: r.get(15),
+        invalidation_reason: r.get(16),
     }))
 }
 

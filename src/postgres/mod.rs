@@ -1,10 +1,12 @@
 //! Everything that talks to Postgres: connection parameters and TLS, the walsender session
 //! (`walsender`, over `socket`, with the pure CopyBoth envelope in `wire`), the pure
-//! pgoutput decoder, and SQL for setup and status on an ordinary connection (`admin`).
+//! pgoutput decoder, SQL for setup and status on an ordinary connection (`admin`), and the
+//! check that the outbox table is still the one streamed (`outbox_table`).
 
 pub(crate) mod admin;
 mod backend;
 pub(crate) mod conninfo;
+pub(crate) mod outbox_table;
 pub mod pgoutput;
 mod socket;
 pub(crate) mod tls;

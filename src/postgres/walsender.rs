@@ -365,7 +365,7 @@ impl ReplicationConnection {
     /// Reads until `read_buf` holds at least one whole frame.
     async fn fill_frame(&mut self) -> Result<(), ConnectionError> {
         loop {
-            if let Some(len) = frame_len(&self.read_buf) {
+            if let Some(len) = frame_len(&self.read_buf)? {
                 if self.read_buf.len() >= len {
                     return Ok(());
                 }
@@ -381,7 +381,7 @@ impl ReplicationConnection {
 
     /// Takes the whole frame at the front of `read_buf`: its tag and its body.
     fn split_frame(&mut self) -> (u8, Bytes) {
-        let len = frame_len(&self.read_buf).unwrap_or(self.read_buf.len());
+        let len = frame_len(&self.read_buf).ok().flatten().unwrap_or(self.read_buf.len());
         let frame = self.read_buf.split_to(len).freeze();
         (frame[0], frame.slice(5..))
     }
@@ -402,9 +402,18 @@ impl ReplicationConnection {
 }
 
 /// The length of the frame at the front of `buf` (tag byte included), once its header is in.
-fn frame_len(buf: &[u8]) -> Option<usize> {
-    let header: [u8; 4] = buf.get(1..5)?.try_into().ok()?;
-    Some(1 + u32::from_be_bytes(header) as usize)
+/// The length field counts itself, so one below 4 is no frame: refused, where reading the
+/// body after the header would have panicked.
+fn frame_len(buf: &[u8]) -> Result<Option<usize>, ConnectionError> {
+    let Some(header) = buf.get(1..5) else { return Ok(None) };
+    let declared = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+    if declared < 4 {
+        return Err(ConnectionError::Protocol(format!(
+            "a message of tag {:?} declares {declared} bytes, fewer than its length field",
+            char::from(buf[0])
+        )));
+    }
+    Ok(Some(1 + declared as usize))
 }
 
 /// The role to log in as: the one in the URL, else the OS user, as libpq does.
@@ -442,8 +451,18 @@ mod tests {
 
     #[test]
     fn frame_len_needs_the_whole_header() {
-        assert_eq!(frame_len(b"d\0\0\0"), None);
-        assert_eq!(frame_len(b"d\0\0\0\x08abcd"), Some(9));
+        assert_eq!(frame_len(b"d\0\0\0").ok(), Some(None));
+        assert_eq!(frame_len(b"d\0\0\0\x08abcd").ok(), Some(Some(9)));
+        assert_eq!(frame_len(b"d\0\0\0\x04").ok(), Some(Some(5)));
+    }
+
+    #[test]
+    fn a_length_field_below_its_own_size_is_refused() {
+        for short in 0..4u8 {
+            let frame = [b'd', 0, 0, 0, short];
+            let err = frame_len(&frame).expect_err("no frame is shorter than its header");
+            assert!(err.to_string().contains("fewer than its length field"), "{err}");
+        }
     }
 
     #[test]

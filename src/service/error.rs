@@ -33,8 +33,8 @@ pub enum PipelineError {
     )]
     SlotMissing { slot: String },
     #[error(
-        "replication slot {slot} was invalidated by Postgres ({detail}); the WAL it needed \
-             is gone and events may be lost. See docs/operations.md (slot lost) and run \
+        "replication slot {slot} was invalidated by Postgres: {detail}; events committed \
+             since may be lost. See docs/operations.md (slot lost) and run \
              `pgoutbox setup --recreate-slot` once you have decided how to recover"
     )]
     SlotInvalidated { slot: String, detail: String },
@@ -44,9 +44,11 @@ pub enum PipelineError {
          --stream {stream}_{database_token} --subject-template 'outbox_{database_token}.{{aggregate_type}}.{{event_type}}' \
          --dead-letter-subject outbox_{database_token}.dead_letter; or, only if that source is \
          stopped for good (this database restored into a new cluster), take the stream over \
-         with --recreate-slot (see docs/guarantees.md, one writer per stream)"
+         with --recreate-slot (see docs/guarantees.md, one writer per stream). Meanwhile slot \
+         {slot} keeps this database's rows and holds their WAL: drop it with `pgoutbox teardown` \
+         if this database should not stream at all"
     )]
-    StreamClaimed { stream: String, writer: String, database_token: String },
+    StreamClaimed { stream: String, writer: String, database_token: String, slot: String },
     #[error("the pgoutput stream could not be decoded: {0}")]
     Decode(#[from] DecodeError),
     #[error("the pgoutput stream broke protocol: {0}")]
@@ -60,16 +62,45 @@ pub enum PipelineError {
     DrainIncomplete { left: usize, cause: Box<PipelineError> },
     #[error("a row could not be published and neither could its dead letter: {0}")]
     DeadLetter(String),
+    /// The outbox table or its publication changed: nothing more can be streamed as set up.
+    #[error(transparent)]
+    TableDrift(#[from] crate::postgres::outbox_table::TableDrift),
 }
 
 impl PipelineError {
     /// The refusal to write a stream that another source writes; `database` names ours.
-    pub fn stream_claimed(stream: &str, writer: String, database: &str) -> Self {
+    pub fn stream_claimed(stream: &str, writer: String, database: &str, slot: &str) -> Self {
         let database_token: String = database
             .chars()
             .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
             .collect();
-        Self::StreamClaimed { stream: stream.to_owned(), writer, database_token }
+        Self::StreamClaimed {
+            stream: stream.to_owned(),
+            writer,
+            database_token,
+            slot: slot.to_owned(),
+        }
+    }
+
+    /// A slot Postgres invalidated, said in words from its `invalidation_reason` (17+);
+    /// before 17 only `wal_status = lost` tells, and WAL removal is the only cause.
+    pub fn slot_invalidated(slot: &str, reason: Option<&str>) -> Self {
+        let detail = match reason {
+            None | Some("wal_removed") => {
+                "the WAL it needed was removed (max_slot_wal_keep_size, wal_status = lost)".into()
+            }
+            Some("rows_removed") => {
+                "catalog rows it needed were vacuumed away (rows_removed)".into()
+            }
+            Some("wal_level_insufficient") => {
+                "wal_level on the primary is below logical (wal_level_insufficient)".into()
+            }
+            Some("idle_timeout") => {
+                "it was idle longer than idle_replication_slot_timeout (idle_timeout)".into()
+            }
+            Some(other) => format!("invalidation_reason = {other}"),
+        };
+        Self::SlotInvalidated { slot: slot.to_owned(), detail }
     }
 
     /// What this failure means for the next attempt (`domain::retry::RetryPolicy`).
@@ -161,7 +192,9 @@ impl NatsFailure {
         let kind = match err.kind() {
             PublishErrorKind::TimedOut => NatsFailureKind::Timeout,
             PublishErrorKind::StreamNotFound => NatsFailureKind::NoLeader,
-            PublishErrorKind::WrongLastSequence => NatsFailureKind::OutOfOrder,
+            PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId => {
+                NatsFailureKind::OutOfOrder
+            }
             PublishErrorKind::BrokenPipe => NatsFailureKind::Connection,
             _ => NatsFailureKind::Other,
         };
@@ -174,5 +207,21 @@ impl NatsFailure {
             _ => format!("publish not acknowledged: {err}"),
         };
         NatsFailure { kind, detail }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PipelineError;
+
+    #[test]
+    fn an_invalidated_slot_names_the_reason_postgres_gave() {
+        let said = |reason| PipelineError::slot_invalidated("s", reason).to_string();
+        assert!(said(None).contains("WAL it needed was removed"), "{}", said(None));
+        assert!(said(Some("wal_removed")).contains("WAL it needed was removed"));
+        let vacuumed = said(Some("rows_removed"));
+        assert!(vacuumed.contains("vacuumed") && !vacuumed.contains("WAL it needed"));
+        assert!(said(Some("idle_timeout")).contains("idle_replication_slot_timeout"));
+        assert!(said(Some("something_new")).contains("invalidation_reason = something_new"));
     }
 }

@@ -15,14 +15,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use bytes::Bytes;
 use tracing::{debug, info, warn};
 
 use crate::domain::outbox::{Rejection, RowMapping};
-use crate::domain::progress::{LsnTracker, Position, Timing};
-use crate::nats::outbound::{Ack, Acks, Outbound};
-use crate::nats::publisher::{ADDED_HEADERS_ROOM, refused_for_itself};
+use crate::domain::progress::{Position, Timing};
+use crate::domain::publishing::{Publishing, Start};
+use crate::domain::source::Source;
+use crate::nats::outbound::{Acks, Outbound};
+use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher, refused_for_itself};
+use crate::postgres::outbox_table::OutboxTable;
 use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
@@ -31,16 +33,16 @@ use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::Metrics;
 use crate::settings::config::PipelineConfig;
 
+mod acks;
 mod emitted;
 mod interruption;
 mod memory;
 mod publish;
-mod resend;
 mod window;
 
 use interruption::{Interruption, Interruptions};
 pub use memory::{Memory, Resume};
-use window::{MAX_IN_FLIGHT, Resend, Window};
+use window::{MAX_IN_FLIGHT, Window};
 
 /// How often acks are checked and gauges updated, and a report goes out when none did for
 /// [`ReplicationConnection::status_keepalive`].
@@ -62,18 +64,21 @@ pub struct Pipeline<'a> {
     conn: ReplicationConnection,
     outbound: Outbound,
     memory: &'a mut Memory,
-    tracker: LsnTracker,
+    /// What each message is chained to, what its answer means, what may be confirmed.
+    protocol: Publishing,
     in_flight: Window,
     /// Shared so that a row's mapping stays at hand while the row is published.
     mappings: HashMap<u32, Option<Arc<RowMapping>>>,
+    /// The outbox table as it is now (see `crate::postgres::outbox_table`).
+    table: Option<OutboxTable>,
     /// The mapping of `pg_logical_emit_message` events, when they are streamed.
     emitted: Option<Arc<RowMapping>>,
     transaction: Option<Transaction>,
-    /// Rows at or before this position are already in the stream.
-    skip_through: Option<Position>,
-    expected_last_sequence: u64,
-    /// `Pgoutbox-Source` of every message, rendered once.
+    /// This source, and its `Pgoutbox-Source` header rendered once.
+    source: Source,
     source_header: String,
+    /// Reads the message a duplicate answer points at (see `on_duplicate`).
+    publisher: Publisher,
     /// How large a dead letter may be: the server's and the stream's limit, less the
     /// headers `publish` adds.
     letter_budget: usize,
@@ -109,10 +114,15 @@ impl<'a> Pipeline<'a> {
         memory: &'a mut Memory,
         resume: Resume,
         postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
+        publisher: &Publisher,
     ) -> Self {
         let start_lsn = resume.lsn;
-        // Positions below the slot's start are never decoded again.
-        memory.duplicates.retain(|position| position.commit_lsn >= start_lsn);
+        let start = Start {
+            lsn: start_lsn,
+            stream_sequence: resume.stream_sequence,
+            skip_through: resume.skip_through,
+        };
+        let protocol = Publishing::new(start, std::mem::take(&mut memory.duplicates));
         let mut nats_disconnects = memory.nats_disconnects.clone();
         nats_disconnects.mark_unchanged();
         Pipeline {
@@ -124,17 +134,18 @@ impl<'a> Pipeline<'a> {
             conn,
             outbound,
             memory,
-            tracker: LsnTracker::new(start_lsn),
+            protocol,
             in_flight: Window::new(acks),
             mappings: HashMap::new(),
+            table: resume.table,
             emitted: config.message_prefix.as_ref().map(|prefix| {
                 Arc::new(RowMapping::for_emitted_messages(prefix, &config.roles, &config.template))
             }),
             transaction: None,
-            skip_through: resume.skip_through,
-            expected_last_sequence: resume.stream_sequence,
             // Source fields are made header-safe in `Source::new`.
             source_header: resume.source.to_string(),
+            source: resume.source,
+            publisher: publisher.clone(),
             letter_budget: resume.message_limit.saturating_sub(ADDED_HEADERS_ROOM),
             reported: start_lsn,
             reported_at: Instant::now(),
@@ -149,12 +160,13 @@ impl<'a> Pipeline<'a> {
         let result = self.stream(shutdown).await;
         // Best effort: report what is safe, whatever happened.
         let _ = self.send_status(false).await;
+        self.memory.duplicates = self.protocol.take_duplicates();
         // Messages sent and not acknowledged, or a row that could not even be sent, wait for
         // the next attempt; a lost connection with nothing in flight leaves nothing waiting.
-        self.record_progress(self.unsent_row || self.tracker.in_flight() > 0);
+        self.record_progress(self.unsent_row || self.protocol.in_flight() > 0);
         match result {
             Ok(()) => {
-                let confirmed = self.tracker.confirmed();
+                let confirmed = self.protocol.confirmed();
                 self.conn.close().await;
                 Ok(Ended::Drained { confirmed })
             }
@@ -174,7 +186,7 @@ impl<'a> Pipeline<'a> {
         tokio::pin!(confirm);
         let mut confirm_armed = false;
         loop {
-            if !confirm_armed && self.tracker.confirmed() != self.reported {
+            if !confirm_armed && self.protocol.confirmed() != self.reported {
                 let due = (self.reported_at + MIN_STATUS_GAP).max(Instant::now());
                 confirm.as_mut().reset(due.into());
                 confirm_armed = true;
@@ -211,7 +223,7 @@ impl<'a> Pipeline<'a> {
                 }
                 () = &mut confirm, if confirm_armed => {
                     confirm_armed = false;
-                    if self.tracker.confirmed() != self.reported {
+                    if self.protocol.confirmed() != self.reported {
                         self.send_status(false).await?;
                     }
                 }
@@ -225,7 +237,7 @@ impl<'a> Pipeline<'a> {
                     ReplicationMessage::Keepalive { wal_end, reply_requested } => {
                         self.server_wal_end = self.server_wal_end.max(wal_end);
                         if self.transaction.is_none() {
-                            self.tracker.on_keepalive(wal_end);
+                            self.protocol.on_keepalive(wal_end);
                         }
                         if reply_requested {
                             self.send_status(false).await?;
@@ -258,56 +270,17 @@ impl<'a> Pipeline<'a> {
         }
         info!(
             drained = waiting,
-            confirmed = %lsn(self.tracker.confirmed()),
+            confirmed = %lsn(self.protocol.confirmed()),
             "shutdown: drained in-flight messages"
         );
         Ok(())
-    }
-
-    async fn on_ack(&mut self, ack: Ack) -> Result<(), PipelineError> {
-        let Some(done) = self.in_flight.pop_oldest() else {
-            // Nothing was in flight: the publishing connection itself ended.
-            let err = ack.err().map(|err| err.to_string()).unwrap_or_default();
-            return Err(NatsFailure::new(NatsFailureKind::Request, err).into());
-        };
-        let bytes = done.bytes;
-        let ack = ack.map_err(|err| self.refused(done.position, &err))?;
-        self.acks_unrecorded += 1;
-        self.metrics.rows_published.increment(1);
-        self.metrics.bytes_published.increment(bytes as u64);
-        self.tracker.on_acked();
-        self.observe_confirmed();
-        if ack.duplicate {
-            warn!(position = %done.position, sequence = ack.sequence,
-                "JetStream already had a message with this row's id; not stored again");
-            if self.memory.duplicates.len() >= Memory::MAX_DUPLICATES {
-                self.memory.duplicates.clear();
-            }
-            self.memory.duplicates.insert(done.position);
-            self.resend_after_duplicate().await?;
-        }
-        Ok(())
-    }
-
-    /// A refusal of the newest ack (see [`Window::refused_newest`]) or an ack overdue for
-    /// the oldest ends the attempt within a tick.
-    fn check_acks(&mut self) -> Result<(), PipelineError> {
-        if let Some((position, err)) = self.in_flight.refused_newest() {
-            return Err(self.refused(position, &err));
-        }
-        match self.in_flight.overdue(self.outbound.ack_timeout()) {
-            Some(position) => {
-                Err(self.refused(position, &PublishError::new(PublishErrorKind::TimedOut)))
-            }
-            None => Ok(()),
-        }
     }
 
     /// Records the latency stages of the transactions that just became confirmable.
     fn observe_confirmed(&mut self) {
         let now = pg_now_micros();
         let seconds = |from: i64, to: i64| (to - from).max(0) as f64 / 1e6;
-        for Timing { committed, received } in self.tracker.take_confirmed_timings() {
+        for Timing { committed, received } in self.protocol.take_confirmed_timings() {
             self.metrics.commit_to_ack.record(seconds(committed, now));
             self.metrics.commit_to_receive.record(seconds(committed, received));
             self.metrics.receive_to_ack.record(seconds(received, now));
@@ -319,13 +292,13 @@ impl<'a> Pipeline<'a> {
     /// Tells the stall detector where things stand (`waiting`: something awaits an ack).
     fn record_progress(&mut self, waiting: bool) {
         let acks = std::mem::take(&mut self.acks_unrecorded);
-        self.memory.progress.record(self.tracker.confirmed(), acks, waiting);
+        self.memory.progress.record(self.protocol.confirmed(), acks, waiting);
     }
 
     fn update_gauges(&mut self) {
-        self.record_progress(self.tracker.in_flight() > 0);
-        let confirmed = self.tracker.confirmed();
-        self.metrics.messages_in_flight.set(self.tracker.in_flight() as f64);
+        self.record_progress(self.protocol.in_flight() > 0);
+        let confirmed = self.protocol.confirmed();
+        self.metrics.messages_in_flight.set(self.protocol.in_flight() as f64);
         self.metrics.confirmed_lsn.set(confirmed as f64);
         let lag = self.server_wal_end.saturating_sub(confirmed);
         self.metrics.replication_lag_bytes.set(lag as f64);
@@ -344,17 +317,37 @@ impl<'a> Pipeline<'a> {
                     return Err(PipelineError::Protocol("Commit outside a transaction"));
                 }
                 let timing = Timing { committed: commit.commit_time, received: pg_now_micros() };
-                self.tracker.on_commit(commit.end_lsn, timing);
+                self.protocol.on_commit(commit.end_lsn, timing);
                 self.metrics.transactions.increment(1);
                 self.observe_confirmed();
             }
             LogicalMessage::Relation(relation) => {
-                let ours = self.config.table.as_ref().is_some_and(|table| {
-                    relation.namespace == table.schema && relation.name == table.name
-                });
+                let ours = self.table.as_ref().is_some_and(|t| t.oid == relation.rel_id);
+                if let Some(table) = self.config.table.as_ref().filter(|_| ours)
+                    && (relation.namespace != table.schema || relation.name != table.name)
+                {
+                    warn!(%table, named = %format!("{}.{}", relation.namespace, relation.name),
+                        "the outbox table had another name when these rows were written; \
+                         they are published all the same (matched by the table's OID)");
+                }
                 let mapping = if ours {
-                    let config = self.config;
-                    Some(Arc::new(RowMapping::new(&relation, &config.roles, &config.template)?))
+                    let roles = &self.config.roles;
+                    let mapping = match RowMapping::new(&relation, roles, &self.config.template) {
+                        Ok(mapping) => mapping,
+                        // A column the table has today, missing from this older version.
+                        Err(missing)
+                            if self
+                                .table
+                                .as_ref()
+                                .is_some_and(|t| t.columns.contains(&missing.column)) =>
+                        {
+                            warn!(%missing, "rows written before the column was added become \
+                                dead letters");
+                            RowMapping::unusable(&relation, roles, &missing)
+                        }
+                        Err(missing) => return Err(missing.into()),
+                    };
+                    Some(Arc::new(mapping))
                 } else {
                     None
                 };
@@ -404,18 +397,14 @@ impl<'a> Pipeline<'a> {
         position: Position,
         rejected: Option<Rejection>,
     ) -> Result<(), PipelineError> {
-        if self.skip_through.is_some_and(|last| position <= last)
-            || self.memory.duplicates.contains(&position)
-        {
+        if self.protocol.skips(position) {
             return Ok(());
         }
         let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
             Some(refused) => refused,
             None => match mapping.map(&tuple) {
-                Ok(event) => match self.dispatch(event, position).await {
-                    Ok(sent) => {
-                        let resend = Resend::row(mapping, &tuple);
-                        self.track(sent, position, resend);
+                Ok(event) => match self.dispatch(event, position) {
+                    Ok(()) => {
                         self.memory.published += 1;
                         return Ok(());
                     }
@@ -431,18 +420,27 @@ impl<'a> Pipeline<'a> {
             },
         };
         let subject = &self.config.dead_letter_subject;
-        let letter = mapping.dead_letter(&tuple, position, &reason, subject, self.letter_budget);
+        // The guard repeats the previous message's id, which may be long.
+        let budget = self.letter_budget.saturating_sub(self.protocol.guard().header_bytes());
+        let mut letter = mapping.dead_letter(&tuple, position, &reason, subject, budget);
+        if self.memory.ids_taken.contains(&position) {
+            letter = letter.named_by_position(position);
+            if let Some(id) = letter.row_id.clone() {
+                // The table holds the only copy of this event: retention keeps it.
+                self.memory.kept_rows.keep(id);
+            }
+        }
         self.publish_dead_letter(letter, position).await
     }
 
     /// Reports [`LsnTracker::confirmed`] to Postgres: the only place an LSN is confirmed.
     async fn send_status(&mut self, reply_requested: bool) -> Result<(), PipelineError> {
-        let confirmed = self.tracker.confirmed();
+        let confirmed = self.protocol.confirmed();
         self.conn
             .send_status(StandbyStatus { confirmed, now_micros: pg_now_micros(), reply_requested })
             .await?;
         if confirmed != self.reported {
-            debug!(confirmed = %lsn(confirmed), in_flight = self.tracker.in_flight(), "confirmed");
+            debug!(confirmed = %lsn(confirmed), in_flight = self.protocol.in_flight(), "confirmed");
             if let Some(since) = self.confirmable_since.take() {
                 self.metrics.ack_to_confirm.record(since.elapsed().as_secs_f64());
             }

@@ -108,13 +108,20 @@ pub async fn run(
 ) {
     let every = (keep / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
     let deleted_total = metrics::counter!(crate::service::telemetry::names::RETENTION_DELETED);
-    let sql = format!(
-        "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} \
-         WHERE {created_at} < to_timestamp($1::float8) AND NOT ({id}::text = ANY($2::text[])) \
-           AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS p WHERE starts_with({id}::text, p)) \
-         LIMIT {BATCH}))",
-        table = table.quoted(),
+    // By id, with every condition checked again on the rows deleted: a ctid names a row
+    // only within one table, and a partitioned outbox repeats ctids in every partition
+    // (deleting by ctid there emptied young partitions too). A row sharing an old row's id
+    // is deleted only if it is old and published itself.
+    let conditions = format!(
+        "{created_at} < to_timestamp($1::float8) AND NOT ({id}::text = ANY($2::text[])) \
+         AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS p WHERE starts_with({id}::text, p))",
         created_at = quote_ident(&columns.created_at),
+        id = quote_ident(&columns.id),
+    );
+    let sql = format!(
+        "DELETE FROM {table} WHERE {id} = ANY(ARRAY(SELECT {id} FROM {table} \
+         WHERE {conditions} LIMIT {BATCH})) AND {conditions}",
+        table = table.quoted(),
         id = quote_ident(&columns.id),
     );
     let mut client = None;

@@ -60,6 +60,7 @@ pub mod names {
     pub const BYTES_PUBLISHED: &str = "pgoutbox_bytes_published_total";
     pub const TRANSACTIONS: &str = "pgoutbox_transactions_total";
     pub const DEAD_LETTERS: &str = "pgoutbox_dead_letters_total";
+    pub const DUPLICATES: &str = "pgoutbox_duplicates_total";
     pub const MESSAGES_IN_FLIGHT: &str = "pgoutbox_messages_in_flight";
     pub const CONFIRMED_LSN: &str = "pgoutbox_confirmed_lsn";
     pub const REPLICATION_LAG_BYTES: &str = "pgoutbox_replication_lag_bytes";
@@ -85,6 +86,7 @@ pub mod names {
     /// 1, labelled with the server's version and (17+) whether the slot is a failover
     /// slot and a synchronised copy; "unknown" before 17.
     pub const POSTGRES_INFO: &str = "pgoutbox_postgres_info";
+    pub const NATS_INFO: &str = "pgoutbox_nats_info";
 }
 
 /// Gives every metric its `# HELP` line, puts every counter (each label value too) at 0 so
@@ -98,6 +100,11 @@ fn describe() {
         (names::BYTES_PUBLISHED, "Payload bytes acknowledged by JetStream."),
         (names::TRANSACTIONS, "Transactions decoded."),
         (names::DEAD_LETTERS, "Rows sent to the dead-letter subject."),
+        (
+            names::DUPLICATES,
+            "Rows not stored because an older message in the stream has their id (not counted \
+             as published).",
+        ),
         (
             names::NON_TRANSACTIONAL_MESSAGES,
             "Non-transactional pg_logical_emit_message messages with the outbox prefix, not published.",
@@ -133,6 +140,11 @@ fn describe() {
         (
             names::POSTGRES_INFO,
             "Always 1; the labels say which Postgres is streamed from and how the slot is kept.",
+        ),
+        (
+            names::NATS_INFO,
+            "1 for the nats-server pgoutbox is connected to (its version, and whether \
+             JetStream answered it), 0 for one it was connected to before.",
         ),
     ];
     for (name, help) in gauges {
@@ -194,6 +206,7 @@ pub struct Metrics {
     pub bytes_published: Counter,
     pub transactions: Counter,
     pub dead_letters: Counter,
+    pub duplicates: Counter,
     pub non_transactional_messages: Counter,
     pub messages_in_flight: Gauge,
     pub confirmed_lsn: Gauge,
@@ -211,6 +224,7 @@ impl Metrics {
             bytes_published: counter!(names::BYTES_PUBLISHED),
             transactions: counter!(names::TRANSACTIONS),
             dead_letters: counter!(names::DEAD_LETTERS),
+            duplicates: counter!(names::DUPLICATES),
             non_transactional_messages: counter!(names::NON_TRANSACTIONAL_MESSAGES),
             messages_in_flight: gauge!(names::MESSAGES_IN_FLIGHT),
             confirmed_lsn: gauge!(names::CONFIRMED_LSN),
@@ -236,6 +250,24 @@ impl Metrics {
             ("synced", word(synced).to_owned()),
         ];
         gauge!(names::POSTGRES_INFO, &labels).set(1.0);
+    }
+
+    /// The nats-server pgoutbox is connected to, and whether JetStream answered it. The
+    /// previous labels are dropped, so that one series says where things stand.
+    pub fn nats_info(version: &str, jetstream_answered: bool) {
+        static LAST: std::sync::Mutex<Option<(String, bool)>> = std::sync::Mutex::new(None);
+        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+        let now = (version.to_owned(), jetstream_answered);
+        if last.as_ref() == Some(&now) {
+            return;
+        }
+        if let Some((version, answered)) = last.take() {
+            let labels = [("version", version), ("jetstream", answered.to_string())];
+            gauge!(names::NATS_INFO, &labels).set(0.0);
+        }
+        let labels = [("version", now.0.clone()), ("jetstream", now.1.to_string())];
+        gauge!(names::NATS_INFO, &labels).set(1.0);
+        *last = Some(now);
     }
 
     /// A reconnection after a failure of `target`.

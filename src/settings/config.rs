@@ -92,6 +92,9 @@ impl Config {
             return Err(anyhow!("--nats-url names no server"));
         }
         let auth = nats_auth(args, &nats_servers[0]);
+        // The credentials now live in `auth`; async-nats logs server addresses with `Debug`
+        // (at debug level), so the addresses keep none.
+        let nats_servers = nats_servers.into_iter().map(without_credentials).collect();
         let table: TableName = args.table.parse().map_err(|e| anyhow!("--table: {e}"))?;
         let template: SubjectTemplate =
             args.subject_template.parse().context("--subject-template")?;
@@ -166,6 +169,15 @@ fn nats_auth(args: &CommonArgs, first: &async_nats::ServerAddr) -> NatsAuth {
         tls_ca: args.nats_tls_ca.clone(),
         tls_client: args.nats_tls_cert.clone().zip(args.nats_tls_key.clone()),
     }
+}
+
+/// The server's address without the user, password or token of its URL.
+fn without_credentials(addr: async_nats::ServerAddr) -> async_nats::ServerAddr {
+    let mut url = addr.clone().into_inner();
+    if url.set_username("").is_err() || url.set_password(None).is_err() {
+        return addr; // a URL that cannot carry credentials carries none
+    }
+    async_nats::ServerAddr::from_url(url).unwrap_or(addr)
 }
 
 fn check_name(flag: &str, value: &str, allowed: impl Fn(char) -> bool) -> anyhow::Result<()> {

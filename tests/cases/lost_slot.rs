@@ -77,5 +77,9 @@ async fn an_invalidated_slot_stops_pgoutbox_with_the_reason() {
         pg.psql("SELECT pg_switch_wal(); CHECKPOINT;");
     }
     assert_eq!(pg.psql("SELECT wal_status FROM pg_replication_slots"), "lost");
-    assert_exits_explaining(&pg, &nats, &["invalidated", "--recreate-slot"]);
+    assert_exits_explaining(
+        &pg,
+        &nats,
+        &["invalidated", "WAL it needed was removed", "--recreate-slot"],
+    );
 }

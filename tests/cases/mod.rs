@@ -1,6 +1,7 @@
 //! One module per behaviour, each against real PostgreSQL and nats-server processes.
 
 mod authenticates_with_each_method;
+mod claim_released;
 mod cli_contract;
 mod configuration_doc;
 mod container_route;
@@ -17,9 +18,11 @@ mod jetstream_unavailable_at_start;
 mod least_privilege;
 mod lost_slot;
 mod nats_auth;
+mod nats_version_reported;
 mod one_source_per_stream;
 mod ops_http;
 mod order_under_lost_publish;
+mod outbox_table_drift;
 mod partitioned_outbox;
 mod poison_rows;
 mod postgres_black_hole;
@@ -39,5 +42,6 @@ mod streams_inserts_end_to_end;
 mod survives_nats_cluster_faults;
 mod survives_nats_network_faults;
 mod survives_nats_outage;
+mod survives_nats_pauses;
 mod survives_postgres_restart;
 mod version_matrix;

@@ -10,9 +10,10 @@ use crate::support::{Nats, Postgres, numbered_rows, wait_until_streaming};
 
 /// Starts pgoutbox with `url` and extra args, and proves a row reaches the stream by
 /// reading it back with the same credentials through `pgoutbox status --json`.
-async fn streams_with(pg: &Postgres, nats: &Nats, url: &str, args: &[&str]) {
+/// Streams three rows with these NATS settings, logging at debug level; returns the log.
+async fn streams_with(pg: &Postgres, nats: &Nats, url: &str, args: &[&str]) -> String {
     let mut cmd = command(pg, nats);
-    cmd.env("PGOUTBOX_NATS_URL", url).args(args).arg("run");
+    cmd.env("PGOUTBOX_NATS_URL", url).env("RUST_LOG", "debug").args(args).arg("run");
     let app = Pgoutbox::spawn(cmd);
     wait_until_streaming(pg, &app).await;
     pg.psql(&numbered_rows(0, 3, 3));
@@ -23,7 +24,7 @@ async fn streams_with(pg: &Postgres, nats: &Nats, url: &str, args: &[&str]) {
         let output = status.output().expect("status runs");
         let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
         if report["stream"]["messages"] == 3 {
-            break;
+            return app.log();
         }
         assert!(std::time::Instant::now() < deadline, "no messages: {report}\n{}", app.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -48,7 +49,8 @@ async fn user_and_password_in_the_url() {
     let nats = nats_with_config(dir.path(), "authorization { user: app, password: \"p%ss w\" }\n");
     let pg = fresh_pg();
     let url = format!("nats://app:p%25ss%20w@127.0.0.1:{}", nats.port());
-    streams_with(&pg, &nats, &url, &[]).await;
+    let log = streams_with(&pg, &nats, &url, &[]).await;
+    assert!(!log.contains("p%25ss") && !log.contains("p%ss"), "the password was logged:\n{log}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -56,7 +58,9 @@ async fn token_in_the_url() {
     let dir = tempfile::tempdir().expect("dir");
     let nats = nats_with_config(dir.path(), "authorization { token: s3cr3t-t0ken }\n");
     let pg = fresh_pg();
-    streams_with(&pg, &nats, &format!("nats://s3cr3t-t0ken@127.0.0.1:{}", nats.port()), &[]).await;
+    let url = format!("nats://s3cr3t-t0ken@127.0.0.1:{}", nats.port());
+    let log = streams_with(&pg, &nats, &url, &[]).await;
+    assert!(!log.contains("s3cr3t"), "the token was logged:\n{log}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -41,7 +41,9 @@ async fn a_second_database_on_the_same_stream_is_refused_and_loses_nothing() {
     let status = b.wait_exit(Duration::from_secs(30));
     let log = b.log();
     assert!(!status.success(), "a second source started on stream OUTBOX:\n{log}");
-    for needle in ["stream OUTBOX", "/app_a/slot_a", "--stream", "--subject-template"] {
+    let needles =
+        ["stream OUTBOX", "/app_a/slot_a", "--stream", "--subject-template", "slot slot_b"];
+    for needle in needles {
         assert!(log.contains(needle), "{needle:?} missing from the refusal:\n{log}");
     }
     let b_slot_before = slot_confirmed(&pg, "slot_b");

@@ -1,6 +1,7 @@
 //! Pipelining without reordering: when publish k is lost while k+1.. are in flight, k+1
 //! must not be stored before k. A proxy drops exactly one publish; every message after it
-//! carries Nats-Expected-Last-Sequence and is refused, and pgoutbox resumes from the slot.
+//! names its predecessor (Nats-Expected-Last-Msg-Id) and is refused, and pgoutbox resumes
+//! from the slot.
 
 use std::time::Duration;
 

@@ -81,3 +81,34 @@ async fn inheritance_children_are_refused_clearly() {
     pg.psql("CREATE TABLE outbox_old () INHERITS (outbox)");
     assert_refused(&pg, &nats, "inheritance children (outbox_old)");
 }
+
+/// `--retention` on a partitioned outbox deletes exactly the old, published rows. It deleted
+/// by `ctid`, which each partition numbers on its own: the young rows of another partition
+/// at the same ctids went too (100 of 100 today's rows, measured).
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_on_a_partitioned_outbox_deletes_only_old_published_rows() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(PARTITIONED_OUTBOX);
+    pg.psql(
+        "CREATE TABLE outbox_2020 PARTITION OF outbox \
+         FOR VALUES FROM ('2020-01-01') TO ('2021-01-01')",
+    );
+    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2m"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&rows_at(0, 100, "2020-06-01"));
+    pg.psql(&rows_at(100, 200, "now"));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "200 rows stored", || async {
+        (count(&js, "OUTBOX").await == 200).then_some(())
+    })
+    .await;
+    let count_in = |table: &str| pg.psql(&format!("SELECT count(*) FROM {table}"));
+    eventually(Duration::from_secs(60), "the 2020 rows deleted", || async {
+        (count_in("outbox_2020") == "0").then_some(())
+    })
+    .await;
+    assert_eq!(count_in("outbox_default"), "100", "today's rows were deleted:\n{}", app.log());
+    let ages = pg.psql("SELECT count(*) FROM outbox WHERE created_at > now() - interval '1 day'");
+    assert_eq!(ages, "100");
+}

@@ -100,6 +100,25 @@ async fn poison_rows_become_dead_letters_and_never_block() {
     assert_eq!(report["stream"]["dead_letters"], 6, "{report}");
 }
 
+/// A subject over nats-server's control line (4 KiB) would be refused with `-ERR` and the
+/// connection closed on every try: it becomes a dead letter, and the rows behind it flow.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_subject_longer_than_the_control_line_becomes_a_dead_letter() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(LOOSE_OUTBOX);
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    insert(&pg, 0, "repeat('t', 4100)", "'created'", "'{\"n\": 0}'", "NULL");
+    for n in 1..=100 {
+        insert(&pg, n, "'order'", "'created'", &format!("'{{\"n\": {n}}}'"), "NULL");
+    }
+    let messages = stored(&nats, 101, &app).await;
+    assert_dead_letter(&messages[0], "control line", false);
+    let numbers: Vec<u64> = messages[1..].iter().filter_map(|m| m.json()["n"].as_u64()).collect();
+    assert_eq!(numbers, (1..=100).collect::<Vec<u64>>(), "the rows behind it");
+}
+
 /// Waits until the stream holds `n` messages and returns them in stream order.
 async fn stored(nats: &Nats, n: u64, app: &Pgoutbox) -> Vec<Stored> {
     let js = jetstream(&nats.url()).await;

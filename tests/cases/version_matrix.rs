@@ -1,8 +1,9 @@
-//! The version matrix: `PGOUTBOX_TEST_PG=<major>` runs every test against that PostgreSQL
-//! (binaries from `scripts/fetch-postgres.sh`), so the server the tests start must be it.
+//! The version matrices: `PGOUTBOX_TEST_PG=<major>` runs every test against that PostgreSQL
+//! (binaries from `scripts/fetch-postgres.sh`), `PGOUTBOX_TEST_NATS=<minor>` against that
+//! nats-server (`scripts/fetch-nats.sh`), so the servers the tests start must be them.
 
-use crate::support::Postgres;
 use crate::support::pg_bin;
+use crate::support::{Nats, Postgres, http_get};
 
 #[test]
 fn the_server_under_test_is_the_version_asked_for() {
@@ -15,4 +16,16 @@ fn the_server_under_test_is_the_version_asked_for() {
         assert_eq!(num / 10_000, asked.parse::<u32>().expect("PGOUTBOX_TEST_PG=<major>"));
     }
     assert_eq!(pg.psql("SHOW wal_level"), "logical");
+}
+
+#[test]
+fn the_nats_server_under_test_is_the_version_asked_for() {
+    let nats = Nats::start();
+    let (_, varz) = http_get(nats.monitor_port(), "/varz").expect("the monitor answers");
+    let varz: serde_json::Value = serde_json::from_str(&varz).expect("/varz is JSON");
+    let version = varz["version"].as_str().expect("/varz names the version");
+    let asked = std::env::var("PGOUTBOX_TEST_NATS").unwrap_or_else(|_| "2.9".to_owned());
+    if std::env::var_os("PGOUTBOX_NATS_SERVER").is_none() {
+        assert!(version.starts_with(&format!("{asked}.")), "asked for {asked}, got {version}");
+    }
 }

@@ -164,6 +164,14 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, body.to_owned()))
 }
 
+/// The value of the series on pgoutbox's `/metrics` (at `port`) whose line starts with
+/// `series`: a name and a space, or a name with its labels.
+pub fn metric(port: u16, series: &str) -> Option<f64> {
+    let (_, text) = http_get(port, "/metrics")?;
+    let line = text.lines().find(|l| l.starts_with(series))?;
+    line.rsplit(' ').next()?.parse::<f64>().ok()
+}
+
 /// Stops `app` gracefully and waits until Postgres shows its slot released.
 pub async fn stop_and_wait_released(pg: &Postgres, app: pgoutbox::Pgoutbox) {
     app.sigterm();

@@ -14,6 +14,8 @@ pub struct Nats {
     extra: Vec<String>,
     jetstream: bool,
     child: Option<Child>,
+    /// Stopped by [`Nats::pause`]: resumed before it is stopped or killed.
+    paused: bool,
 }
 
 impl Nats {
@@ -46,6 +48,7 @@ impl Nats {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             jetstream,
             child: None,
+            paused: false,
         };
         for _ in 0..5 {
             nats.port = port.unwrap_or_else(free_port);
@@ -71,6 +74,7 @@ impl Nats {
 
     /// Graceful stop (SIGTERM), waiting for the process to exit.
     pub fn stop(&mut self) {
+        self.resume();
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
             let _ = child.wait();
@@ -79,9 +83,32 @@ impl Nats {
 
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
+        self.resume();
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP: the server freezes with what is in its sockets, as in a long GC pause or a
+    /// descheduled VM, and runs it on [`Nats::resume`] (SIGCONT).
+    pub fn pause(&mut self) {
+        self.signal("-STOP");
+        self.paused = true;
+    }
+
+    /// Does nothing unless paused: a stopped server would not act on SIGTERM.
+    pub fn resume(&mut self) {
+        if std::mem::take(&mut self.paused) {
+            self.signal("-CONT");
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let sent = Command::new("kill").arg(signal).arg(child.id().to_string()).status();
+            let sent = sent.is_ok_and(|s| s.success());
+            assert!(sent || std::thread::panicking(), "kill {signal} nats-server");
         }
     }
 
@@ -157,10 +184,22 @@ impl Drop for Nats {
     }
 }
 
-/// $PGOUTBOX_NATS_SERVER, /usr/sbin/nats-server, then PATH.
-fn server_binary() -> PathBuf {
+/// $PGOUTBOX_NATS_SERVER; $PGOUTBOX_TEST_NATS=<minor> from the cache of
+/// `scripts/fetch-nats.sh`; /usr/sbin/nats-server (Debian's 2.9), then PATH.
+pub fn server_binary() -> PathBuf {
     if let Ok(path) = std::env::var("PGOUTBOX_NATS_SERVER") {
         return PathBuf::from(path);
+    }
+    if let Ok(minor) = std::env::var("PGOUTBOX_TEST_NATS") {
+        let cache = std::env::var("PGOUTBOX_NATS_CACHE")
+            .unwrap_or_else(|_| "/var/tmp/pgoutbox-nats".to_owned());
+        let bin = PathBuf::from(cache).join(&minor).join("nats-server");
+        assert!(
+            bin.is_file(),
+            "PGOUTBOX_TEST_NATS={minor}: no {} (run scripts/fetch-nats.sh {minor})",
+            bin.display()
+        );
+        return bin;
     }
     let system = PathBuf::from("/usr/sbin/nats-server");
     if system.is_file() {

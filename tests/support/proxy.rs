@@ -1,5 +1,7 @@
 //! A TCP proxy the test controls, for faults a server cannot produce on its own: a cut
-//! connection, a black hole (connections stay open, nothing arrives), and one lost publish.
+//! connection, a black hole (connections stay open, nothing arrives), one lost publish, and
+//! publishes held back and delivered late, as a paused server executes what was already in
+//! its socket.
 //! [`FaultProxy::start`] reads the NATS protocol (to drop a publish); for any other protocol,
 //! Postgres's for one, [`FaultProxy::start_bytes`] copies bytes without reading them.
 
@@ -25,6 +27,25 @@ struct State {
     dropped: usize,
     /// The client speaks NATS: split what it sends into protocol frames.
     nats_frames: bool,
+    /// Hold back everything the next connection to publish to `outbox.` sends from then on.
+    hold_next_publisher: bool,
+    /// Connections held back, in the order their hold began.
+    held: Vec<Held>,
+    /// Publishes to `outbox.` forwarded since the last hold began, by any connection.
+    publishes_since_hold: usize,
+}
+
+/// What one held connection sent and the server has not been given yet.
+#[derive(Default)]
+struct Held {
+    bytes: Vec<u8>,
+    publishes: usize,
+    /// The socket to the server, kept open here once the client closed its side.
+    upstream: Option<tokio::net::tcp::OwnedWriteHalf>,
+    client_closed: bool,
+    /// Told to a connection still open: deliver what was held and forward from then on.
+    release: Arc<tokio::sync::Notify>,
+    released: bool,
 }
 
 pub struct FaultProxy {
@@ -86,6 +107,54 @@ impl FaultProxy {
     /// Silently drops the next publish whose subject starts with `prefix`.
     pub fn drop_next_publish(&self, prefix: &str) {
         self.state.lock().expect("proxy state").drop_publish = Some(prefix.to_owned());
+    }
+
+    /// Holds back what the next connection to publish to `outbox.` sends, from that publish
+    /// on, until [`FaultProxy::release_held`]: its acks do not come, so the client may give
+    /// up on it, while its bytes wait to be delivered late.
+    pub fn hold_next_publisher(&self) {
+        let mut state = self.state.lock().expect("proxy state");
+        state.hold_next_publisher = true;
+        state.publishes_since_hold = 0;
+    }
+
+    /// Of the `index`th held connection: (publishes held, whether its client closed it).
+    pub fn held(&self, index: usize) -> (usize, bool) {
+        let state = self.state.lock().expect("proxy state");
+        state.held.get(index).map_or((0, false), |h| (h.publishes, h.client_closed))
+    }
+
+    /// Publishes to `outbox.` forwarded since the last hold began.
+    pub fn publishes_since_hold(&self) -> usize {
+        self.state.lock().expect("proxy state").publishes_since_hold
+    }
+
+    /// Delivers what the `index`th held connection sent to the server. A connection its
+    /// client closed is then closed; an open one forwards as usual from then on.
+    pub async fn release_held(&self, index: usize) {
+        let (bytes, upstream, release) = {
+            let mut state = self.state.lock().expect("proxy state");
+            let held = state.held.get_mut(index).expect("a held connection");
+            (std::mem::take(&mut held.bytes), held.upstream.take(), held.release.clone())
+        };
+        match upstream {
+            Some(mut upstream) => {
+                upstream.write_all(&bytes).await.expect("deliver the held publishes");
+                let _ = upstream.flush().await;
+                // Closed at once, the server could drop the connection before reading it.
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            None => {
+                // The connection's own task writes them, in order with what follows.
+                self.state.lock().expect("proxy state").held[index].bytes = bytes;
+                release.notify_one();
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                while !self.state.lock().expect("proxy state").held[index].released {
+                    assert!(std::time::Instant::now() < deadline, "held bytes not delivered");
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            }
+        }
     }
 
     /// How many publishes were dropped so far.
@@ -160,8 +229,36 @@ async fn client_to_server(
 ) {
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
-    while let Ok(n) = from.read(&mut buf).await {
+    // While held: this connection's index in `State::held`, and what releases it.
+    let mut holding: Option<(usize, Arc<tokio::sync::Notify>)> = None;
+    loop {
+        let read = match &holding {
+            Some((index, release)) => tokio::select! {
+                read = from.read(&mut buf) => read,
+                () = release.notified() => {
+                    let bytes = {
+                        let mut state = state.lock().expect("proxy state");
+                        std::mem::take(&mut state.held[*index].bytes)
+                    };
+                    if to.write_all(&bytes).await.is_err() {
+                        break;
+                    }
+                    state.lock().expect("proxy state").held[*index].released = true;
+                    holding = None;
+                    continue;
+                }
+            },
+            None => from.read(&mut buf).await,
+        };
+        let Ok(n) = read else { break };
         if n == 0 {
+            if let Some((index, _)) = holding {
+                // Keep the server's side open, with what it has not been given yet.
+                let mut state = state.lock().expect("proxy state");
+                state.held[index].client_closed = true;
+                state.held[index].upstream = Some(to);
+                return;
+            }
             break;
         }
         if mode(&state) == Mode::Blackhole {
@@ -172,8 +269,29 @@ async fn client_to_server(
         let mut at = 0;
         while let Some(len) = frame_len(&pending[at..]) {
             let frame = &pending[at..at + len];
-            if !should_drop(frame, &state) {
-                out.extend_from_slice(frame);
+            let publish = is_outbox_publish(frame);
+            let mut guard = state.lock().expect("proxy state");
+            if publish && holding.is_none() {
+                if std::mem::take(&mut guard.hold_next_publisher) {
+                    let held = Held::default();
+                    holding = Some((guard.held.len(), held.release.clone()));
+                    guard.held.push(held);
+                } else {
+                    guard.publishes_since_hold += 1;
+                }
+            }
+            match &holding {
+                Some((index, _)) => {
+                    let held = &mut guard.held[*index];
+                    held.bytes.extend_from_slice(frame);
+                    held.publishes += usize::from(publish);
+                }
+                None => {
+                    drop(guard);
+                    if !should_drop(frame, &state) {
+                        out.extend_from_slice(frame);
+                    }
+                }
             }
             at += len;
         }
@@ -195,6 +313,10 @@ fn frame_len(buf: &[u8]) -> Option<usize> {
     };
     let total = line_end + payload;
     (buf.len() >= total).then_some(total)
+}
+
+fn is_outbox_publish(frame: &[u8]) -> bool {
+    frame.starts_with(b"HPUB outbox.") || frame.starts_with(b"PUB outbox.")
 }
 
 fn should_drop(frame: &[u8], state: &Mutex<State>) -> bool {

@@ -46,27 +46,39 @@ pub async fn count(js: &jetstream::Context, stream: &str) -> u64 {
 pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
     let stream = js.get_stream(stream).await.expect("stream exists");
     let total = stream.get_info().await.expect("stream info").state.messages as usize;
-    // On a cluster just after a server was killed, the consumer request can go unanswered
-    // while the meta leader settles: the reader asks again, under a deadline.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    let consumer = loop {
-        match stream.create_consumer(OrderedConfig::default()).await {
-            Ok(consumer) => break consumer,
-            Err(err) if std::time::Instant::now() < deadline => {
-                eprintln!("ordered consumer not created yet ({err}); asking again");
+    // On a cluster just after a server was killed or quorum came back, the consumer request
+    // can go unanswered, or the consumer stall, while the meta leader settles: the reader
+    // starts over, under a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        match read_once(&stream, total).await {
+            Ok(messages) => return messages,
+            Err(why) if std::time::Instant::now() < deadline => {
+                eprintln!("{why}; reading the stream again");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            Err(err) => panic!("ordered consumer: {err:?}"),
+            Err(why) => panic!("{why}"),
         }
-    };
-    let mut messages = consumer.messages().await.expect("consume");
+    }
+}
+
+/// One read of the first `total` messages with an ordered consumer of its own.
+async fn read_once(
+    stream: &jetstream::stream::Stream,
+    total: usize,
+) -> Result<Vec<Stored>, String> {
+    let consumer = stream
+        .create_consumer(OrderedConfig::default())
+        .await
+        .map_err(|err| format!("ordered consumer not created ({err})"))?;
+    let mut messages = consumer.messages().await.map_err(|err| format!("consume: {err}"))?;
     let mut out = Vec::with_capacity(total);
     while out.len() < total {
         let next = tokio::time::timeout(Duration::from_secs(10), messages.next())
             .await
-            .expect("stream read stalled")
-            .expect("consumer ended")
-            .expect("message");
+            .map_err(|_| "stream read stalled".to_owned())?
+            .ok_or("consumer ended")?
+            .map_err(|err| format!("message: {err}"))?;
         let headers = next
             .headers
             .as_ref()
@@ -76,8 +88,11 @@ pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
                     .collect()
             })
             .unwrap_or_default();
-        let stored_at_nanos =
-            next.info().expect("message metadata").published.unix_timestamp_nanos();
+        let stored_at_nanos = next
+            .info()
+            .map_err(|err| format!("message metadata: {err}"))?
+            .published
+            .unix_timestamp_nanos();
         out.push(Stored {
             subject: next.subject.to_string(),
             headers,
@@ -85,7 +100,7 @@ pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
             stored_at_nanos,
         });
     }
-    out
+    Ok(out)
 }
 
 /// What a fault test asserts on: each committed row exactly once, in commit order.

@@ -228,6 +228,16 @@ impl Letter<'_> {
 }
 
 /// The dead letter's headers; every value is made one line here.
+impl DeadLetter {
+    /// Names the letter `dead-letter:<position>` rather than by the row's id: for a row whose
+    /// id an older message has, since a letter named by that id could collide as well.
+    pub fn named_by_position(mut self, position: Position) -> DeadLetter {
+        self.event.id = format!("dead-letter:{position}");
+        self.event.headers = headers(&self.event.id, &self.reason, self.payload_omitted);
+        self
+    }
+}
+
 fn headers(message_id: &str, reason: &str, payload_omitted: bool) -> Headers {
     let mut headers = Headers::with_capacity(128 + message_id.len() + reason.len());
     headers.insert(MESSAGE_ID_HEADER, &one_line(message_id));

@@ -59,6 +59,7 @@ impl RowMapping {
             headers,
             header_columns,
             subject,
+            unusable: None,
         }
     }
 

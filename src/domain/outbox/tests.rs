@@ -85,6 +85,18 @@ fn values_that_would_make_a_wrong_subject_are_rejected_not_rewritten() {
 }
 
 #[test]
+fn a_subject_too_long_for_the_control_line_is_rejected() {
+    let mapping = default_mapping();
+    // "outbox." + token + ".created": the longest token that still fits.
+    let fits = "a".repeat(MAX_SUBJECT_BYTES - "outbox..created".len());
+    assert!(mapping.map(&row(text(&fits), "created", ColumnValue::Null)).is_ok());
+    let long = format!("{fits}a");
+    let rejection = mapping.map(&row(text(&long), "created", ColumnValue::Null)).unwrap_err();
+    assert!(rejection.0.contains("control line"), "{}", rejection.0);
+    assert!(rejection.0.len() < 300, "the reason stays short: {}", rejection.0);
+}
+
+#[test]
 fn header_values_that_are_not_strings_arrive_as_json_text_and_null_is_left_out() {
     let mapping = default_mapping();
     let headers = r#"{"trace-id": "abc", "retries": 3, "urgent": true, "gone": null,

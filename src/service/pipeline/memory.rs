@@ -1,10 +1,12 @@
 //! What outlives one connection attempt, and where the next one starts.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::domain::outbox::RefusedRows;
+use std::collections::HashSet;
+
 use crate::domain::progress::Position;
+use crate::domain::publishing::Duplicates;
 use crate::domain::source::Source;
 use crate::domain::stall::Progress;
 use crate::service::retention::{KeptRows, PublishedUpTo};
@@ -15,13 +17,13 @@ pub struct Memory {
     pub progress: Arc<Progress>,
     /// Counts lost NATS connections (see `commands::connect_nats_watched`).
     pub nats_disconnects: tokio::sync::watch::Receiver<u64>,
-    /// Rows whose publish JetStream answered as a duplicate of an older message with the same
-    /// id: skipped when the slot sends them again, which spares a resend. Pruned below the
-    /// slot's start at each attempt and capped at [`Memory::MAX_DUPLICATES`]: forgetting one
-    /// costs one resend, never a row.
-    pub duplicates: HashSet<Position>,
-    /// Rows JetStream refused for themselves: the next attempt publishes their dead letter.
+    /// Rows answered as duplicates of older messages: the next attempt skips them.
+    pub duplicates: Duplicates,
+    /// Rows JetStream refused for themselves, or whose id an older message of the stream
+    /// has: the next attempt publishes their dead letter.
     pub refused: RefusedRows,
+    /// Of those, the rows whose id was taken: their letter is named by position.
+    pub ids_taken: HashSet<Position>,
     pub published: u64,
     pub dead_letters: u64,
     /// Shared with `--retention`: the commit time of the newest confirmed transaction.
@@ -31,8 +33,6 @@ pub struct Memory {
 }
 
 impl Memory {
-    pub const MAX_DUPLICATES: usize = 65_536;
-
     pub fn new(
         progress: Arc<Progress>,
         nats_disconnects: tokio::sync::watch::Receiver<u64>,
@@ -40,8 +40,9 @@ impl Memory {
         Memory {
             progress,
             nats_disconnects,
-            duplicates: HashSet::new(),
+            duplicates: Duplicates::default(),
             refused: RefusedRows::default(),
+            ids_taken: HashSet::new(),
             published: 0,
             dead_letters: 0,
             published_up_to: PublishedUpTo::default(),
@@ -62,4 +63,7 @@ pub struct Resume {
     pub source: Source,
     /// The largest message the server and the stream accept (`StreamTail::message_limit`).
     pub message_limit: usize,
+    /// The outbox table as it is now: rows are matched by its OID, not by the name of the
+    /// moment.
+    pub table: Option<crate::postgres::outbox_table::OutboxTable>,
 }

@@ -1,15 +1,17 @@
-//! Handing messages to NATS: each one chained to the previous by sequence and kept in
-//! flight, a dead letter in a row's place, and what a refusal means for the attempt.
+//! Handing messages to NATS: each one with the guard `domain::publishing` chains it by and
+//! kept in flight, a dead letter in a row's place, and what a refusal means for the attempt.
 
 use async_nats::jetstream::context::PublishError;
 use tracing::warn;
 
 use super::Pipeline;
-use super::window::Resend;
 use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection};
 use crate::domain::progress::Position;
+use crate::domain::publishing::{
+    CHAIN_ANCHOR, CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER, EXPECTED_LAST_SEQUENCE_HEADER, Guard,
+};
 use crate::domain::source::SOURCE_HEADER;
-use crate::nats::publisher::{EXPECTED_LAST_SEQUENCE_HEADER, POSITION_HEADER, refused_for_itself};
+use crate::nats::publisher::{POSITION_HEADER, refused_for_itself};
 use crate::nats::wire::HeaderBlock;
 use crate::service::error::{NatsFailure, PipelineError};
 
@@ -24,17 +26,15 @@ impl Pipeline<'_> {
         let DeadLetter { event, reason, payload_omitted, row_id } = letter;
         warn!(position = %position, id = %event.id, reason = %reason, payload_omitted,
             subject = %event.subject, "row sent to the dead-letter subject");
-        let sent = match self.dispatch(event.clone(), position).await {
-            Ok(sent) => sent,
-            Err(err) => {
+        if let Err(err) = self.dispatch(event, position) {
+            {
                 self.unsent_row = true;
                 return Err(match refused_for_itself(&err) {
                     Some(why) => PipelineError::DeadLetter(why),
                     None => PipelineError::Nats(NatsFailure::unacknowledged(&err)),
                 });
             }
-        };
-        self.track(sent, position, Resend::Letter(event));
+        }
         if payload_omitted && let Some(id) = row_id {
             // Kept before its ack can move `published_up_to` past it.
             self.memory.kept_rows.keep(id);
@@ -65,35 +65,32 @@ impl Pipeline<'_> {
         }
     }
 
-    /// Hands one message to JetStream, chained to the previous one by sequence, and returns
-    /// its ack and payload size; [`Pipeline::track`] then keeps it in flight.
-    pub(super) async fn dispatch(
+    /// Hands one message to JetStream with the guard that chains it to the one sent before
+    /// it, and keeps it in flight. pgoutbox's own headers come first: nats-server up to 2.10
+    /// reads the first occurrence of a header name anywhere in the block, so a row's header
+    /// written before them could shadow a guard.
+    pub(super) fn dispatch(
         &mut self,
         event: OutboxEvent,
         position: Position,
-    ) -> Result<(u64, usize), PublishError> {
-        let OutboxEvent { subject, headers, payload, .. } = event;
-        let bytes = payload.len();
-        let (source, expected) = (&self.source_header, self.expected_last_sequence);
+    ) -> Result<(), PublishError> {
+        let OutboxEvent { id, subject, headers, payload } = event;
+        let (source, guard) = (&self.source_header, self.protocol.guard());
         let header_block = |block: &mut HeaderBlock<'_>| {
-            block.add_lines(headers.lines());
+            match guard {
+                Guard::LastSequence(sequence) => {
+                    block.add_display(EXPECTED_LAST_SEQUENCE_HEADER, sequence);
+                    block.add(CHAIN_HEADER, CHAIN_ANCHOR);
+                }
+                Guard::LastMsgId(previous) => block.add(EXPECTED_LAST_MSG_ID_HEADER, previous),
+            }
             block.add_display(POSITION_HEADER, position);
             block.add(SOURCE_HEADER, source);
-            block.add_display(EXPECTED_LAST_SEQUENCE_HEADER, expected);
+            block.add_lines(headers.lines());
         };
         let token = self.outbound.send(&subject, header_block, &payload)?;
-        self.expected_last_sequence += 1;
-        Ok((token, bytes))
-    }
-
-    /// Keeps a message just dispatched in flight, as one more sent message.
-    pub(super) fn track(
-        &mut self,
-        (token, payload): (u64, usize),
-        position: Position,
-        resend: Resend,
-    ) {
-        self.in_flight.push(token, position, payload, resend);
-        self.tracker.on_sent();
+        self.in_flight.push(token, position, payload.len());
+        self.protocol.on_sent(id);
+        Ok(())
     }
 }

@@ -2,15 +2,11 @@
 //! Acks are consumed in this order, which is what lets `LsnTracker` only count.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::PublishError;
-use bytes::{Bytes, BytesMut};
 
-use crate::domain::outbox::{OutboxEvent, Rejection, RowMapping};
 use crate::domain::progress::Position;
-use crate::domain::row::ColumnValue;
 use crate::nats::outbound::{Ack, Acks};
 
 /// How many messages may await their ack at once.
@@ -23,102 +19,8 @@ pub(super) struct InFlight {
     /// The ack, once it arrived; it waits here until every older message had its own.
     ack: Option<Ack>,
     pub(super) position: Position,
-    /// Bytes held for this message, counted against `--max-in-flight-bytes`: its payload
-    /// (until the client writes it) and what [`Resend`] keeps (until the ack).
+    /// The message's payload bytes, counted against `--max-in-flight-bytes` until its ack.
     pub(super) bytes: usize,
-    /// How to send the message again after a duplicate (see `resend_after_duplicate`).
-    pub(super) resend: Resend,
-}
-
-/// What a message in flight is rebuilt from, should it have to be sent again: its row, from
-/// which the mapping, being deterministic, rebuilds the same message; or, for a rare dead
-/// letter, the message itself.
-pub(super) enum Resend {
-    Row(KeptRow),
-    Letter(OutboxEvent),
-}
-
-/// A row's values copied into one buffer of their own, with each value's kind and length.
-/// Decoded values are slices of the WAL frame they came in; holding those until the ack
-/// kept whole read buffers alive, which cost 3 µs and 9 MB of RSS per row at full drain
-/// (the benchmark). A handle per value cost another 0.3 µs: the tuple is rebuilt only
-/// when it is needed, after a duplicate.
-pub(super) struct KeptRow {
-    mapping: Arc<RowMapping>,
-    values: Bytes,
-    shape: Vec<Kept>,
-}
-
-#[derive(Clone, Copy)]
-enum Kept {
-    Text(usize),
-    Binary(usize),
-    Null,
-    UnchangedToast,
-}
-
-impl Resend {
-    pub(super) fn row(mapping: Arc<RowMapping>, tuple: &[ColumnValue]) -> Resend {
-        let mut values = BytesMut::with_capacity(tuple.iter().map(value_bytes).sum());
-        let shape = tuple
-            .iter()
-            .map(|value| match value {
-                ColumnValue::Text(b) => {
-                    values.extend_from_slice(b);
-                    Kept::Text(b.len())
-                }
-                ColumnValue::Binary(b) => {
-                    values.extend_from_slice(b);
-                    Kept::Binary(b.len())
-                }
-                ColumnValue::Null => Kept::Null,
-                ColumnValue::UnchangedToast => Kept::UnchangedToast,
-            })
-            .collect();
-        Resend::Row(KeptRow { mapping, values: values.freeze(), shape })
-    }
-
-    /// The bytes this keeps until the message is acknowledged.
-    pub(super) fn held_bytes(&self) -> usize {
-        match self {
-            Resend::Row(row) => row.values.len(),
-            Resend::Letter(letter) => letter.payload.len(),
-        }
-    }
-
-    /// The message again, as it was first sent.
-    pub(super) fn rebuild(&self) -> Result<OutboxEvent, Rejection> {
-        match self {
-            Resend::Row(row) => row.mapping.map(&row.tuple()),
-            Resend::Letter(letter) => Ok(letter.clone()),
-        }
-    }
-}
-
-impl KeptRow {
-    fn tuple(&self) -> Vec<ColumnValue> {
-        let mut at = 0;
-        let mut next = |len: usize| {
-            at += len;
-            self.values.slice(at - len..at)
-        };
-        self.shape
-            .iter()
-            .map(|kept| match *kept {
-                Kept::Text(len) => ColumnValue::Text(next(len)),
-                Kept::Binary(len) => ColumnValue::Binary(next(len)),
-                Kept::Null => ColumnValue::Null,
-                Kept::UnchangedToast => ColumnValue::UnchangedToast,
-            })
-            .collect()
-    }
-}
-
-fn value_bytes(value: &ColumnValue) -> usize {
-    match value {
-        ColumnValue::Text(b) | ColumnValue::Binary(b) => b.len(),
-        ColumnValue::Null | ColumnValue::UnchangedToast => 0,
-    }
 }
 
 /// The in-flight window: bounded by count and by bytes held, fed by one attempt's acks.
@@ -147,13 +49,12 @@ impl Window {
         self.entries.is_empty() || (self.entries.len() < max_count && self.bytes < max_bytes)
     }
 
-    /// Adds a message just sent with `token`, `payload` bytes long; tokens grow with every
-    /// send, so the window stays sorted.
-    pub(super) fn push(&mut self, token: u64, position: Position, payload: usize, resend: Resend) {
-        let bytes = payload + resend.held_bytes();
+    /// Adds a message just sent with `token`, `bytes` long; tokens grow with every send, so
+    /// the window stays sorted.
+    pub(super) fn push(&mut self, token: u64, position: Position, bytes: usize) {
         let sent_at = Instant::now();
         self.bytes += bytes;
-        self.entries.push_back(InFlight { token, sent_at, ack: None, position, bytes, resend });
+        self.entries.push_back(InFlight { token, sent_at, ack: None, position, bytes });
     }
 
     pub(super) fn pop_oldest(&mut self) -> Option<InFlight> {
@@ -199,7 +100,8 @@ impl Window {
                 return ack;
             }
             let (token, ack) = self.acks.next().await?;
-            // An ack of a message no longer in flight (sent again after a duplicate) is late.
+            // An ack of a message no longer in flight (a token unknown, or answered twice) is
+            // ignored: only its first answer counts.
             if let Some(entry) = self.find(token)
                 && entry.ack.is_none()
             {
@@ -218,33 +120,5 @@ impl Window {
             _ => self.entries.binary_search_by_key(&token, |entry| entry.token).ok()?,
         };
         self.entries.get_mut(i)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::outbox::{ColumnRoles, SubjectTemplate};
-
-    #[test]
-    fn a_kept_row_gives_back_the_tuple_it_was_made_from() {
-        let template: SubjectTemplate = "outbox.{aggregate_type}".parse().unwrap();
-        let mapping = Arc::new(RowMapping::for_emitted_messages(
-            "outbox",
-            &ColumnRoles::default(),
-            &template,
-        ));
-        let tuple = vec![
-            ColumnValue::Text(Bytes::from_static(b"id-1")),
-            ColumnValue::Null,
-            ColumnValue::Binary(Bytes::from_static(b"\x00\x01\x02")),
-            ColumnValue::UnchangedToast,
-            ColumnValue::Text(Bytes::new()),
-            ColumnValue::Text(Bytes::from_static("ünïcode".as_bytes())),
-        ];
-        let resend = Resend::row(mapping, &tuple);
-        assert_eq!(resend.held_bytes(), 4 + 3 + "ünïcode".len());
-        let Resend::Row(kept) = resend else { panic!("a row is kept as a row") };
-        assert_eq!(kept.tuple(), tuple);
     }
 }

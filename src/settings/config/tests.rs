@@ -22,6 +22,16 @@ fn config(args: &[&str], env: &[(&'static str, &'static str)]) -> anyhow::Result
 }
 
 #[test]
+fn nats_credentials_leave_the_server_addresses() {
+    let url = "nats://app:s3cret@127.0.0.1:4222,nats://t0ken@127.0.0.2:4222";
+    let c = config(&["--nats-url", url], &[("DATABASE_URL", "postgres://u@h:1/db")]).unwrap();
+    let addresses = format!("{:?}", c.nats.servers);
+    assert!(!addresses.contains("s3cret") && !addresses.contains("t0ken"), "{addresses}");
+    assert_eq!(c.nats.servers[1].host(), "127.0.0.2");
+    assert_eq!(c.nats.auth.user_password, Some(("app".into(), "s3cret".into())));
+}
+
+#[test]
 fn database_url_falls_back_to_the_unprefixed_variable() {
     let c = config(&[], &[("DATABASE_URL", "postgres://u@h:1/db")]).unwrap();
     assert_eq!(c.database.get_dbname(), Some("db"));

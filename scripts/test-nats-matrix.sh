@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The NATS version matrix: the main-path, fault, dead-letter, claim and auth tests against
+# each supported nats-server (the whole suite runs on Debian's 2.9 in scripts/test.sh).
+#
+#   scripts/test-nats-matrix.sh                 # 2.10 2.11 2.12 2.15, each version's wall time at the end
+#   scripts/test-nats-matrix.sh 2.12            # one version
+#
+# Fetches the binaries once (scripts/fetch-nats.sh), builds the test binary once, then runs
+# it with the filters below with PGOUTBOX_TEST_NATS=<minor>. The three-server R3 cluster
+# cases run on the newest version too (the first of `newest` below), as on 2.9.
+# CARGO overrides the cargo command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+minors=("$@")
+((${#minors[@]})) || minors=(2.10 2.11 2.12 2.15)
+newest=2.15
+
+# Test-name filters (substrings; a test runs when it matches any). Why each is here:
+tests=(
+  version_matrix               # the server really is the version asked for
+  nats_version_reported        # status and /metrics name the server's version
+  streams_inserts_end_to_end   # the main path: headers, commit order
+  crash_anywhere               # kill -9 at random moments: confirm-after-ack, the tail skip
+  survives_nats_outage         # nats-server stopped and started again
+  survives_nats_network_faults # a cut connection, a black hole, a restart mid-stream
+  survives_nats_pauses         # late writes: held by a proxy, and SIGSTOP freezes
+  order_under_lost_publish     # the chain's guard refuses what follows a lost publish
+  duplicate_ids                # a duplicate elsewhere, the expected-id refusal behind it
+  dedup_window_expired         # the duplicate window and the tail skip after it
+  poison_rows                  # JetStream's refusals by code: max_msg_size, header size
+  one_source_per_stream        # the stream's claim in the key-value bucket
+  claim_released               # a claim deleted, purged or its bucket dropped is free again
+  nats_auth                    # user and password, token, NKey, creds, TLS with and without a client certificate
+  publishing_connection        # our own connection: pings, its name on the server
+  publish_permission           # a permissions -ERR ends the attempt
+)
+cluster_tests=(
+  survives_nats_cluster_faults # R3: leader killed, quorum lost
+  jetstream_unavailable_at_start
+)
+
+scripts/fetch-nats.sh "${minors[@]}"
+scripts/install-deps.sh
+# Built once; the versions then run the binary itself (no cargo, no rebuild in between).
+bin="$(${CARGO:-cargo} test --test main --no-run --message-format=json |
+  grep -F '"kind":["test"],"crate_types":["bin"],"name":"main"' |
+  grep -o '"executable":"[^"]*"' | tail -n1 | cut -d'"' -f4)"
+[[ -x "$bin" ]] || { echo "the integration test binary was not built" >&2; exit 1; }
+
+summary=()
+for minor in "${minors[@]}"; do
+  echo "=== nats-server $minor" >&2
+  started=$SECONDS
+  filters=("${tests[@]}")
+  [[ "$minor" == "$newest" ]] && filters+=("${cluster_tests[@]}")
+  PGOUTBOX_TEST_NATS=$minor "$bin" "${filters[@]}" --test-threads=2
+  summary+=("nats-server $minor: $((SECONDS - started)) s")
+done
+printf '%s\n' "${summary[@]}" >&2

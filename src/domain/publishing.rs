@@ -1,0 +1,344 @@
+//! The publish protocol: what each message is chained to, what JetStream's answer to it
+//! means, when an attempt must end, and which WAL position may be confirmed.
+//!
+//! Pure: the pipeline feeds it events (a row decoded, a message sent, JetStream's answer, a
+//! commit, a keepalive) and does what it answers (skip the row, publish with this guard,
+//! end the attempt, confirm this LSN). Model-checked against a model of JetStream in
+//! `publishing/model.rs`.
+//!
+//! # The chain
+//! A message may be stored only directly behind its predecessor in commit order, whichever
+//! connection, attempt or process wrote either of them. A paused server executes what was
+//! already in its sockets, so a connection pgoutbox gave up on can still write after the
+//! next attempt read the stream's tail, after it published the same rows again, or never.
+//! Each message therefore names its predecessor, not a place:
+//! - the first message of an attempt carries `Nats-Expected-Last-Sequence` = the sequence of
+//!   the stream's tail that the attempt read and skipped through (the *anchor*), and
+//!   `Pgoutbox-Chain: anchor`;
+//! - every later one carries `Nats-Expected-Last-Msg-Id` = the `Nats-Msg-Id` of the message
+//!   sent before it.
+//!
+//! A sequence guard on every message would name a place computed by each writer on its
+//! own: two attempts that learned of a duplicate at different moments compute different
+//! places for the same row, and a late write lands in a hole (issue 21's lost rows). An id
+//! guard states the rule itself. The anchor is a sequence because the server forgets the
+//! last message id when it restarts and the tail is older than the duplicate window.
+//!
+//! # Answers
+//! - stored: in place behind its predecessor;
+//! - duplicate at the sequence just behind the last message known in place: the message is
+//!   already in place (an abandoned connection's copy landed first);
+//! - duplicate at sequence 0: the id is staged by a replicated stream's leader but the
+//!   message is not known to be stored (nats-server 2.10 with R3): end the attempt;
+//! - duplicate elsewhere: an older message has this id. The caller reads that message and
+//!   says whether it is this very row ([`Publishing::on_duplicate_origin`]):
+//!   - a replay (a tail that could not be skipped by): the row is in the stream and takes no
+//!     place; the rows behind it, chained to its id, are stored only if that older message
+//!     is the stream's last, else refused, which ends the attempt; the next attempt skips the
+//!     duplicate (see [`Duplicates`]) and anchors behind the tail;
+//!   - another row with the same id (a table truncated with its sequence restarted, a
+//!     restored backup): a collision, not a publish. The attempt ends, nothing past the row
+//!     is confirmed, and the caller publishes a dead letter in its place next time;
+//! - refused or unanswered: end the attempt; nothing past it was confirmed, so the slot
+//!   sends it again.
+
+use std::collections::HashSet;
+
+use crate::domain::progress::{LsnTracker, Position, Timing};
+
+/// Header carrying the anchor's guard: the stream's last sequence.
+pub const EXPECTED_LAST_SEQUENCE_HEADER: &str = "Nats-Expected-Last-Sequence";
+/// Header carrying every later message's guard: its predecessor's `Nats-Msg-Id`.
+pub const EXPECTED_LAST_MSG_ID_HEADER: &str = "Nats-Expected-Last-Msg-Id";
+/// Marks the first message of an attempt: with the id guard of every other message, it
+/// shows that a tail was written under this protocol, so no gap can lie before it.
+pub const CHAIN_HEADER: &str = "Pgoutbox-Chain";
+pub const CHAIN_ANCHOR: &str = "anchor";
+
+/// What a message is chained to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guard {
+    /// Stored only if the stream's last sequence is this one.
+    LastSequence(u64),
+    /// Stored only if the stream's last message has this `Nats-Msg-Id`.
+    LastMsgId(String),
+}
+
+impl Guard {
+    /// How many bytes its header line takes, at most.
+    pub fn header_bytes(&self) -> usize {
+        let value = match self {
+            Guard::LastSequence(_) => 20,
+            Guard::LastMsgId(id) => id.len(),
+        };
+        EXPECTED_LAST_MSG_ID_HEADER.len() + CHAIN_HEADER.len() + CHAIN_ANCHOR.len() + value + 8
+    }
+}
+
+/// JetStream's answer to one publish, or the lack of one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    Stored {
+        sequence: u64,
+    },
+    Duplicate {
+        sequence: u64,
+    },
+    /// Refused, timed out, or lost with its connection.
+    NotStored,
+}
+
+/// What an answer means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Stored,
+    /// An abandoned connection's copy of this message was stored in its place first.
+    AlreadyInPlace,
+    /// An older message with this id is in the stream at `sequence`: read it, and tell
+    /// [`Publishing::on_duplicate_origin`] whether it is this row. Nothing counted yet.
+    CheckDuplicate {
+        sequence: u64,
+    },
+    /// The older message with this id is this very row, stored before: it took no place.
+    Replayed,
+    /// The message is not known to be stored: the attempt must end.
+    EndAttempt,
+}
+
+impl Outcome {
+    /// Whether the message counts as published: everything before it may be confirmed.
+    pub fn is_done(self) -> bool {
+        matches!(self, Outcome::Stored | Outcome::AlreadyInPlace | Outcome::Replayed)
+    }
+}
+
+/// Rows JetStream answered as duplicates elsewhere: the next attempt skips them, so that the
+/// rows behind one are anchored behind the stream's tail instead of chained to its id. Kept
+/// across attempts; capped, since forgetting one costs one attempt, never a row.
+#[derive(Debug, Default, Clone)]
+pub struct Duplicates(HashSet<Position>);
+
+impl Duplicates {
+    const MAX: usize = 65_536;
+
+    fn insert(&mut self, position: Position) {
+        if self.0.len() >= Self::MAX {
+            self.0.clear();
+        }
+        self.0.insert(position);
+    }
+
+    /// Positions below the slot's start are never decoded again.
+    fn forget_below(&mut self, lsn: u64) {
+        self.0.retain(|position| position.commit_lsn >= lsn);
+    }
+}
+
+/// Where an attempt starts: the slot's confirmed position and the stream's tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Start {
+    /// The slot's `confirmed_flush_lsn`.
+    pub lsn: u64,
+    /// The stream's last sequence when the attempt began: the anchor's guard.
+    pub stream_sequence: u64,
+    /// Rows at or before this position are in the stream already (`source::judge_tail`).
+    pub skip_through: Option<Position>,
+}
+
+/// One attempt's publish protocol.
+#[derive(Debug, Clone)]
+pub struct Publishing {
+    tracker: LsnTracker,
+    skip_through: Option<Position>,
+    duplicates: Duplicates,
+    /// The guard of the next message sent.
+    next_guard: Guard,
+    /// The sequence of the last message known to be in place: the anchor's at first.
+    stream_end: u64,
+}
+
+impl Publishing {
+    pub fn new(start: Start, mut duplicates: Duplicates) -> Publishing {
+        duplicates.forget_below(start.lsn);
+        Publishing {
+            tracker: LsnTracker::new(start.lsn),
+            skip_through: start.skip_through,
+            duplicates,
+            next_guard: Guard::LastSequence(start.stream_sequence),
+            stream_end: start.stream_sequence,
+        }
+    }
+
+    /// Whether the row at `position` is in the stream already and must not be sent.
+    pub fn skips(&self, position: Position) -> bool {
+        self.skip_through.is_some_and(|last| position <= last)
+            || self.duplicates.0.contains(&position)
+    }
+
+    /// The guard to publish the next message with.
+    pub fn guard(&self) -> &Guard {
+        &self.next_guard
+    }
+
+    /// The message with `Nats-Msg-Id` `id` was handed to JetStream with [`Self::guard`];
+    /// the next one is chained to it.
+    pub fn on_sent(&mut self, id: String) {
+        self.tracker.on_sent();
+        self.next_guard = Guard::LastMsgId(id);
+    }
+
+    /// JetStream's answer to the oldest message in flight.
+    pub fn on_answer(&mut self, answer: Answer) -> Outcome {
+        let outcome = match answer {
+            Answer::Stored { sequence } => {
+                self.stream_end = sequence;
+                Outcome::Stored
+            }
+            Answer::Duplicate { sequence } if sequence == self.stream_end + 1 => {
+                self.stream_end = sequence;
+                Outcome::AlreadyInPlace
+            }
+            Answer::Duplicate { sequence: 0 } | Answer::NotStored => Outcome::EndAttempt,
+            Answer::Duplicate { sequence } => Outcome::CheckDuplicate { sequence },
+        };
+        if outcome.is_done() {
+            self.tracker.on_acked();
+        }
+        outcome
+    }
+
+    /// After [`Outcome::CheckDuplicate`] for the oldest message, the row at `position`:
+    /// whether the older message with its id was written from this very position of this
+    /// source (a replay) or by another row (a collision, which ends the attempt).
+    pub fn on_duplicate_origin(&mut self, position: Position, same_row: bool) -> Outcome {
+        if !same_row {
+            return Outcome::EndAttempt;
+        }
+        self.duplicates.insert(position);
+        self.tracker.on_acked();
+        Outcome::Replayed
+    }
+
+    /// A transaction ended at `end_lsn`.
+    pub fn on_commit(&mut self, end_lsn: u64, timing: Timing) {
+        self.tracker.on_commit(end_lsn, timing);
+    }
+
+    /// The server's WAL end, outside a transaction.
+    pub fn on_keepalive(&mut self, wal_end: u64) {
+        self.tracker.on_keepalive(wal_end);
+    }
+
+    /// The position that is safe to confirm to Postgres.
+    pub fn confirmed(&self) -> u64 {
+        self.tracker.confirmed()
+    }
+
+    pub fn in_flight(&self) -> u64 {
+        self.tracker.in_flight()
+    }
+
+    /// The timings of the transactions that became confirmable since the last call.
+    pub fn take_confirmed_timings(&mut self) -> std::vec::Drain<'_, Timing> {
+        self.tracker.take_confirmed_timings()
+    }
+
+    /// What the next attempt must know, taken when this one ends.
+    pub fn take_duplicates(&mut self) -> Duplicates {
+        std::mem::take(&mut self.duplicates)
+    }
+}
+
+#[cfg(test)]
+mod model;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(commit_lsn: u64) -> Position {
+        Position { commit_lsn, index: 0 }
+    }
+
+    fn start(stream_sequence: u64) -> Publishing {
+        let start = Start { lsn: 0, stream_sequence, skip_through: None };
+        Publishing::new(start, Duplicates::default())
+    }
+
+    #[test]
+    fn the_first_message_is_anchored_by_sequence_and_the_rest_chained_by_id() {
+        let mut p = start(41);
+        assert_eq!(p.guard(), &Guard::LastSequence(41));
+        p.on_sent("a".into());
+        assert_eq!(p.guard(), &Guard::LastMsgId("a".into()));
+        p.on_sent("b".into());
+        assert_eq!(p.guard(), &Guard::LastMsgId("b".into()));
+    }
+
+    #[test]
+    fn a_duplicate_just_behind_the_chain_is_already_in_place() {
+        let mut p = start(41);
+        p.on_sent("a".into());
+        p.on_sent("b".into());
+        p.on_commit(10, Timing { committed: 0, received: 0 });
+        assert_eq!(p.on_answer(Answer::Duplicate { sequence: 42 }), Outcome::AlreadyInPlace);
+        assert_eq!(p.on_answer(Answer::Stored { sequence: 43 }), Outcome::Stored);
+        assert_eq!(p.confirmed(), 10);
+    }
+
+    #[test]
+    fn a_replay_elsewhere_takes_no_place_and_is_skipped_next_time() {
+        let mut p = start(41);
+        p.on_sent("a".into());
+        p.on_sent("b".into());
+        let outcome = p.on_answer(Answer::Duplicate { sequence: 7 });
+        assert_eq!(outcome, Outcome::CheckDuplicate { sequence: 7 });
+        assert_eq!(p.in_flight(), 2, "not counted before its origin is known");
+        assert_eq!(p.on_duplicate_origin(at(5), true), Outcome::Replayed);
+        // The message behind it, chained to the duplicate's id, is refused.
+        assert_eq!(p.on_answer(Answer::NotStored), Outcome::EndAttempt);
+        let next = Publishing::new(
+            Start { lsn: 5, stream_sequence: 41, skip_through: None },
+            p.take_duplicates(),
+        );
+        assert!(next.skips(at(5)));
+        assert!(!next.skips(at(6)));
+    }
+
+    #[test]
+    fn a_collision_is_never_counted_as_published() {
+        let mut p = start(41);
+        p.on_sent("a".into());
+        p.on_commit(10, Timing { committed: 0, received: 0 });
+        let outcome = p.on_answer(Answer::Duplicate { sequence: 7 });
+        assert_eq!(outcome, Outcome::CheckDuplicate { sequence: 7 });
+        assert_eq!(p.on_duplicate_origin(at(5), false), Outcome::EndAttempt);
+        assert_eq!(p.confirmed(), 0, "confirmed past a row that is not in the stream");
+        let next = Publishing::new(
+            Start { lsn: 0, stream_sequence: 41, skip_through: None },
+            p.take_duplicates(),
+        );
+        assert!(!next.skips(at(5)), "its dead letter goes in its place next time");
+    }
+
+    #[test]
+    fn nothing_is_confirmed_past_a_message_not_known_to_be_stored() {
+        for answer in [Answer::NotStored, Answer::Duplicate { sequence: 0 }] {
+            let mut p = start(0);
+            p.on_sent("a".into());
+            p.on_commit(10, Timing { committed: 0, received: 0 });
+            assert_eq!(p.on_answer(answer), Outcome::EndAttempt);
+            assert_eq!(p.confirmed(), 0);
+        }
+    }
+
+    #[test]
+    fn rows_at_or_before_the_tail_are_skipped() {
+        let tail = Position { commit_lsn: 5, index: 2 };
+        let start = Start { lsn: 0, stream_sequence: 9, skip_through: Some(tail) };
+        let p = Publishing::new(start, Duplicates::default());
+        assert!(p.skips(tail));
+        assert!(p.skips(Position { commit_lsn: 5, index: 1 }));
+        assert!(!p.skips(Position { commit_lsn: 5, index: 3 }));
+    }
+}

@@ -1,0 +1,123 @@
+//! Is the outbox table still the one pgoutbox streams, and is it still published? Asked at
+//! the start of every attempt, on the replication connection.
+//!
+//! pgoutput names a table in its Relation messages as the catalog named it when the row was
+//! written, so rows are matched by the table's OID, which a rename keeps: rows inserted
+//! while the table had another name are still published. What cannot be streamed (the
+//! table gone from its name, out of the publication, or the publication no longer
+//! publishing inserts) stops pgoutbox with one line before anything is confirmed past it.
+
+use postgres_protocol::escape::escape_literal;
+
+use crate::postgres::admin::TableName;
+use crate::postgres::walsender::TextRow;
+
+/// Why the outbox table cannot be streamed as configured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableDrift {
+    #[error(
+        "the outbox table {table} does not exist (renamed or dropped?): give it its name \
+         back, or restart with --table naming it; its rows wait in the slot meanwhile"
+    )]
+    Missing { table: String },
+    #[error(
+        "publication {publication} does not exist: restart pgoutbox, which creates it; rows \
+         committed while it was missing were not decoded (see docs/operations.md)"
+    )]
+    NoPublication { publication: String },
+    #[error(
+        "publication {publication} no longer publishes inserts: \
+         ALTER PUBLICATION {publication} SET (publish = 'insert')"
+    )]
+    InsertsNotPublished { publication: String },
+    #[error(
+        "the outbox table {table} is not in publication {publication}: \
+         ALTER PUBLICATION {publication} ADD TABLE {table}"
+    )]
+    NotPublished { table: String, publication: String },
+}
+
+/// The outbox table as it is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxTable {
+    pub oid: u32,
+    /// Its columns today: a row version that lacks one of these was written before it was
+    /// added (`RowMapping::unusable`), one that lacks another column is a misconfiguration.
+    pub columns: Vec<String>,
+}
+
+/// The query [`judge`] reads: the table's OID, whether the publication exists, publishes
+/// inserts, and holds the table, and the table's columns.
+pub fn query(table: &TableName, publication: &str) -> String {
+    let (schema, name, publication) =
+        (escape_literal(&table.schema), escape_literal(&table.name), escape_literal(publication));
+    format!(
+        "SELECT c.oid::text, (p.oid IS NOT NULL)::text, coalesce(p.pubinsert, false)::text, \
+                EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = {publication} \
+                        AND t.schemaname = n.nspname AND t.tablename = c.relname)::text, \
+                (SELECT string_agg(a.attname, ',') FROM pg_attribute a \
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         LEFT JOIN pg_publication p ON p.pubname = {publication} \
+         WHERE n.nspname = {schema} AND c.relname = {name}"
+    )
+}
+
+/// The table, or why it cannot be streamed, from the rows [`query`] returned.
+pub fn judge(
+    rows: &[TextRow],
+    table: &TableName,
+    publication: &str,
+) -> Result<OutboxTable, TableDrift> {
+    let field = |row: &TextRow, i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+    let Some(row) = rows.first() else {
+        return Err(TableDrift::Missing { table: table.to_string() });
+    };
+    let publication = publication.to_owned();
+    if field(row, 1) != "true" {
+        return Err(TableDrift::NoPublication { publication });
+    }
+    if field(row, 2) != "true" {
+        return Err(TableDrift::InsertsNotPublished { publication });
+    }
+    if field(row, 3) != "true" {
+        return Err(TableDrift::NotPublished { table: table.to_string(), publication });
+    }
+    let oid =
+        field(row, 0).parse().map_err(|_| TableDrift::Missing { table: table.to_string() })?;
+    // Column names cannot hold a comma unquoted; one that does only misjudges its own row.
+    let columns = field(row, 4).split(',').map(str::to_owned).collect();
+    Ok(OutboxTable { oid, columns })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(fields: [&str; 5]) -> Vec<TextRow> {
+        vec![fields.iter().map(|f| Some(f.to_string())).collect()]
+    }
+
+    #[test]
+    fn each_drift_is_told_apart_and_a_published_table_gives_its_oid() {
+        let table: TableName = "public.outbox".parse().unwrap();
+        let judge = |rows: &[TextRow]| judge(rows, &table, "pgoutbox");
+        let columns = vec!["id".to_owned(), "payload".to_owned()];
+        let published = judge(&row(["16384", "true", "true", "true", "id,payload"]));
+        assert_eq!(published, Ok(OutboxTable { oid: 16384, columns }));
+        assert!(matches!(judge(&[]), Err(TableDrift::Missing { .. })));
+        let no_publication = judge(&row(["16384", "false", "false", "false", "id"]));
+        assert!(matches!(no_publication, Err(TableDrift::NoPublication { .. })));
+        let no_inserts = judge(&row(["16384", "true", "false", "true", "id"]));
+        assert!(matches!(no_inserts, Err(TableDrift::InsertsNotPublished { .. })));
+        let dropped = judge(&row(["16384", "true", "true", "false", "id"])).unwrap_err();
+        assert!(dropped.to_string().contains("ALTER PUBLICATION pgoutbox ADD TABLE public.outbox"));
+    }
+
+    #[test]
+    fn names_are_quoted_as_literals() {
+        let table: TableName = "public.outbox".parse().unwrap();
+        let sql = query(&table, "it's");
+        assert!(sql.contains("'it''s'") && sql.contains("'outbox'"), "{sql}");
+    }
+}

@@ -1,0 +1,131 @@
+//! What JetStream's answers mean for the attempt: each ack fed to the publish protocol,
+//! a duplicate's origin read when the protocol asks, refusals and overdue acks.
+
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use tracing::{debug, warn};
+
+use super::Pipeline;
+use crate::domain::outbox::{RefusedRows, Rejection};
+use crate::domain::progress::Position;
+use crate::domain::publishing::{Answer, Outcome};
+use crate::domain::source::Source;
+use crate::nats::outbound::Ack;
+use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
+
+impl Pipeline<'_> {
+    pub(super) async fn on_ack(&mut self, ack: Ack) -> Result<(), PipelineError> {
+        let Some(done) = self.in_flight.pop_oldest() else {
+            // Nothing was in flight: the publishing connection itself ended.
+            let err = ack.err().map(|err| err.to_string()).unwrap_or_default();
+            return Err(NatsFailure::new(NatsFailureKind::Request, err).into());
+        };
+        let answer = match &ack {
+            Ok(stored) if stored.duplicate => Answer::Duplicate { sequence: stored.sequence },
+            Ok(stored) => Answer::Stored { sequence: stored.sequence },
+            Err(_) => Answer::NotStored,
+        };
+        let mut outcome = self.protocol.on_answer(answer);
+        if let Outcome::CheckDuplicate { sequence } = outcome {
+            let same_row = self.on_duplicate(done.position, sequence).await?;
+            outcome = self.protocol.on_duplicate_origin(done.position, same_row);
+        }
+        match outcome {
+            Outcome::EndAttempt if self.memory.ids_taken.contains(&done.position) => {
+                return Err(NatsFailure::new(
+                    NatsFailureKind::Other,
+                    format!(
+                        "the row at {} has the id of an older message in the stream; its dead \
+                         letter goes in its place",
+                        done.position
+                    ),
+                )
+                .into());
+            }
+            Outcome::EndAttempt => {
+                return Err(match ack {
+                    Err(err) => self.refused(done.position, &err),
+                    Ok(_) => NatsFailure::new(
+                        NatsFailureKind::Other,
+                        "JetStream answered 'duplicate' without a sequence: the row's id is \
+                         held by a refused publish until the duplicate window ends \
+                         (nats-server 2.10/2.11, replicated stream)",
+                    )
+                    .into(),
+                });
+            }
+            Outcome::Replayed => {
+                debug!(position = %done.position, "stored by an earlier run; not stored again");
+                self.metrics.duplicates.increment(1);
+            }
+            Outcome::CheckDuplicate { .. } => {
+                return Err(PipelineError::Protocol("a duplicate's origin was not checked"));
+            }
+            Outcome::AlreadyInPlace | Outcome::Stored => {
+                self.metrics.rows_published.increment(1);
+                self.metrics.bytes_published.increment(done.bytes as u64);
+            }
+        }
+        self.acks_unrecorded += 1;
+        self.observe_confirmed();
+        Ok(())
+    }
+
+    /// JetStream answered that an older message, at `sequence`, has the id of the row at
+    /// `position`: whether it is this very row (a replay), read from that message's
+    /// headers. Another row's is a collision: remembered, so that the next attempt publishes
+    /// the row's dead letter in its place, named by position.
+    async fn on_duplicate(
+        &mut self,
+        position: Position,
+        sequence: u64,
+    ) -> Result<bool, PipelineError> {
+        let read = self.publisher.origin_of(sequence);
+        let origin = match tokio::time::timeout(self.outbound.ack_timeout(), read).await {
+            Ok(Ok(origin)) => origin,
+            Ok(Err(err)) => {
+                let why = format!("reading the message a duplicate points at: {err}");
+                return Err(NatsFailure::new(NatsFailureKind::Request, why).into());
+            }
+            Err(_) => {
+                let why = "reading the message a duplicate points at: no answer";
+                return Err(NatsFailure::new(NatsFailureKind::Timeout, why).into());
+            }
+        };
+        let same_writer = origin
+            .source
+            .as_deref()
+            .is_none_or(|s| s.parse::<Source>().is_ok_and(|s| s.same_writer(&self.source)));
+        let same_row = same_writer && origin.position == Some(position);
+        if !same_row {
+            let theirs = origin.position.map_or("an unknown position".into(), |p| p.to_string());
+            warn!(%position, sequence, written_at = %theirs,
+                "an older message in the stream has this row's id: a collision (a table \
+                 truncated with its sequence restarted, a restored backup?); the row goes to \
+                 the dead-letter subject in its place");
+            let why = format!(
+                "the row's id is taken by the message at stream sequence {sequence}, written \
+                 from {theirs}"
+            );
+            self.memory.refused.insert(position, Rejection(why));
+            if self.memory.ids_taken.len() >= RefusedRows::CAPACITY {
+                self.memory.ids_taken.clear();
+            }
+            self.memory.ids_taken.insert(position);
+        }
+        Ok(same_row)
+    }
+
+    /// A refusal of the newest ack (see [`Window::refused_newest`]) or an ack overdue for
+    /// the oldest ends the attempt within a tick.
+    pub(super) fn check_acks(&mut self) -> Result<(), PipelineError> {
+        if let Some((position, err)) = self.in_flight.refused_newest() {
+            return Err(self.refused(position, &err));
+        }
+        match self.in_flight.overdue(self.outbound.ack_timeout()) {
+            Some(position) => {
+                Err(self.refused(position, &PublishError::new(PublishErrorKind::TimedOut)))
+            }
+            None => Ok(()),
+        }
+    }
+}
