@@ -17,52 +17,89 @@ use crate::postgres::tls::PgTls;
 pub(super) trait Socket: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Socket for T {}
 
-/// Connects to the first host that answers, each within `connect_timeout`.
+/// One host of the connection string: where to connect, as libpq reads `host`, `hostaddr`
+/// and `port` (a `hostaddr` is dialled, its `host` names the server for TLS).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Endpoint {
+    pub address: Host,
+    pub tls_name: String,
+    pub port: u16,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.address {
+            Host::Tcp(name) => write!(f, "{name}:{}", self.port),
+            Host::Unix(dir) => {
+                write!(f, "{}", dir.join(format!(".s.PGSQL.{}", self.port)).display())
+            }
+        }
+    }
+}
+
+/// The hosts to try, in order.
+pub(super) fn endpoints(config: &tokio_postgres::Config) -> Vec<Endpoint> {
+    let (hosts, addrs, ports) = (config.get_hosts(), config.get_hostaddrs(), config.get_ports());
+    let count = hosts.len().max(addrs.len()).max(1);
+    (0..count)
+        .map(|i| {
+            let host = hosts.get(i).cloned();
+            let name = match &host {
+                Some(Host::Tcp(name)) => Some(name.clone()),
+                _ => None,
+            };
+            let address = match (addrs.get(i), host) {
+                (Some(addr), _) => Host::Tcp(addr.to_string()),
+                (None, Some(host)) => host,
+                (None, None) => Host::Tcp("localhost".to_owned()),
+            };
+            let tls_name = name.unwrap_or_else(|| match &address {
+                Host::Tcp(addr) => addr.clone(),
+                Host::Unix(_) => String::new(),
+            });
+            let port = ports.get(i).or_else(|| ports.first()).copied().unwrap_or(5432);
+            Endpoint { address, tls_name, port }
+        })
+        .collect()
+}
+
+/// Opens a socket to `endpoint`: TCP within `connect_timeout` with TLS as `sslmode` says,
+/// or a Unix socket.
 pub(super) async fn open_socket(
+    endpoint: &Endpoint,
     config: &tokio_postgres::Config,
     tls: &PgTls,
 ) -> Result<Box<dyn Socket>, ConnectionError> {
-    let ports = config.get_ports();
-    let localhost = [Host::Tcp("localhost".to_owned())];
-    let hosts = match config.get_hosts() {
-        [] => &localhost[..],
-        hosts => hosts,
-    };
-    let mut last_error = None;
-    for (i, host) in hosts.iter().enumerate() {
-        let port = ports.get(i).or_else(|| ports.first()).copied().unwrap_or(5432);
-        let (target, result) = match host {
-            Host::Tcp(name) => {
-                let attempt = async {
-                    let stream = TcpStream::connect((name.as_str(), port)).await?;
-                    stream.set_nodelay(true)?;
-                    configure_tcp(&stream, config)?;
-                    Ok(stream)
-                };
-                let stream = match config.get_connect_timeout() {
-                    Some(&limit) => match tokio::time::timeout(limit, attempt).await {
-                        Ok(result) => result,
-                        Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")),
-                    },
-                    None => attempt.await,
-                };
-                match stream {
-                    Ok(stream) => return negotiate_tls(stream, name, tls).await,
-                    Err(source) => (format!("{name}:{port}"), Err(source)),
-                }
-            }
-            Host::Unix(dir) => {
-                let path = dir.join(format!(".s.PGSQL.{port}"));
-                let result = UnixStream::connect(&path).await.map(|s| Box::new(s) as _);
-                (path.display().to_string(), result)
-            }
-        };
-        match result {
-            Ok(socket) => return Ok(socket),
-            Err(source) => last_error = Some(ConnectionError::Connect { target, source }),
-        }
+    match &endpoint.address {
+        Host::Tcp(address) => open_tcp(address, endpoint, config, tls).await,
+        Host::Unix(_) => UnixStream::connect(endpoint.to_string())
+            .await
+            .map(|s| Box::new(s) as _)
+            .map_err(|source| ConnectionError::Connect { target: endpoint.to_string(), source }),
     }
-    Err(last_error.unwrap_or_else(|| ConnectionError::Protocol("no host to connect to".into())))
+}
+
+/// TCP, then TLS, both within `connect_timeout` (as in libpq: a server that accepts the
+/// connection and then answers nothing is given up on like one that never accepts it).
+async fn open_tcp(
+    address: &str,
+    endpoint: &Endpoint,
+    config: &tokio_postgres::Config,
+    tls: &PgTls,
+) -> Result<Box<dyn Socket>, ConnectionError> {
+    let connect_error = |source| ConnectionError::Connect { target: endpoint.to_string(), source };
+    let attempt = async {
+        let stream = TcpStream::connect((address, endpoint.port)).await.map_err(connect_error)?;
+        stream.set_nodelay(true).map_err(connect_error)?;
+        configure_tcp(&stream, config).map_err(connect_error)?;
+        negotiate_tls(stream, &endpoint.tls_name, tls).await
+    };
+    match config.get_connect_timeout() {
+        Some(&limit) => tokio::time::timeout(limit, attempt).await.unwrap_or_else(|_| {
+            Err(connect_error(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")))
+        }),
+        None => attempt.await,
+    }
 }
 
 /// Sets TCP keepalive and `TCP_USER_TIMEOUT` as the connection string says (see
@@ -140,5 +177,27 @@ mod tests {
         assert_eq!(socket.tcp_keepalive_interval().unwrap(), Duration::from_secs(7));
         assert_eq!(socket.tcp_keepalive_retries().unwrap(), 4);
         assert_eq!(socket.tcp_user_timeout().unwrap(), Some(Duration::from_millis(1500)));
+    }
+
+    fn parsed(conninfo: &str) -> Vec<String> {
+        let config: tokio_postgres::Config = conninfo.parse().unwrap();
+        endpoints(&config).iter().map(|e| format!("{e} tls={}", e.tls_name)).collect()
+    }
+
+    #[test]
+    fn hosts_pair_with_their_ports_and_hostaddr_is_dialled() {
+        assert_eq!(parsed("user=u"), ["localhost:5432 tls=localhost"]);
+        assert_eq!(
+            parsed("postgresql://u@a:6000,b/db"),
+            ["a:6000 tls=a", "b:5432 tls=b"],
+            "a host without a port gets the default, as in libpq"
+        );
+        assert_eq!(
+            parsed("host=db.example hostaddr=10.0.0.7 port=5433 user=u"),
+            ["10.0.0.7:5433 tls=db.example"],
+            "hostaddr is dialled; host still names the server for TLS"
+        );
+        assert_eq!(parsed("hostaddr=10.0.0.7 user=u"), ["10.0.0.7:5432 tls=10.0.0.7"]);
+        assert_eq!(parsed("host=/run/pg port=5499 user=u"), ["/run/pg/.s.PGSQL.5499 tls="]);
     }
 }

@@ -6,8 +6,8 @@
 //! replication messages and writing standby status updates. It knows nothing of outbox rows
 //! or NATS.
 //!
-//! Reads go through one `BytesMut`; a frame is split off it and frozen, so pgoutput
-//! payloads reach the decoder without a copy. [`ReplicationConnection::next_message`] only
+//! Logging in lives in `walsender/login.rs`. Reads go through one `BytesMut`; a frame is
+//! split off it and frozen, so pgoutput payloads reach the decoder without a copy. [`ReplicationConnection::next_message`] only
 //! awaits `read_buf`, so it is cancel-safe inside `tokio::select!`.
 
 use std::io;
@@ -15,19 +15,17 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
-use postgres_protocol::authentication::{md5_hash, sasl};
 use postgres_protocol::escape::escape_identifier;
 use postgres_protocol::message::{backend, frontend};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-use crate::postgres::tls::PgTls;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::backend::{ServerError, message_name, server_error};
-use super::socket::{Socket, open_socket};
-use super::wire::{
-    ReplicationMessage, StandbyStatus, WireError, parse_wal_sender_timeout, status_keepalive,
-};
+use super::socket::Socket;
+use super::wire::{ReplicationMessage, StandbyStatus, WireError, status_keepalive};
+
+mod login;
+pub use login::user_name;
 
 /// What can go wrong on the replication connection.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +50,9 @@ pub enum ConnectionError {
     /// handshake did not finish within `connect_timeout`.
     #[error("Postgres stopped answering: {0}")]
     Unresponsive(String),
+    /// No host of the list is what `target_session_attrs` asks for (a standby, say).
+    #[error("Postgres at {target} does not match target_session_attrs={wanted:?}")]
+    SessionAttrs { target: String, wanted: tokio_postgres::config::TargetSessionAttrs },
 }
 
 /// The answer to `IDENTIFY_SYSTEM`.
@@ -80,64 +81,6 @@ pub struct ReplicationConnection {
 
 const READ_CHUNK: usize = 64 * 1024;
 impl ReplicationConnection {
-    /// Opens a `replication=database` session with the same settings as the SQL connection,
-    /// and reads the server's `wal_sender_timeout`.
-    ///
-    /// As with libpq's `connect_timeout`, each step (reaching a host, then logging in) must
-    /// finish in time: behind a proxy that black-holes traffic the TCP connection opens but
-    /// the server never answers, and keepalive cannot tell.
-    pub async fn connect(
-        config: &tokio_postgres::Config,
-        tls: &PgTls,
-    ) -> Result<Self, ConnectionError> {
-        let socket = open_socket(config, tls).await?;
-        let mut conn = ReplicationConnection {
-            socket,
-            read_buf: BytesMut::with_capacity(READ_CHUNK),
-            write_buf: BytesMut::with_capacity(1024),
-            backend_pid: None,
-            wal_sender_timeout: None,
-        };
-        let login = conn.log_in(config);
-        match config.get_connect_timeout() {
-            Some(&limit) => tokio::time::timeout(limit, login).await.map_err(|_| {
-                ConnectionError::Unresponsive(format!("no login within connect_timeout {limit:?}"))
-            })??,
-            None => login.await?,
-        }
-        Ok(conn)
-    }
-
-    /// Startup, authentication, then `SHOW wal_sender_timeout`.
-    async fn log_in(&mut self, config: &tokio_postgres::Config) -> Result<(), ConnectionError> {
-        let user = user_name(config);
-        let database = config.get_dbname().unwrap_or(&user).to_owned();
-        let mut params = vec![
-            ("user", user.as_str()),
-            ("database", database.as_str()),
-            ("replication", "database"),
-            ("application_name", config.get_application_name().unwrap_or("pgoutbox")),
-        ];
-        if let Some(options) = config.get_options() {
-            params.push(("options", options));
-        }
-        frontend::startup_message(params, &mut self.write_buf)?;
-        self.flush().await?;
-        self.authenticate(&user, config.get_password()).await?;
-        self.wait_ready().await?;
-        let rows = self.simple_query("SHOW wal_sender_timeout").await?;
-        let shown = rows.first().and_then(|row| row.first()).and_then(Option::as_deref);
-        self.wal_sender_timeout = match shown.map(parse_wal_sender_timeout) {
-            Some(Ok(timeout)) => timeout,
-            _ => {
-                // Assume the smallest setting that works at all: statuses cost little.
-                warn!(?shown, "cannot read wal_sender_timeout; assuming 1s");
-                Some(Duration::from_secs(1))
-            }
-        };
-        Ok(())
-    }
-
     /// The walsender's process id, as the server announced it at startup.
     pub fn backend_pid(&self) -> Option<i32> {
         self.backend_pid
@@ -155,83 +98,6 @@ impl ReplicationConnection {
     /// own unprompted status updates are what keep the session alive.
     pub fn status_keepalive(&self) -> Duration {
         status_keepalive(self.wal_sender_timeout)
-    }
-
-    async fn authenticate(
-        &mut self,
-        user: &str,
-        password: Option<&[u8]>,
-    ) -> Result<(), ConnectionError> {
-        let need_password = || {
-            password.ok_or_else(|| {
-                ConnectionError::Auth("the server asks for a password and none was given".into())
-            })
-        };
-        loop {
-            match self.next_backend_message().await? {
-                backend::Message::AuthenticationOk => return Ok(()),
-                backend::Message::AuthenticationCleartextPassword => {
-                    frontend::password_message(need_password()?, &mut self.write_buf)?;
-                    self.flush().await?;
-                }
-                backend::Message::AuthenticationMd5Password(body) => {
-                    let hash = md5_hash(user.as_bytes(), need_password()?, body.salt());
-                    frontend::password_message(hash.as_bytes(), &mut self.write_buf)?;
-                    self.flush().await?;
-                }
-                backend::Message::AuthenticationSasl(body) => {
-                    let mut mechanisms = body.mechanisms();
-                    let mut scram_offered = false;
-                    while let Some(mechanism) = mechanisms.next()? {
-                        scram_offered |= mechanism == sasl::SCRAM_SHA_256;
-                    }
-                    if !scram_offered {
-                        return Err(ConnectionError::Auth(
-                            "the server offers no SASL mechanism we support (SCRAM-SHA-256)".into(),
-                        ));
-                    }
-                    self.authenticate_scram(need_password()?).await?;
-                }
-                other => {
-                    return Err(ConnectionError::Auth(format!(
-                        "unsupported authentication request {}",
-                        message_name(&other)
-                    )));
-                }
-            }
-        }
-    }
-
-    async fn authenticate_scram(&mut self, password: &[u8]) -> Result<(), ConnectionError> {
-        let mut scram = sasl::ScramSha256::new(password, sasl::ChannelBinding::unsupported());
-        frontend::sasl_initial_response(sasl::SCRAM_SHA_256, scram.message(), &mut self.write_buf)?;
-        self.flush().await?;
-        match self.next_backend_message().await? {
-            backend::Message::AuthenticationSaslContinue(body) => {
-                scram.update(body.data()).map_err(|e| ConnectionError::Auth(e.to_string()))?
-            }
-            other => return Err(unexpected(&other)),
-        }
-        frontend::sasl_response(scram.message(), &mut self.write_buf)?;
-        self.flush().await?;
-        match self.next_backend_message().await? {
-            backend::Message::AuthenticationSaslFinal(body) => {
-                scram.finish(body.data()).map_err(|e| ConnectionError::Auth(e.to_string()))
-            }
-            other => Err(unexpected(&other)),
-        }
-    }
-
-    /// Reads past ParameterStatus and BackendKeyData up to the first ReadyForQuery.
-    async fn wait_ready(&mut self) -> Result<(), ConnectionError> {
-        loop {
-            match self.next_backend_message().await? {
-                backend::Message::ReadyForQuery(_) => return Ok(()),
-                backend::Message::BackendKeyData(key) => self.backend_pid = Some(key.process_id()),
-                backend::Message::ParameterStatus(_) => {}
-                other => return Err(unexpected(&other)),
-            }
-        }
     }
 
     /// Runs a replication command or SQL query and returns its rows as text.
@@ -414,15 +280,6 @@ fn frame_len(buf: &[u8]) -> Result<Option<usize>, ConnectionError> {
         )));
     }
     Ok(Some(1 + declared as usize))
-}
-
-/// The role to log in as: the one in the URL, else the OS user, as libpq does.
-pub fn user_name(config: &tokio_postgres::Config) -> String {
-    config
-        .get_user()
-        .map(str::to_owned)
-        .or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "postgres".to_owned())
 }
 
 fn text_row(row: &backend::DataRowBody) -> Result<TextRow, ConnectionError> {

@@ -17,6 +17,7 @@ mod idle_lag_stays_small;
 mod jetstream_unavailable_at_start;
 mod least_privilege;
 mod lost_slot;
+mod multi_host;
 mod nats_auth;
 mod nats_version_reported;
 mod one_source_per_stream;
