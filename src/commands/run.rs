@@ -1,7 +1,7 @@
 //! `pgoutbox run`: set up, then stream until SIGINT/SIGTERM, reconnecting on failures.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Context;
 
@@ -9,34 +9,25 @@ use tracing::{info, warn};
 
 use super::setup::{ensure_stream_and_slot, prepare_database};
 use crate::domain::retry::{Backoff, Next, RepeatedError, RetryPolicy};
-use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::domain::stall::Progress;
-use crate::nats::claim::{Claim, Claims};
 use crate::nats::handshake::Dialer;
 use crate::nats::publisher::Publisher;
-use crate::postgres::ReplicationConnection;
-use crate::postgres::admin::{self, WalStatus};
-use crate::postgres::outbox_table;
-use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
-use crate::service::liveness::Liveness;
-use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
+use crate::postgres::admin;
+use crate::service::error::PipelineError;
+use crate::service::pipeline::{Ended, Memory};
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::{self, Metrics, Readiness, ReconnectTarget};
 use crate::settings::cli::RunArgs;
 use crate::settings::config::Config;
 use crate::settings::config::PipelineConfig;
+use attempt::Target;
 use waiting::{
     JETSTREAM_RETRY_CAP, UNANSWERED, UNREACHABLE, jetstream_unanswered, patiently,
     wait_until_primary,
 };
 
+mod attempt;
 mod waiting;
-
-/// Reading the stream's end or its claim takes milliseconds; no answer means no leader
-/// yet for the stream or the claims bucket (an election), and retrying soon beats waiting
-/// out async-nats's 10 s request timeout (which added 10 s to 1 leader election in 9 in
-/// the benchmark, when the claims bucket had lost its leader too).
-const LEADER_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     if config.messages_only && args.message_prefix.is_empty() {
@@ -207,7 +198,7 @@ async fn attempts(
         let outcome = target.stream_once(memory, shutdown, readiness).await;
         readiness.set_streaming(false);
         let err = match outcome {
-            Ok(Ended::Drained { confirmed }) => {
+            Ok(Some(Ended::Drained { confirmed })) => {
                 info!(
                     confirmed = %tokio_postgres::types::PgLsn::from(confirmed),
                     published = memory.published,
@@ -216,6 +207,7 @@ async fn attempts(
                 );
                 return Ok(());
             }
+            Ok(None) => return Ok(()),
             Err(err) => err,
         };
         let Next::RetryAfter(delay) = policy.after(err.failure(), started.elapsed()) else {
@@ -260,187 +252,6 @@ async fn attempts(
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = shutdown.requested() => return Ok(()),
-        }
-    }
-}
-
-/// Where each attempt streams from and to: fixed for the life of `run`.
-struct Target<'a> {
-    config: &'a Config,
-    pipeline: PipelineConfig,
-    /// The configured connection with the advertised `application_name`.
-    database: tokio_postgres::Config,
-    publisher: Publisher,
-    /// Opens each attempt's publishing connection.
-    dialer: Dialer<'a>,
-    claims: Claims,
-    /// `--failover`: the slot must be a failover slot (17+, checked at setup).
-    failover: bool,
-    /// `--from-standby`: a server in recovery is where the slot lives, not a wait.
-    from_standby: bool,
-}
-
-impl Target<'_> {
-    /// One connection attempt: read where the stream ends, make sure this source still holds
-    /// the stream, decide what the tail lets us skip, start replication, stream.
-    async fn stream_once(
-        &self,
-        memory: &mut Memory,
-        shutdown: &mut Shutdown,
-        readiness: &Readiness,
-    ) -> Result<Ended, PipelineError> {
-        let Target {
-            config,
-            pipeline,
-            database,
-            publisher,
-            dialer,
-            claims,
-            failover,
-            from_standby,
-        } = self;
-        let tail =
-            leader_probe("reading the end of the stream", "no stream leader?", publisher.tail())
-                .await?;
-        // async-nats may have moved to another server of the list since.
-        Metrics::nats_info(&publisher.server_version(), true);
-        let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
-        let slot = &config.slot;
-        let identity = conn.identify_system().await?;
-        // A standby (or one being promoted) has no say about the slot yet: wait.
-        let recovery = conn.simple_query("SELECT pg_is_in_recovery()").await?;
-        if !from_standby
-            && recovery.first().and_then(|r| r.first()).and_then(Option::as_deref) == Some("t")
-        {
-            return Err(PipelineError::InRecovery { slot: slot.clone() });
-        }
-        let outbox_table = match &pipeline.table {
-            Some(table) => {
-                let query = outbox_table::query(table, &config.publication);
-                let rows = conn.simple_query(&query).await?;
-                Some(outbox_table::judge(&rows, table, &config.publication)?)
-            }
-            None => None,
-        };
-        let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
-        let claim = leader_probe(
-            "checking the stream's claim",
-            "no leader for the claims bucket?",
-            claims.claim(&config.stream, &source),
-        )
-        .await?;
-        if let Claim::Theirs(writer) = claim {
-            let database = &source.database;
-            return Err(PipelineError::stream_claimed(&config.stream, writer, database, slot));
-        }
-        let history = match tail.origin.source.as_deref().and_then(|s| s.parse::<Source>().ok()) {
-            Some(theirs) if theirs.timeline < source.timeline => {
-                parse_timeline_history(&conn.timeline_history(source.timeline).await?)
-            }
-            _ => Vec::new(),
-        };
-        let skip_through = match judge_tail(&source, identity.wal_end, &history, &tail.origin) {
-            TailVerdict::SkipThrough(position) => Some(position),
-            TailVerdict::NothingToSkip(why) => {
-                if let Some(why) = why {
-                    warn!(stream = %config.stream, "{why}");
-                }
-                None
-            }
-            // The claim is ours, so the tail is the previous source's, from before the
-            // operator moved the stream to this one (`--recreate-slot`).
-            TailVerdict::OtherWriter(theirs) => {
-                warn!(stream = %config.stream, previous = %theirs,
-                "the stream's last message is another source's; nothing is skipped");
-                None
-            }
-        };
-        let rows = conn
-            .simple_query(&format!(
-                "SELECT confirmed_flush_lsn::text, wal_status, active, \
-                        to_jsonb(s) ->> 'failover', to_jsonb(s) ->> 'invalidation_reason' \
-                 FROM pg_replication_slots s \
-                 WHERE slot_name = {}",
-                postgres_protocol::escape::escape_literal(slot)
-            ))
-            .await?;
-        let Some(row) = rows.first() else {
-            return Err(PipelineError::SlotMissing { slot: slot.clone() });
-        };
-        let reason = row.get(4).and_then(Option::as_deref);
-        if row.get(1).and_then(Option::as_deref).and_then(WalStatus::parse) == Some(WalStatus::Lost)
-            || reason.is_some()
-        {
-            return Err(PipelineError::slot_invalidated(slot, reason));
-        }
-        let start: u64 = row
-            .first()
-            .and_then(Option::as_deref)
-            .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
-            .map(u64::from)
-            .unwrap_or(0);
-        // `failover` is a column from 17 on; --failover was refused below that at setup.
-        if *failover && row.get(3).and_then(Option::as_deref) == Some("false") {
-            conn.simple_query(&format!(
-                "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
-                postgres_protocol::escape::escape_identifier(slot)
-            ))
-            .await
-            .map_err(|err| PipelineError::from_start_replication(slot, err))?;
-            info!(%slot, "failover turned on for the existing slot");
-        }
-        let messages = pipeline.message_prefix.is_some();
-        conn.start_replication(slot, start, &config.publication, messages)
-            .await
-            .map_err(|err| PipelineError::from_start_replication(slot, err))?;
-        // Stopped when this attempt ends, with the guard.
-        let liveness = Liveness::spawn(database, &config.pg_tls, slot, conn.backend_pid());
-        readiness.set_streaming(true);
-        info!(
-            %slot,
-            %source,
-            from = %tokio_postgres::types::PgLsn::from(start),
-            stream_sequence = tail.last_sequence,
-            skip_through = skip_through.map(|p| p.to_string()),
-            walsender_pid = conn.backend_pid(),
-            wal_sender_timeout = ?conn.wal_sender_timeout(),
-            "streaming"
-        );
-        let resume = Resume {
-            lsn: start,
-            stream_sequence: tail.last_sequence,
-            skip_through,
-            source,
-            message_limit: tail.message_limit,
-            table: outbox_table,
-        };
-        let outbound = publisher.outbound(dialer).await.map_err(|err| {
-            NatsFailure::new(
-                NatsFailureKind::Request,
-                format!("opening the publishing connection: {err}"),
-            )
-        })?;
-        Pipeline::new(pipeline, conn, outbound, memory, resume, liveness.verdict(), publisher)
-            .run(shutdown)
-            .await
-    }
-}
-
-/// A JetStream question asked at the start of an attempt, given [`LEADER_PROBE_TIMEOUT`]
-/// to answer. `what` prefixes its errors; `silence` says what no answer likely means.
-async fn leader_probe<T, E: std::fmt::Display>(
-    what: &str,
-    silence: &str,
-    question: impl Future<Output = Result<T, E>>,
-) -> Result<T, NatsFailure> {
-    let failure = |why: &dyn std::fmt::Display| {
-        NatsFailure::new(NatsFailureKind::Request, format!("{what}: {why}"))
-    };
-    match tokio::time::timeout(LEADER_PROBE_TIMEOUT, question).await {
-        Ok(answer) => answer.map_err(|err| failure(&err)),
-        Err(_) => {
-            let waited = LEADER_PROBE_TIMEOUT.as_secs();
-            Err(failure(&format!("no answer in {waited} s ({silence})")))
         }
     }
 }

@@ -41,10 +41,19 @@
 //!     is confirmed, and the caller publishes a dead letter in its place next time;
 //! - refused or unanswered: end the attempt; nothing past it was confirmed, so the slot
 //!   sends it again.
+//!
+//! # The tail skip
+//! Rows at or before the stream's tail are skipped, but when the slot sends the tail's own
+//! row again, the skip holds only once that row arrives where the tail says, with its id.
+//! Until then nothing is confirmed; a later row, a later commit or a keepalive past the
+//! tail's commit first means the server's WAL is another history with the same system id
+//! and timeline (a restored volume snapshot): [`TailNotInWal`] ends the attempt, and the
+//! next one skips nothing.
 
 use std::collections::HashSet;
 
 use crate::domain::progress::{LsnTracker, Position, Timing};
+use crate::domain::source::TailRow;
 
 /// Header carrying the anchor's guard: the stream's last sequence.
 pub const EXPECTED_LAST_SEQUENCE_HEADER: &str = "Nats-Expected-Last-Sequence";
@@ -135,14 +144,35 @@ impl Duplicates {
 }
 
 /// Where an attempt starts: the slot's confirmed position and the stream's tail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Start {
     /// The slot's `confirmed_flush_lsn`.
     pub lsn: u64,
     /// The stream's last sequence when the attempt began: the anchor's guard.
     pub stream_sequence: u64,
-    /// Rows at or before this position are in the stream already (`source::judge_tail`).
-    pub skip_through: Option<Position>,
+    /// Rows at or before this row's position are in the stream already
+    /// (`source::judge_tail`).
+    pub skip_through: Option<TailRow>,
+}
+
+/// What to do with a decoded row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowStep {
+    Publish,
+    /// The stream holds it already.
+    Skip,
+}
+
+/// The slot went past the stream's tail without sending the tail's row: this server's WAL
+/// is another history than the one the stream was written from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the stream's last message ({tail}) is not in this server's WAL: the database was \
+     restored from an older copy (a volume snapshot, a cold backup); nothing is skipped on \
+     the next try"
+)]
+pub struct TailNotInWal {
+    pub tail: TailRow,
 }
 
 /// One attempt's publish protocol.
@@ -150,6 +180,8 @@ pub struct Start {
 pub struct Publishing {
     tracker: LsnTracker,
     skip_through: Option<Position>,
+    /// The tail's row, while the slot has yet to send it again: nothing is confirmed.
+    unverified: Option<TailRow>,
     duplicates: Duplicates,
     /// The guard of the next message sent.
     next_guard: Guard,
@@ -160,19 +192,36 @@ pub struct Publishing {
 impl Publishing {
     pub fn new(start: Start, mut duplicates: Duplicates) -> Publishing {
         duplicates.forget_below(start.lsn);
+        // A tail committed before the slot's position is never sent again, and every row
+        // that is lies past it: nothing is skipped, nothing to check.
+        let unverified = start.skip_through.filter(|tail| tail.position.commit_lsn >= start.lsn);
         Publishing {
             tracker: LsnTracker::new(start.lsn),
-            skip_through: start.skip_through,
+            skip_through: unverified.as_ref().map(|tail| tail.position),
+            unverified,
             duplicates,
             next_guard: Guard::LastSequence(start.stream_sequence),
             stream_end: start.stream_sequence,
         }
     }
 
-    /// Whether the row at `position` is in the stream already and must not be sent.
-    pub fn skips(&self, position: Position) -> bool {
-        self.skip_through.is_some_and(|last| position <= last)
-            || self.duplicates.0.contains(&position)
+    /// The row at `position`, whose id column reads `row_id`, was decoded.
+    pub fn on_row(
+        &mut self,
+        position: Position,
+        row_id: Option<&str>,
+    ) -> Result<RowStep, TailNotInWal> {
+        if let Some(tail) = &self.unverified {
+            if position > tail.position || (position == tail.position && !tail.is_row(row_id)) {
+                return Err(TailNotInWal { tail: tail.clone() });
+            }
+            if position == tail.position {
+                self.unverified = None;
+            }
+        }
+        let skipped = self.skip_through.is_some_and(|last| position <= last)
+            || self.duplicates.0.contains(&position);
+        Ok(if skipped { RowStep::Skip } else { RowStep::Publish })
     }
 
     /// The guard to publish the next message with.
@@ -220,13 +269,31 @@ impl Publishing {
     }
 
     /// A transaction ended at `end_lsn`.
-    pub fn on_commit(&mut self, end_lsn: u64, timing: Timing) {
-        self.tracker.on_commit(end_lsn, timing);
+    pub fn on_commit(&mut self, end_lsn: u64, timing: Timing) -> Result<(), TailNotInWal> {
+        self.past_unverified_tail(end_lsn)?;
+        if self.unverified.is_none() {
+            self.tracker.on_commit(end_lsn, timing);
+        }
+        Ok(())
     }
 
     /// The server's WAL end, outside a transaction.
-    pub fn on_keepalive(&mut self, wal_end: u64) {
-        self.tracker.on_keepalive(wal_end);
+    pub fn on_keepalive(&mut self, wal_end: u64) -> Result<(), TailNotInWal> {
+        self.past_unverified_tail(wal_end)?;
+        if self.unverified.is_none() {
+            self.tracker.on_keepalive(wal_end);
+        }
+        Ok(())
+    }
+
+    /// Decoding reached `lsn`: past the tail's commit, its row should have come.
+    fn past_unverified_tail(&self, lsn: u64) -> Result<(), TailNotInWal> {
+        match &self.unverified {
+            Some(tail) if lsn > tail.position.commit_lsn => {
+                Err(TailNotInWal { tail: tail.clone() })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The position that is safe to confirm to Postgres.
@@ -280,7 +347,7 @@ mod tests {
         let mut p = start(41);
         p.on_sent("a".into());
         p.on_sent("b".into());
-        p.on_commit(10, Timing { committed: 0, received: 0 });
+        p.on_commit(10, Timing { committed: 0, received: 0 }).unwrap();
         assert_eq!(p.on_answer(Answer::Duplicate { sequence: 42 }), Outcome::AlreadyInPlace);
         assert_eq!(p.on_answer(Answer::Stored { sequence: 43 }), Outcome::Stored);
         assert_eq!(p.confirmed(), 10);
@@ -301,15 +368,16 @@ mod tests {
             Start { lsn: 5, stream_sequence: 41, skip_through: None },
             p.take_duplicates(),
         );
-        assert!(next.skips(at(5)));
-        assert!(!next.skips(at(6)));
+        let mut next = next;
+        assert_eq!(next.on_row(at(5), None), Ok(RowStep::Skip));
+        assert_eq!(next.on_row(at(6), None), Ok(RowStep::Publish));
     }
 
     #[test]
     fn a_collision_is_never_counted_as_published() {
         let mut p = start(41);
         p.on_sent("a".into());
-        p.on_commit(10, Timing { committed: 0, received: 0 });
+        p.on_commit(10, Timing { committed: 0, received: 0 }).unwrap();
         let outcome = p.on_answer(Answer::Duplicate { sequence: 7 });
         assert_eq!(outcome, Outcome::CheckDuplicate { sequence: 7 });
         assert_eq!(p.on_duplicate_origin(at(5), false), Outcome::EndAttempt);
@@ -318,7 +386,9 @@ mod tests {
             Start { lsn: 0, stream_sequence: 41, skip_through: None },
             p.take_duplicates(),
         );
-        assert!(!next.skips(at(5)), "its dead letter goes in its place next time");
+        let mut next = next;
+        let step = next.on_row(at(5), None);
+        assert_eq!(step, Ok(RowStep::Publish), "its dead letter goes in its place next time");
     }
 
     #[test]
@@ -326,19 +396,59 @@ mod tests {
         for answer in [Answer::NotStored, Answer::Duplicate { sequence: 0 }] {
             let mut p = start(0);
             p.on_sent("a".into());
-            p.on_commit(10, Timing { committed: 0, received: 0 });
+            p.on_commit(10, Timing { committed: 0, received: 0 }).unwrap();
             assert_eq!(p.on_answer(answer), Outcome::EndAttempt);
             assert_eq!(p.confirmed(), 0);
         }
     }
 
+    const NO_TIMING: Timing = Timing { committed: 0, received: 0 };
+
+    fn from_tail(lsn: u64, tail: Position) -> Publishing {
+        let skip_through = Some(TailRow { position: tail, msg_id: "t".into() });
+        Publishing::new(Start { lsn, stream_sequence: 9, skip_through }, Duplicates::default())
+    }
+
     #[test]
-    fn rows_at_or_before_the_tail_are_skipped() {
+    fn rows_at_or_before_the_tail_are_skipped_once_the_tails_row_is_seen() {
         let tail = Position { commit_lsn: 5, index: 2 };
-        let start = Start { lsn: 0, stream_sequence: 9, skip_through: Some(tail) };
-        let p = Publishing::new(start, Duplicates::default());
-        assert!(p.skips(tail));
-        assert!(p.skips(Position { commit_lsn: 5, index: 1 }));
-        assert!(!p.skips(Position { commit_lsn: 5, index: 3 }));
+        let mut p = from_tail(0, tail);
+        assert_eq!(p.on_row(Position { commit_lsn: 3, index: 0 }, Some("a")), Ok(RowStep::Skip));
+        assert_eq!(p.on_commit(4, NO_TIMING), Ok(()));
+        assert_eq!(p.on_keepalive(5), Ok(()));
+        assert_eq!(p.confirmed(), 0, "confirmed a skip before the tail's row came");
+        assert_eq!(p.on_row(Position { commit_lsn: 5, index: 1 }, Some("b")), Ok(RowStep::Skip));
+        assert_eq!(p.on_row(tail, Some("t")), Ok(RowStep::Skip));
+        assert_eq!(p.on_row(Position { commit_lsn: 5, index: 3 }, None), Ok(RowStep::Publish));
+        assert_eq!(p.on_commit(6, NO_TIMING), Ok(()));
+    }
+
+    #[test]
+    fn a_slot_past_the_tail_without_its_row_is_another_history() {
+        let tail = Position { commit_lsn: 5, index: 2 };
+        let another_row = |p: &mut Publishing| p.on_row(tail, Some("other")).map(|_| ());
+        let a_later_row =
+            |p: &mut Publishing| p.on_row(Position { commit_lsn: 7, index: 0 }, None).map(|_| ());
+        let its_commit_without_it = |p: &mut Publishing| {
+            p.on_row(Position { commit_lsn: 5, index: 1 }, Some("b"))?;
+            p.on_commit(6, NO_TIMING)
+        };
+        let a_keepalive_past_it = |p: &mut Publishing| p.on_keepalive(6);
+        type Case<'a> = &'a dyn Fn(&mut Publishing) -> Result<(), TailNotInWal>;
+        let cases: [Case; 4] =
+            [&another_row, &a_later_row, &its_commit_without_it, &a_keepalive_past_it];
+        for (i, case) in cases.iter().enumerate() {
+            let mut p = from_tail(0, tail);
+            let err = case(&mut p).expect_err(&format!("case {i}"));
+            assert_eq!(err.tail.position, tail);
+            assert_eq!(p.confirmed(), 0);
+        }
+    }
+
+    #[test]
+    fn a_tail_below_the_slot_is_never_sent_again_and_needs_no_check() {
+        let mut p = from_tail(10, Position { commit_lsn: 5, index: 2 });
+        assert_eq!(p.on_row(Position { commit_lsn: 12, index: 0 }, None), Ok(RowStep::Publish));
+        assert_eq!(p.on_keepalive(20), Ok(()));
     }
 }

@@ -9,6 +9,13 @@
 //! rules below allow a skip only when the tail provably lies in our own past, and otherwise
 //! skip nothing (the `Nats-Msg-Id` duplicate window still catches a quick replay).
 //!
+//! A copy of the cluster restored from a volume snapshot or a cold backup keeps its system
+//! id and timeline, and once its WAL has grown past the tail nothing here tells it apart:
+//! the skip is then only *provisional*. The slot sends the tail's own row again, and the
+//! publish protocol (`publishing.rs`) confirms nothing it skipped until that row arrives at
+//! the tail's position with the tail's id ([`TailRow::is_row`]); anything else proves
+//! another history, and the next attempt skips nothing.
+//!
 //! Pure: no I/O. The caller reads the tail, `IDENTIFY_SYSTEM` and `TIMELINE_HISTORY`.
 
 use std::fmt;
@@ -84,16 +91,43 @@ pub struct TailOrigin {
     /// The raw `Pgoutbox-Source` header, if any.
     pub source: Option<String>,
     pub position: Option<Position>,
+    /// Its `Nats-Msg-Id`.
+    pub msg_id: Option<String>,
     /// Written under the id chain (`publishing.rs`), which leaves no gap behind
     /// a message; earlier pgoutbox versions chained by sequence alone and could.
     pub chained: bool,
 }
 
+/// The stream's last message, as the row it was published from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TailRow {
+    pub position: Position,
+    pub msg_id: String,
+}
+
+impl TailRow {
+    /// Whether the row decoded at the tail's position, whose id column reads `row_id`, is
+    /// the one the tail was published from: as itself, or as its dead letter (named by the
+    /// id, or by the position when the id could not name it).
+    pub fn is_row(&self, row_id: Option<&str>) -> bool {
+        let letter = self.msg_id.strip_prefix("dead-letter:");
+        row_id.is_some_and(|id| self.msg_id == id || letter == Some(id))
+            || letter == Some(self.position.to_string().as_str())
+    }
+}
+
+impl fmt::Display for TailRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} at {}", self.msg_id, self.position)
+    }
+}
+
 /// What the stream's tail means for this source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TailVerdict {
-    /// Rows at or before this position are in the stream already.
-    SkipThrough(Position),
+    /// Rows at or before this row's position are in the stream already, provided the slot
+    /// still holds this row there.
+    SkipThrough(TailRow),
     /// Nothing may be skipped; the reason is worth a log line when there is one.
     NothingToSkip(Option<&'static str>),
     /// Another pgoutbox source wrote the tail.
@@ -123,9 +157,10 @@ pub fn judge_tail(
     if !ours.same_writer(&theirs) {
         return TailVerdict::OtherWriter(theirs);
     }
-    let Some(position) = tail.position else {
+    let (Some(position), Some(msg_id)) = (tail.position, tail.msg_id.clone()) else {
         return TailVerdict::NothingToSkip(None);
     };
+    let skip = TailVerdict::SkipThrough(TailRow { position, msg_id });
     if !tail.chained {
         return TailVerdict::NothingToSkip(Some(
             "the stream's last message was written by a pgoutbox that chained messages by \
@@ -139,7 +174,7 @@ pub fn judge_tail(
         ));
     }
     if theirs.timeline == ours.timeline {
-        return TailVerdict::SkipThrough(position);
+        return skip;
     }
     // Written on an ancestor timeline: ours shares its WAL only up to where we branched off.
     let shared = theirs.timeline < ours.timeline
@@ -148,7 +183,7 @@ pub fn judge_tail(
             .find(|switch| switch.timeline == theirs.timeline)
             .is_some_and(|switch| position.commit_lsn < switch.ended_at);
     if shared {
-        TailVerdict::SkipThrough(position)
+        skip
     } else {
         TailVerdict::NothingToSkip(Some(
             "the stream's last message was written on a timeline this server's history left \
@@ -192,8 +227,14 @@ mod tests {
         TailOrigin {
             source: Some(source.to_owned()),
             position: Some(Position { commit_lsn: lsn, index: 0 }),
+            msg_id: Some("id-1".to_owned()),
             chained: true,
         }
+    }
+
+    fn skip_through(lsn: u64) -> TailVerdict {
+        let position = Position { commit_lsn: lsn, index: 0 };
+        TailVerdict::SkipThrough(TailRow { position, msg_id: "id-1".to_owned() })
     }
 
     #[test]
@@ -215,7 +256,7 @@ mod tests {
     #[test]
     fn our_own_tail_on_our_timeline_is_skipped_through() {
         let verdict = judge_tail(&ours(), 1_000, &[], &tail("7/2/app/pgoutbox", 500));
-        assert_eq!(verdict, TailVerdict::SkipThrough(Position { commit_lsn: 500, index: 0 }));
+        assert_eq!(verdict, skip_through(500));
     }
 
     #[test]
@@ -236,7 +277,7 @@ mod tests {
     fn an_ancestor_timeline_counts_only_before_the_branch_point() {
         let history = [TimelineSwitch { timeline: 1, ended_at: 600 }];
         let before = judge_tail(&ours(), 1_000, &history, &tail("7/1/app/pgoutbox", 500));
-        assert_eq!(before, TailVerdict::SkipThrough(Position { commit_lsn: 500, index: 0 }));
+        assert_eq!(before, skip_through(500));
         let after = judge_tail(&ours(), 1_000, &history, &tail("7/1/app/pgoutbox", 700));
         assert!(matches!(after, TailVerdict::NothingToSkip(Some(_))));
         let unknown = judge_tail(&ours(), 1_000, &[], &tail("7/1/app/pgoutbox", 500));
@@ -261,6 +302,18 @@ mod tests {
         let unchained = TailOrigin { chained: false, ..tail("7/2/app/pgoutbox", 500) };
         let verdict = judge_tail(&ours(), 1_000, &[], &unchained);
         assert!(matches!(verdict, TailVerdict::NothingToSkip(Some(why)) if why.contains("gap")));
+    }
+
+    #[test]
+    fn the_tail_row_is_known_by_its_id_or_its_dead_letter() {
+        let position = Position { commit_lsn: 0x1_0000_00A0, index: 3 };
+        let row = |msg_id: &str| TailRow { position, msg_id: msg_id.to_owned() };
+        assert!(row("42").is_row(Some("42")));
+        assert!(row("dead-letter:42").is_row(Some("42")));
+        assert!(row("dead-letter:1/A0:3").is_row(None), "a letter named by its position");
+        assert!(!row("42").is_row(Some("43")), "another row at the same place");
+        assert!(!row("42").is_row(None));
+        assert!(!row("dead-letter:1/A0:4").is_row(None));
     }
 
     #[test]

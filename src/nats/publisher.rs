@@ -9,7 +9,7 @@ use async_nats::jetstream::context::CreateStreamErrorKind;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode, stream};
 
-use crate::domain::outbox::PAYLOAD_OMITTED_HEADER;
+use crate::domain::outbox::{MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
 use crate::domain::source::{SOURCE_HEADER, TailOrigin};
@@ -300,6 +300,7 @@ fn origin(message: &async_nats::jetstream::message::StreamMessage) -> TailOrigin
             .any(|name| message.headers.get(*name).is_some()),
         source: header(SOURCE_HEADER),
         position: header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()),
+        msg_id: header(MESSAGE_ID_HEADER),
     }
 }
 

@@ -65,6 +65,10 @@ pub enum PipelineError {
     /// The outbox table or its publication changed: nothing more can be streamed as set up.
     #[error(transparent)]
     TableDrift(#[from] crate::postgres::outbox_table::TableDrift),
+    /// The stream's tail was written from another history of this database: start again
+    /// without skipping by it.
+    #[error(transparent)]
+    TailNotInWal(#[from] crate::domain::publishing::TailNotInWal),
 }
 
 impl PipelineError {
@@ -109,7 +113,7 @@ impl PipelineError {
             Self::SlotBusy { .. } => Failure::SlotBusy,
             Self::InRecovery { .. } => Failure::Recovery,
             Self::Nats(_) => Failure::Nats,
-            Self::Postgres(_) => Failure::Postgres,
+            Self::Postgres(_) | Self::TailNotInWal(_) => Failure::Postgres,
             _ => Failure::Fatal,
         }
     }

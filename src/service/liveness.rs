@@ -14,6 +14,11 @@
 //! A black hole is found within `CHECK_EVERY + DEADLINE` (20 s) of starting. An error the
 //! server sends (a refused login, `idle_session_timeout`) proves the path alive and is only
 //! logged; the connection is opened again at the next check.
+//!
+//! The same check asks whether the outbox table still has its name and is still published
+//! (`postgres::outbox_table`): a table dropped from the publication while streaming is
+//! not decoded at all from that point, so waiting for the next attempt to notice could
+//! take days. A drift found here stops pgoutbox like one found at the start of an attempt.
 
 use std::time::Duration;
 
@@ -22,6 +27,8 @@ use tokio::task::AbortHandle;
 use tokio_postgres::Client;
 use tracing::{debug, warn};
 
+use crate::postgres::admin::TableName;
+use crate::postgres::outbox_table::{self, TableDrift};
 use crate::postgres::tls::PgTls;
 
 /// How often the path to Postgres is checked.
@@ -30,32 +37,43 @@ pub const CHECK_EVERY: Duration = Duration::from_secs(10);
 /// catalog lookup answers in milliseconds even on a busy server.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
+/// Why the attempt must end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The path to Postgres is dead or the slot is no longer ours: reconnect.
+    Unresponsive(String),
+    /// The outbox table or its publication changed: stop.
+    Drift(TableDrift),
+}
+
 /// The running check, stopped when dropped (the attempt it watched is over).
 pub struct Liveness {
-    verdict: watch::Receiver<Option<String>>,
+    verdict: watch::Receiver<Option<Verdict>>,
     task: AbortHandle,
 }
 
 impl Liveness {
-    /// Starts checking that `slot` stays held by `walsender_pid` (when known), over a
-    /// connection made from `config`.
+    /// Starts checking that `slot` stays held by `walsender_pid` (when known), and that
+    /// `table` (when streamed) stays in `publication`, over a connection made from `config`.
     pub fn spawn(
         config: &tokio_postgres::Config,
         tls: &PgTls,
         slot: &str,
         walsender_pid: Option<i32>,
+        table: Option<(&TableName, &str)>,
     ) -> Liveness {
         let (tell, verdict) = watch::channel(None);
         let mut config = config.clone();
         config.application_name("pgoutbox liveness check");
         let rustls = tls.client_config();
-        let check = Check { config, rustls, slot: slot.to_owned(), walsender_pid };
+        let table = table.map(|(table, publication)| (table.clone(), publication.to_owned()));
+        let check = Check { config, rustls, slot: slot.to_owned(), walsender_pid, table };
         let task = tokio::spawn(check.run(tell));
         Liveness { verdict, task: task.abort_handle() }
     }
 
-    /// Changes to `Some(why)` once the path to Postgres is found dead.
-    pub fn verdict(&self) -> watch::Receiver<Option<String>> {
+    /// Changes to `Some(why)` once the path to Postgres is found dead or the table drifted.
+    pub fn verdict(&self) -> watch::Receiver<Option<Verdict>> {
         self.verdict.clone()
     }
 }
@@ -71,10 +89,12 @@ struct Check {
     rustls: Option<std::sync::Arc<rustls::ClientConfig>>,
     slot: String,
     walsender_pid: Option<i32>,
+    /// The outbox table and its publication.
+    table: Option<(TableName, String)>,
 }
 
 impl Check {
-    async fn run(self, tell: watch::Sender<Option<String>>) {
+    async fn run(self, tell: watch::Sender<Option<Verdict>>) {
         let mut client = None;
         let mut ticks = tokio::time::interval(CHECK_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -82,14 +102,18 @@ impl Check {
         loop {
             ticks.tick().await;
             let verdict = match tokio::time::timeout(DEADLINE, self.once(&mut client)).await {
-                Err(_) => Some(format!("no answer to the liveness check in {DEADLINE:?}")),
+                Err(_) => Some(Verdict::Unresponsive(format!(
+                    "no answer to the liveness check in {DEADLINE:?}"
+                ))),
                 Ok(Ok(verdict)) => verdict,
                 Ok(Err(err)) if err.as_db_error().is_some() => {
                     warn!(error = %err, "liveness check refused by Postgres; trying again");
                     client = None;
                     None
                 }
-                Ok(Err(err)) => Some(format!("liveness check failed: {err}")),
+                Ok(Err(err)) => {
+                    Some(Verdict::Unresponsive(format!("liveness check failed: {err}")))
+                }
             };
             if let Some(why) = verdict {
                 // Nobody listens once the attempt is over; the task ends either way.
@@ -99,11 +123,11 @@ impl Check {
         }
     }
 
-    /// One check: `Some(why)` when the slot is no longer ours.
+    /// One check: `Some(why)` when the slot is no longer ours or the table drifted.
     async fn once(
         &self,
         client: &mut Option<Client>,
-    ) -> Result<Option<String>, tokio_postgres::Error> {
+    ) -> Result<Option<Verdict>, tokio_postgres::Error> {
         let connected = match client.take() {
             Some(open) if !open.is_closed() => open,
             _ => crate::postgres::admin::open(&self.config, self.rustls.clone()).await?,
@@ -114,10 +138,28 @@ impl Check {
                 &[&self.slot],
             )
             .await?;
-        *client = Some(connected);
         let holder: Option<i32> = row.and_then(|r| r.get(0));
         debug!(slot = %self.slot, ?holder, ours = ?self.walsender_pid, "liveness check");
-        Ok(verdict(&self.slot, self.walsender_pid, holder))
+        if let Some(why) = verdict(&self.slot, self.walsender_pid, holder) {
+            return Ok(Some(Verdict::Unresponsive(why)));
+        }
+        if let Some((table, publication)) = &self.table {
+            let answer = connected.simple_query(&outbox_table::query(table, publication)).await?;
+            let rows: Vec<_> = answer
+                .iter()
+                .filter_map(|message| match message {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => Some(
+                        (0..row.len()).map(|i| row.get(i).map(str::to_owned)).collect::<Vec<_>>(),
+                    ),
+                    _ => None,
+                })
+                .collect();
+            if let Err(drift) = outbox_table::judge(&rows, table, publication) {
+                return Ok(Some(Verdict::Drift(drift)));
+            }
+        }
+        *client = Some(connected);
+        Ok(None)
     }
 }
 

@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::domain::outbox::{Rejection, RowMapping};
 use crate::domain::progress::{Position, Timing};
-use crate::domain::publishing::{Publishing, Start};
+use crate::domain::publishing::{Publishing, RowStep, Start, TailNotInWal};
 use crate::domain::source::Source;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher, refused_for_itself};
@@ -29,6 +29,7 @@ use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
+use crate::service::liveness::Verdict;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::Metrics;
 use crate::settings::config::PipelineConfig;
@@ -95,7 +96,7 @@ pub struct Pipeline<'a> {
     /// Acks since `Progress` was last told: the stall detector counts them as progress.
     acks_unrecorded: u64,
     /// Becomes `Some(why)` when the path to Postgres is found dead (see `liveness`).
-    postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
+    postgres_dead: tokio::sync::watch::Receiver<Option<Verdict>>,
     metrics: Metrics,
 }
 
@@ -113,7 +114,7 @@ impl<'a> Pipeline<'a> {
         (outbound, acks): (Outbound, Acks),
         memory: &'a mut Memory,
         resume: Resume,
-        postgres_dead: tokio::sync::watch::Receiver<Option<String>>,
+        postgres_dead: tokio::sync::watch::Receiver<Option<Verdict>>,
         publisher: &Publisher,
     ) -> Self {
         let start_lsn = resume.lsn;
@@ -207,9 +208,10 @@ impl<'a> Pipeline<'a> {
                             "the connection to NATS was lost, and with it the acks awaited";
                         return Err(NatsFailure::new(kind, detail).into());
                     }
-                    Interruption::PostgresDead(why) => {
+                    Interruption::PostgresDead(Verdict::Unresponsive(why)) => {
                         return Err(ConnectionError::Unresponsive(why).into());
                     }
+                    Interruption::PostgresDead(Verdict::Drift(drift)) => return Err(drift.into()),
                 },
                 // Before acks and WAL: under a sustained drain those are always ready, and
                 // a tick placed after them never ran (gauges, ack checks and the stall
@@ -237,7 +239,8 @@ impl<'a> Pipeline<'a> {
                     ReplicationMessage::Keepalive { wal_end, reply_requested } => {
                         self.server_wal_end = self.server_wal_end.max(wal_end);
                         if self.transaction.is_none() {
-                            self.protocol.on_keepalive(wal_end);
+                            let passed = self.protocol.on_keepalive(wal_end);
+                            passed.map_err(|err| self.tail_not_in_wal(err))?;
                         }
                         if reply_requested {
                             self.send_status(false).await?;
@@ -317,7 +320,8 @@ impl<'a> Pipeline<'a> {
                     return Err(PipelineError::Protocol("Commit outside a transaction"));
                 }
                 let timing = Timing { committed: commit.commit_time, received: pg_now_micros() };
-                self.protocol.on_commit(commit.end_lsn, timing);
+                let committed = self.protocol.on_commit(commit.end_lsn, timing);
+                committed.map_err(|err| self.tail_not_in_wal(err))?;
                 self.metrics.transactions.increment(1);
                 self.observe_confirmed();
             }
@@ -397,8 +401,11 @@ impl<'a> Pipeline<'a> {
         position: Position,
         rejected: Option<Rejection>,
     ) -> Result<(), PipelineError> {
-        if self.protocol.skips(position) {
-            return Ok(());
+        let row_id = mapping.row_id(&tuple);
+        match self.protocol.on_row(position, row_id.as_deref()) {
+            Ok(RowStep::Publish) => {}
+            Ok(RowStep::Skip) => return Ok(()),
+            Err(err) => return Err(self.tail_not_in_wal(err)),
         }
         let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
             Some(refused) => refused,
@@ -431,6 +438,13 @@ impl<'a> Pipeline<'a> {
             }
         }
         self.publish_dead_letter(letter, position).await
+    }
+
+    /// Ends the attempt: the stream's tail is from another history of this database, and
+    /// no later attempt may skip by it.
+    fn tail_not_in_wal(&mut self, err: TailNotInWal) -> PipelineError {
+        self.memory.tail_not_in_wal = Some(err.tail.clone());
+        err.into()
     }
 
     /// Reports [`LsnTracker::confirmed`] to Postgres: the only place an LSN is confirmed.

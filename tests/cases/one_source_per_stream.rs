@@ -114,28 +114,26 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     assert!(status.success(), "cp -a {} {}", from.display(), to.display());
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_cluster_restored_to_an_earlier_point_skips_none_of_its_new_rows() {
-    let mut pg = Postgres::start();
-    let nats = Nats::start();
+/// Streams 10 rows, takes a file-level copy of the stopped cluster, streams 200 more (the
+/// stream's tail moves past the copy's WAL), then puts the copy back in place and starts it:
+/// the system id and timeline stay, and WAL positions from before the tail are handed out
+/// again.
+async fn restore_an_older_copy(pg: &mut Postgres, nats: &Nats) {
     pg.psql(include_str!("../../sql/outbox.sql"));
-    stream_rows(&pg, &nats, 0, 10, &[]).await;
-
-    // A file-level backup, then more rows: the stream's tail moves past the backup's WAL.
+    stream_rows(pg, nats, 0, 10, &[]).await;
     pg.stop("fast");
     let backup = pg.socket_dir().join("backup");
     copy_dir(&pg.data_dir(), &backup);
     pg.start_again();
-    stream_rows(&pg, &nats, 10, 200, &[]).await;
-
-    // Restore the backup: WAL positions from before the tail are handed out again.
+    stream_rows(pg, nats, 10, 200, &[]).await;
     pg.stop("fast");
     std::fs::remove_dir_all(pg.data_dir()).expect("remove data dir");
     std::fs::rename(&backup, pg.data_dir()).expect("restore the backup");
     pg.start_again();
-    let app = Pgoutbox::run(&pg, &nats, &[]);
-    crate::support::wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(1_000, 1_010, 1));
+}
+
+/// Waits until the stream holds the 10 rows numbered from 1,000, each once.
+async fn assert_new_rows_stored(nats: &Nats) {
     let js = jetstream(&nats.url()).await;
     eventually(Duration::from_secs(30), "the 10 rows committed after the restore", || async {
         let stored = read_all(&js, "OUTBOX").await;
@@ -143,6 +141,34 @@ async fn a_cluster_restored_to_an_earlier_point_skips_none_of_its_new_rows() {
         (new == 10).then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_restored_to_an_earlier_point_skips_none_of_its_new_rows() {
+    let mut pg = Postgres::start();
+    let nats = Nats::start();
+    restore_an_older_copy(&mut pg, &nats).await;
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    crate::support::wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(1_000, 1_010, 1));
+    assert_new_rows_stored(&nats).await;
+}
+
+/// The restored copy's WAL grows past the stream's tail before pgoutbox starts, so the tail
+/// lies inside the server's WAL and names this very system id and timeline: only the row
+/// the slot sends at the tail's position tells the two histories apart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restored_copy_whose_wal_passed_the_tail_skips_none_of_its_new_rows() {
+    let mut pg = Postgres::start();
+    let nats = Nats::start();
+    restore_an_older_copy(&mut pg, &nats).await;
+    pg.psql(&numbered_rows(1_000, 1_010, 1));
+    pg.psql("SELECT pg_switch_wal()");
+    pg.psql("CHECKPOINT");
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    crate::support::wait_until_streaming(&pg, &app).await;
+    assert_new_rows_stored(&nats).await;
+    assert!(app.log().contains("not in this server's WAL"), "log:\n{}", app.log());
 }
 
 async fn assert_missing_slot_refused(pg: &Postgres, nats: &Nats) {

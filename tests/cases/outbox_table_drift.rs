@@ -82,3 +82,21 @@ async fn a_table_renamed_away_or_unpublished_stops_pgoutbox_with_what_to_do() {
     wait_until_streaming(&pg, &app).await;
     assert_all_once(&nats, 10, &app.log()).await;
 }
+
+/// Rows committed after the table left the publication are never decoded, so waiting for
+/// the next reconnection to notice could take days: the liveness check asks every 10 s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_unpublished_while_streaming_stops_pgoutbox_within_the_liveness_check() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let mut app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 5, 5));
+    assert_all_once(&nats, 5, &app.log()).await;
+    pg.psql("ALTER PUBLICATION pgoutbox DROP TABLE outbox");
+    let status = app.wait_exit(Duration::from_secs(40));
+    assert!(!status.success(), "exit status {status:?}; log:\n{}", app.log());
+    let says = "ALTER PUBLICATION pgoutbox ADD TABLE public.outbox";
+    assert!(app.log().contains(says), "no {says:?} in:\n{}", app.log());
+}

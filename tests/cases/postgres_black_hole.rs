@@ -61,3 +61,69 @@ async fn a_black_holed_postgres_is_noticed_and_streaming_resumes_without_loss() 
     assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0));
     assert!(app.is_running(), "pgoutbox exited; log:\n{}", app.log());
 }
+
+/// pgoutbox streaming through a proxy whose connections the test can black-hole, with 100
+/// rows stored; returns the proxy, pgoutbox and the stream's context.
+async fn streaming_through_a_proxy(
+    pg: &Postgres,
+    nats: &Nats,
+) -> (FaultProxy, Pgoutbox, async_nats::jetstream::Context) {
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let proxy = FaultProxy::start_bytes(pg.port()).await;
+    let mut cmd = command(pg, nats);
+    // No connect_timeout: a login that never completes is bounded by pgoutbox alone.
+    let via_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    cmd.env("PGOUTBOX_DATABASE_URL", via_proxy).arg("run");
+    let app = Pgoutbox::spawn(cmd);
+    wait_until_streaming(pg, &app).await;
+    let js = jetstream(&nats.url()).await;
+    pg.psql(&numbered_rows(0, 100, 10));
+    eventually(Duration::from_secs(20), "the first rows stored", || async {
+        (count(&js, "OUTBOX").await >= 100).then_some(())
+    })
+    .await;
+    (proxy, app, js)
+}
+
+/// Cuts pgoutbox's connections and black-holes the path, then waits until pgoutbox has
+/// reconnected into the black hole (a connection accepted that nothing ever answers).
+async fn reconnect_into_a_black_hole(proxy: &FaultProxy) {
+    proxy.cut();
+    proxy.blackhole();
+    let accepted = proxy.accepted();
+    eventually(Duration::from_secs(10), "a reconnect into the black hole", || async {
+        (proxy.accepted() > accepted).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reconnect_into_a_black_hole_is_given_up_and_tried_again() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    let (proxy, mut app, js) = streaming_through_a_proxy(&pg, &nats).await;
+    reconnect_into_a_black_hole(&proxy).await;
+    pg.psql(&numbered_rows(100, 200, 10));
+    // The path comes back for new connections; the one in the hole never answers.
+    proxy.heal_for_new_connections();
+    let healed = Instant::now();
+    eventually(Duration::from_secs(60), "the rows committed meanwhile stored", || async {
+        (count(&js, "OUTBOX").await >= 200).then_some(())
+    })
+    .await;
+    eprintln!("streaming again {:?} after the path healed", healed.elapsed());
+    let report = audit(&read_all(&js, "OUTBOX").await, 200);
+    assert_eq!((report.stored, report.duplicates, report.lost), (200, 0, 0), "{report:?}");
+    assert!(app.is_running(), "pgoutbox exited; log:\n{}", app.log());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_stops_a_reconnect_stuck_in_a_black_hole() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    let (proxy, mut app, _js) = streaming_through_a_proxy(&pg, &nats).await;
+    reconnect_into_a_black_hole(&proxy).await;
+    app.sigterm();
+    let status = app.wait_exit(Duration::from_secs(10));
+    assert!(status.success(), "exit status {status:?}; log:\n{}", app.log());
+}

@@ -65,7 +65,7 @@ pub async fn wait_until_streaming(pg: &Postgres, app: &pgoutbox::Pgoutbox) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let log = app.log();
-        if log.contains("run: streaming") || log.contains(r#""message":"streaming""#) {
+        if log.contains(": streaming slot=") || log.contains(r#""message":"streaming""#) {
             return;
         }
         assert!(Instant::now() < deadline, "pgoutbox never said it streams; log:\n{log}");

@@ -22,6 +22,10 @@ enum Mode {
 struct State {
     mode: Option<Mode>,
     connections: Vec<AbortHandle>,
+    /// Connections accepted so far: each one's number is its place in that count.
+    accepted: usize,
+    /// Connections numbered below this stay black-holed for good.
+    dark_below: usize,
     /// Drop the next client publish to a subject with this prefix.
     drop_publish: Option<String>,
     dropped: usize,
@@ -93,6 +97,19 @@ impl FaultProxy {
     /// Keeps connections open but lets nothing through, either way.
     pub fn blackhole(&self) {
         self.state.lock().expect("proxy state").mode = Some(Mode::Blackhole);
+    }
+
+    /// New connections pass again; those open now stay black-holed for good, as flows a
+    /// stateful firewall or NAT forgot: no byte and no reset ever comes.
+    pub fn heal_for_new_connections(&self) {
+        let mut state = self.state.lock().expect("proxy state");
+        state.dark_below = state.accepted;
+        state.mode = Some(Mode::Pass);
+    }
+
+    /// How many connections were accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.state.lock().expect("proxy state").accepted
     }
 
     /// Back to normal. Black-holed connections lost bytes mid-stream, so they are closed.
@@ -176,6 +193,11 @@ fn mode(state: &Mutex<State>) -> Mode {
     state.lock().map(|s| s.mode.unwrap_or(Mode::Pass)).unwrap_or(Mode::Pass)
 }
 
+/// Whether connection number `id` lets nothing through.
+fn dark(state: &Mutex<State>, id: usize) -> bool {
+    mode(state) == Mode::Blackhole || state.lock().is_ok_and(|s| id < s.dark_below)
+}
+
 async fn accept_loop(listener: TcpListener, upstream: u16, state: Arc<Mutex<State>>) {
     while let Ok((client, _)) = listener.accept().await {
         if mode(&state) == Mode::Refuse {
@@ -185,14 +207,19 @@ async fn accept_loop(listener: TcpListener, upstream: u16, state: Arc<Mutex<Stat
         let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
             continue;
         };
+        let id = {
+            let mut guard = state.lock().expect("proxy state");
+            guard.accepted += 1;
+            guard.accepted - 1
+        };
         let (client_read, client_write) = client.into_split();
         let (server_read, server_write) = server.into_split();
         let nats = state.lock().expect("proxy state").nats_frames;
         let up = match nats {
-            true => tokio::spawn(client_to_server(client_read, server_write, state.clone())),
-            false => tokio::spawn(pump(client_read, server_write, state.clone())),
+            true => tokio::spawn(client_to_server(client_read, server_write, state.clone(), id)),
+            false => tokio::spawn(pump(client_read, server_write, state.clone(), id)),
         };
-        let down = tokio::spawn(pump(server_read, client_write, state.clone()));
+        let down = tokio::spawn(pump(server_read, client_write, state.clone(), id));
         let mut guard = state.lock().expect("proxy state");
         guard.connections.push(up.abort_handle());
         guard.connections.push(down.abort_handle());
@@ -204,10 +231,11 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<Mutex<State>>,
+    id: usize,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     while let Ok(n) = from.read(&mut buf).await {
-        if mode(&state) == Mode::Blackhole {
+        if dark(&state, id) {
             if n == 0 {
                 // A real black hole would not pass the close on either: stay open and
                 // silent until restored (which ends this task).
@@ -226,6 +254,7 @@ async fn client_to_server(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<Mutex<State>>,
+    id: usize,
 ) {
     let mut pending: Vec<u8> = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
@@ -261,7 +290,7 @@ async fn client_to_server(
             }
             break;
         }
-        if mode(&state) == Mode::Blackhole {
+        if dark(&state, id) {
             continue;
         }
         pending.extend_from_slice(&buf[..n]);

@@ -110,6 +110,11 @@ enum Shape {
 }
 
 impl RowMapping {
+    /// The id column's text, however it reads: tells rows apart, not for publishing.
+    pub fn row_id<'t>(&self, tuple: &'t [ColumnValue]) -> Option<Cow<'t, str>> {
+        tuple.get(self.id).and_then(lossy_text)
+    }
+
     /// The dead letter for `tuple` at `position`, refused for `rejection`, on `subject`, no
     /// larger than `budget` bytes of headers and body (see the module doc for what is kept).
     /// Never fails and never panics, whatever the tuple holds, even when it has fewer or
@@ -123,7 +128,7 @@ impl RowMapping {
         budget: usize,
     ) -> DeadLetter {
         let budget = budget.max(MIN_BUDGET);
-        let id = tuple.get(self.id).and_then(lossy_text);
+        let id = self.row_id(tuple);
         let message_id = match id.as_deref() {
             Some(id) if header_safe(id) => format!("dead-letter:{id}"),
             _ => format!("dead-letter:{position}"),

@@ -159,7 +159,11 @@ impl World {
     /// A new attempt: a new connection, the stream's tail read, the slot read from its
     /// confirmed position.
     fn start_attempt(&mut self) {
-        let skip_through = self.jetstream.stored.last().map(|&row| self.position(row));
+        let skip_through = self
+            .jetstream
+            .stored
+            .last()
+            .map(|&row| TailRow { position: self.position(row), msg_id: id_of(row) });
         let start = Start {
             lsn: self.slot_confirmed,
             stream_sequence: self.jetstream.stored.len() as u64,
@@ -251,7 +255,9 @@ impl World {
                 match event {
                     Decoded::Row(row) => {
                         let position = self.position(row);
-                        if !self.attempt.protocol.skips(position) {
+                        // One history: the tail's row is always where the tail says.
+                        let step = self.attempt.protocol.on_row(position, Some(&id_of(row)));
+                        if step.map_err(|err| err.to_string())? == RowStep::Publish {
                             let mut guard = self.attempt.protocol.guard().clone();
                             if let Some(legacy) = self.legacy.as_mut() {
                                 guard = Guard::LastSequence(legacy.expected);
@@ -264,7 +270,7 @@ impl World {
                     }
                     Decoded::Commit(end) => {
                         let timing = Timing { committed: 0, received: 0 };
-                        self.attempt.protocol.on_commit(end, timing);
+                        self.attempt.protocol.on_commit(end, timing).map_err(|e| e.to_string())?;
                     }
                 }
             }

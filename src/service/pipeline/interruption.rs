@@ -1,5 +1,5 @@
 //! What ends streaming from outside the pipeline's own paths: a shutdown request, the lost
-//! NATS connection, Postgres found unresponsive. One task watches all three and reports the
+//! NATS connection, Postgres found unresponsive or the outbox table changed. One task watches all three and reports the
 //! first, so that the pipeline's loop polls one oneshot receiver, a load and a compare,
 //! instead of registering and dropping three watch waiters, each behind a lock, for every
 //! message and every ack (3 % of the CPU of a drain).
@@ -7,12 +7,13 @@
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::service::liveness::Verdict;
 use crate::service::shutdown::Shutdown;
 
 pub(super) enum Interruption {
     Shutdown,
     NatsLost,
-    PostgresDead(String),
+    PostgresDead(Verdict),
 }
 
 pub(super) struct Interruptions {
@@ -24,7 +25,7 @@ impl Interruptions {
     pub(super) fn watch(
         mut shutdown: Shutdown,
         mut nats_disconnects: watch::Receiver<u64>,
-        mut postgres_dead: watch::Receiver<Option<String>>,
+        mut postgres_dead: watch::Receiver<Option<Verdict>>,
     ) -> Interruptions {
         let (report, first) = oneshot::channel();
         let watcher = tokio::spawn(async move {

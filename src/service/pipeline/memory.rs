@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use crate::domain::progress::Position;
 use crate::domain::publishing::Duplicates;
-use crate::domain::source::Source;
+use crate::domain::source::{Source, TailRow};
 use crate::domain::stall::Progress;
 use crate::service::retention::{KeptRows, PublishedUpTo};
 
@@ -19,6 +19,9 @@ pub struct Memory {
     pub nats_disconnects: tokio::sync::watch::Receiver<u64>,
     /// Rows answered as duplicates of older messages: the next attempt skips them.
     pub duplicates: Duplicates,
+    /// A stream tail whose row the slot went past without sending: written from another
+    /// history of the database, so no attempt skips by it.
+    pub tail_not_in_wal: Option<TailRow>,
     /// Rows JetStream refused for themselves, or whose id an older message of the stream
     /// has: the next attempt publishes their dead letter.
     pub refused: RefusedRows,
@@ -41,6 +44,7 @@ impl Memory {
             progress,
             nats_disconnects,
             duplicates: Duplicates::default(),
+            tail_not_in_wal: None,
             refused: RefusedRows::default(),
             ids_taken: HashSet::new(),
             published: 0,
@@ -57,8 +61,9 @@ pub struct Resume {
     pub lsn: u64,
     /// The stream's last sequence: the first publish expects it.
     pub stream_sequence: u64,
-    /// Rows at or before this position are in the stream already (`crate::domain::source`).
-    pub skip_through: Option<Position>,
+    /// Rows at or before this row's position are in the stream already, once the slot
+    /// sends this row again (`crate::domain::source`).
+    pub skip_through: Option<TailRow>,
     /// Named in every message's `Pgoutbox-Source` header.
     pub source: Source,
     /// The largest message the server and the stream accept (`StreamTail::message_limit`).

@@ -1,0 +1,251 @@
+//! One connection attempt: started within a deadline and abandoned at once on SIGTERM,
+//! then streamed until it fails or shutdown drains it.
+
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
+use crate::nats::claim::{Claim, Claims};
+use crate::nats::handshake::Dialer;
+use crate::nats::outbound::{Acks, Outbound};
+use crate::nats::publisher::Publisher;
+use crate::postgres::admin::WalStatus;
+use crate::postgres::{ConnectionError, ReplicationConnection, outbox_table};
+use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
+use crate::service::liveness::Liveness;
+use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
+use crate::service::shutdown::Shutdown;
+use crate::service::telemetry::{Metrics, Readiness};
+use crate::settings::config::{Config, PipelineConfig};
+
+/// Reading the stream's end or its claim takes milliseconds; no answer means no leader
+/// yet for the stream or the claims bucket (an election), and retrying soon beats waiting
+/// out async-nats's 10 s request timeout (which added 10 s to 1 leader election in 9 in
+/// the benchmark, when the claims bucket had lost its leader too).
+const LEADER_PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Starting an attempt (the stream's tail, the replication connection's TLS and login,
+/// IDENTIFY_SYSTEM, the slot, START_REPLICATION) takes milliseconds on a live path. A path
+/// that black-holes packets answers nothing, and TCP keepalive, which sees the kernel's
+/// acknowledgements, may never notice: past this, the attempt is given up and retried.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where each attempt streams from and to: fixed for the life of `run`.
+pub struct Target<'a> {
+    pub config: &'a Config,
+    pub pipeline: PipelineConfig,
+    /// The configured connection with the advertised `application_name`.
+    pub database: tokio_postgres::Config,
+    pub publisher: Publisher,
+    /// Opens each attempt's publishing connection.
+    pub dialer: Dialer<'a>,
+    pub claims: Claims,
+    /// `--failover`: the slot must be a failover slot (17+, checked at setup).
+    pub failover: bool,
+    /// `--from-standby`: a server in recovery is where the slot lives, not a wait.
+    pub from_standby: bool,
+}
+
+/// An attempt ready to stream.
+struct Started {
+    conn: ReplicationConnection,
+    resume: Resume,
+    /// Stopped when the attempt ends.
+    liveness: Liveness,
+    outbound: (Outbound, Acks),
+}
+
+impl Target<'_> {
+    /// One connection attempt: started within [`START_TIMEOUT`], then streamed. `None`:
+    /// shutdown was asked for before it streamed, and nothing was sent.
+    pub async fn stream_once(
+        &self,
+        memory: &mut Memory,
+        shutdown: &mut Shutdown,
+        readiness: &Readiness,
+    ) -> Result<Option<Ended>, PipelineError> {
+        let started = tokio::select! {
+            started = tokio::time::timeout(START_TIMEOUT, self.start(memory, readiness)) => {
+                started.map_err(|_| {
+                    ConnectionError::Unresponsive(format!(
+                        "starting replication took over {START_TIMEOUT:?} (a black-holed path?)"
+                    ))
+                })??
+            }
+            () = shutdown.requested() => return Ok(None),
+        };
+        let Started { conn, resume, liveness, outbound } = started;
+        let Target { pipeline, publisher, .. } = self;
+        Pipeline::new(pipeline, conn, outbound, memory, resume, liveness.verdict(), publisher)
+            .run(shutdown)
+            .await
+            .map(Some)
+    }
+
+    /// Reads where the stream ends, makes sure this source still holds the stream, decides
+    /// what the tail lets us skip, and starts replication.
+    async fn start(
+        &self,
+        memory: &Memory,
+        readiness: &Readiness,
+    ) -> Result<Started, PipelineError> {
+        let Target {
+            config,
+            pipeline,
+            database,
+            publisher,
+            dialer,
+            claims,
+            failover,
+            from_standby,
+        } = self;
+        let tail =
+            leader_probe("reading the end of the stream", "no stream leader?", publisher.tail())
+                .await?;
+        // async-nats may have moved to another server of the list since.
+        Metrics::nats_info(&publisher.server_version(), true);
+        let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
+        let slot = &config.slot;
+        let identity = conn.identify_system().await?;
+        // A standby (or one being promoted) has no say about the slot yet: wait.
+        let recovery = conn.simple_query("SELECT pg_is_in_recovery()").await?;
+        if !from_standby
+            && recovery.first().and_then(|r| r.first()).and_then(Option::as_deref) == Some("t")
+        {
+            return Err(PipelineError::InRecovery { slot: slot.clone() });
+        }
+        let outbox_table = match &pipeline.table {
+            Some(table) => {
+                let query = outbox_table::query(table, &config.publication);
+                let rows = conn.simple_query(&query).await?;
+                Some(outbox_table::judge(&rows, table, &config.publication)?)
+            }
+            None => None,
+        };
+        let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
+        let claim = leader_probe(
+            "checking the stream's claim",
+            "no leader for the claims bucket?",
+            claims.claim(&config.stream, &source),
+        )
+        .await?;
+        if let Claim::Theirs(writer) = claim {
+            let database = &source.database;
+            return Err(PipelineError::stream_claimed(&config.stream, writer, database, slot));
+        }
+        let history = match tail.origin.source.as_deref().and_then(|s| s.parse::<Source>().ok()) {
+            Some(theirs) if theirs.timeline < source.timeline => {
+                parse_timeline_history(&conn.timeline_history(source.timeline).await?)
+            }
+            _ => Vec::new(),
+        };
+        let skip_through = match judge_tail(&source, identity.wal_end, &history, &tail.origin) {
+            TailVerdict::SkipThrough(row) if memory.tail_not_in_wal.as_ref() == Some(&row) => {
+                warn!(stream = %config.stream, tail = %row,
+                    "the stream's last message is not in this server's WAL; nothing is skipped");
+                None
+            }
+            TailVerdict::SkipThrough(row) => Some(row),
+            TailVerdict::NothingToSkip(why) => {
+                if let Some(why) = why {
+                    warn!(stream = %config.stream, "{why}");
+                }
+                None
+            }
+            // The claim is ours, so the tail is the previous source's, from before the
+            // operator moved the stream to this one (`--recreate-slot`).
+            TailVerdict::OtherWriter(theirs) => {
+                warn!(stream = %config.stream, previous = %theirs,
+                "the stream's last message is another source's; nothing is skipped");
+                None
+            }
+        };
+        let rows = conn
+            .simple_query(&format!(
+                "SELECT confirmed_flush_lsn::text, wal_status, active, \
+                        to_jsonb(s) ->> 'failover', to_jsonb(s) ->> 'invalidation_reason' \
+                 FROM pg_replication_slots s \
+                 WHERE slot_name = {}",
+                postgres_protocol::escape::escape_literal(slot)
+            ))
+            .await?;
+        let Some(row) = rows.first() else {
+            return Err(PipelineError::SlotMissing { slot: slot.clone() });
+        };
+        let reason = row.get(4).and_then(Option::as_deref);
+        if row.get(1).and_then(Option::as_deref).and_then(WalStatus::parse) == Some(WalStatus::Lost)
+            || reason.is_some()
+        {
+            return Err(PipelineError::slot_invalidated(slot, reason));
+        }
+        let start: u64 = row
+            .first()
+            .and_then(Option::as_deref)
+            .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
+            .map(u64::from)
+            .unwrap_or(0);
+        // `failover` is a column from 17 on; --failover was refused below that at setup.
+        if *failover && row.get(3).and_then(Option::as_deref) == Some("false") {
+            conn.simple_query(&format!(
+                "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
+                postgres_protocol::escape::escape_identifier(slot)
+            ))
+            .await
+            .map_err(|err| PipelineError::from_start_replication(slot, err))?;
+            info!(%slot, "failover turned on for the existing slot");
+        }
+        let messages = pipeline.message_prefix.is_some();
+        conn.start_replication(slot, start, &config.publication, messages)
+            .await
+            .map_err(|err| PipelineError::from_start_replication(slot, err))?;
+        // Stopped when this attempt ends, with the guard.
+        let watched = pipeline.table.as_ref().map(|table| (table, config.publication.as_str()));
+        let liveness = Liveness::spawn(database, &config.pg_tls, slot, conn.backend_pid(), watched);
+        info!(
+            %slot,
+            %source,
+            from = %tokio_postgres::types::PgLsn::from(start),
+            stream_sequence = tail.last_sequence,
+            skip_through = skip_through.as_ref().map(|tail| tail.position.to_string()),
+            walsender_pid = conn.backend_pid(),
+            wal_sender_timeout = ?conn.wal_sender_timeout(),
+            "streaming"
+        );
+        let resume = Resume {
+            lsn: start,
+            stream_sequence: tail.last_sequence,
+            skip_through,
+            source,
+            message_limit: tail.message_limit,
+            table: outbox_table,
+        };
+        let outbound = publisher.outbound(dialer).await.map_err(|err| {
+            NatsFailure::new(
+                NatsFailureKind::Request,
+                format!("opening the publishing connection: {err}"),
+            )
+        })?;
+        readiness.set_streaming(true);
+        Ok(Started { conn, resume, liveness, outbound })
+    }
+}
+
+/// A JetStream question asked at the start of an attempt, given [`LEADER_PROBE_TIMEOUT`]
+/// to answer. `what` prefixes its errors; `silence` says what no answer likely means.
+async fn leader_probe<T, E: std::fmt::Display>(
+    what: &str,
+    silence: &str,
+    question: impl Future<Output = Result<T, E>>,
+) -> Result<T, NatsFailure> {
+    let failure = |why: &dyn std::fmt::Display| {
+        NatsFailure::new(NatsFailureKind::Request, format!("{what}: {why}"))
+    };
+    match tokio::time::timeout(LEADER_PROBE_TIMEOUT, question).await {
+        Ok(answer) => answer.map_err(|err| failure(&err)),
+        Err(_) => {
+            let waited = LEADER_PROBE_TIMEOUT.as_secs();
+            Err(failure(&format!("no answer in {waited} s ({silence})")))
+        }
+    }
+}
