@@ -31,6 +31,9 @@ tests=(
   recovery                     # a server in recovery is never a dropped slot
   postgres_version_reported    # status and /metrics name the version, failover, synced
   emitted_messages             # pgoutput's messages option (14+), interleaved with rows
+  seed_from_table              # CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT, pg_copy_logical_replication_slot
+  outbox_table_drift           # the table and publication checked at start and while streaming
+  postgres_black_hole          # a reconnect into a black hole is given up
 )
 
 scripts/fetch-postgres.sh "${majors[@]}"

@@ -25,6 +25,7 @@ tests=(
   survives_nats_outage         # nats-server stopped and started again
   survives_nats_network_faults # a cut connection, a black hole, a restart mid-stream
   survives_nats_pauses         # late writes: held by a proxy, and SIGSTOP freezes
+  seed_from_table              # a seed replayed after NATS faults, by each server's check order
   order_under_lost_publish     # the chain's guard refuses what follows a lost publish
   duplicate_ids                # a duplicate elsewhere, the expected-id refusal behind it
   dedup_window_expired         # the duplicate window and the tail skip after it

@@ -15,6 +15,7 @@ use crate::nats::publisher::Publisher;
 use crate::postgres::admin;
 use crate::service::error::PipelineError;
 use crate::service::pipeline::{Ended, Memory};
+use crate::service::seed::SeedKind;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::{self, Metrics, Readiness, ReconnectTarget};
 use crate::settings::cli::RunArgs;
@@ -33,6 +34,12 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     if config.messages_only && args.message_prefix.is_empty() {
         anyhow::bail!(
             "--messages-only with an empty --message-prefix streams nothing: set a prefix"
+        );
+    }
+    if config.messages_only && (args.recover || args.backfill) {
+        anyhow::bail!(
+            "--recover and --backfill publish rows of the outbox table, and --messages-only \
+             reads no table: drop one"
         );
     }
     if config.messages_only && args.retention.is_some() {
@@ -102,9 +109,14 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         warn!("{warning}");
     }
     Metrics::nats_info(&nats_version, false);
-    let set_up = || ensure_stream_and_slot(config, &client, &publisher, &args.slot);
+    let seed = match (args.recover, args.backfill) {
+        (true, _) => Some(SeedKind::Recover),
+        (_, true) => Some(SeedKind::Backfill),
+        _ => None,
+    };
+    let set_up = || ensure_stream_and_slot(config, &client, &publisher, &args.slot, seed);
     let backoff = || Backoff::capped(JETSTREAM_RETRY_CAP);
-    let Some(claims) =
+    let Some((claims, seeding)) =
         patiently(UNANSWERED, jetstream_unanswered, backoff(), &mut shutdown, &readiness, set_up)
             .await?
     else {
@@ -127,6 +139,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         args.stall_timeout,
     ));
     let mut memory = Memory::new(progress, nats_disconnects);
+    memory.seed_wanted = seeding;
     if let Some(keep) = args.retention {
         // Dead letters of earlier runs that lack their payload: those rows must stay.
         let subject = &config.pipeline.dead_letter_subject;
@@ -173,6 +186,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         claims,
         failover: args.slot.failover,
         from_standby: args.slot.from_standby,
+        seed_margin: args.recover_margin,
     };
     let outcome = attempts(&target, &mut memory, &mut shutdown, &readiness).await;
     tasks.shutdown().await;
@@ -207,6 +221,10 @@ async fn attempts(
                 );
                 return Ok(());
             }
+            Ok(Some(Ended::Seeded)) => match finish_seed(target, memory).await {
+                Ok(()) => continue,
+                Err(err) => err,
+            },
             Ok(None) => return Ok(()),
             Err(err) => err,
         };
@@ -254,4 +272,16 @@ async fn attempts(
             () = shutdown.requested() => return Ok(()),
         }
     }
+}
+
+/// Every row of the seed is in the stream: its slot becomes the slot, and streaming goes on
+/// from where the seed's snapshot ended.
+async fn finish_seed(target: &Target<'_>, memory: &mut Memory) -> Result<(), PipelineError> {
+    if let Some(seed) = memory.seed.take() {
+        seed.finish(target.config, &target.config.slot).await?;
+    }
+    memory.seed_wanted = None;
+    memory.forget_seed_rows();
+    Metrics::seed_rows(0);
+    Ok(())
 }

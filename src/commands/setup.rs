@@ -9,6 +9,7 @@ use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
 use crate::service::error::PipelineError;
+use crate::service::seed::{SeedKind, seed_slot};
 use crate::settings::cli::SlotArgs;
 use crate::settings::config::Config;
 
@@ -16,7 +17,7 @@ pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
     let client = prepare_database(config, args.from_standby).await?;
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
-    ensure_stream_and_slot(config, &client, &publisher, args).await?;
+    ensure_stream_and_slot(config, &client, &publisher, args, None).await?;
     println!(
         "ready: publication {}, slot {}, stream {}",
         config.publication, config.slot, config.stream
@@ -59,12 +60,17 @@ pub async fn prepare_database(
 /// source (`crate::nats::claim`). A missing slot is created only when this source never wrote the
 /// stream, or when the operator asked for it: a slot that vanished means events may have
 /// been skipped, and that must not pass silently.
+///
+/// `seed` (`run --recover` or `--backfill`): when the slot is missing or lost, it is not
+/// created here; the returned kind says the run must seed the stream from the table first
+/// (`service::seed`), which creates it.
 pub async fn ensure_stream_and_slot(
     config: &Config,
     client: &tokio_postgres::Client,
     publisher: &Publisher,
     args: &SlotArgs,
-) -> anyhow::Result<Claims> {
+    seed: Option<SeedKind>,
+) -> anyhow::Result<(Claims, Option<SeedKind>)> {
     let recreate = args.recreate_slot;
     if args.failover {
         let (num, shown) = admin::server_version(client).await?;
@@ -94,7 +100,15 @@ pub async fn ensure_stream_and_slot(
         .await
         .with_context(|| format!("reading the claim on stream {}", config.stream))?;
     let holder = claims.holder(&config.stream, &source).await?;
+    let seed_slot = seed_slot(name)?;
+    let unfinished_seed = admin::slot_state(client, &seed_slot).await?.is_some();
+    let mut seeding = None;
     match state {
+        Some(state) if state.wal_status == Some(WalStatus::Lost) && seed.is_some() => {
+            warn!(slot = %name, "dropping the lost slot; the stream is seeded from the table");
+            admin::teardown_slot(client, name).await?;
+            seeding = seed;
+        }
         Some(state) if state.wal_status == Some(WalStatus::Lost) => {
             if !recreate {
                 let reason = state.invalidation_reason.as_deref();
@@ -110,7 +124,17 @@ pub async fn ensure_stream_and_slot(
                 state.plugin.unwrap_or_default()
             );
         }
-        Some(_) => {}
+        Some(_) => {
+            if unfinished_seed {
+                // A seed that finished but was cut off before dropping its slot.
+                warn!(slot = %seed_slot, "dropping the slot of a finished seed");
+                admin::teardown_slot(client, &seed_slot).await?;
+            }
+            if seed.is_some() {
+                info!(slot = %name, "the slot exists: nothing to seed from the table");
+            }
+        }
+        None if seed.is_some() => seeding = seed,
         None => {
             let written_before = match holder {
                 // By an earlier run, or by a setup that stopped short of making the slot
@@ -122,7 +146,14 @@ pub async fn ensure_stream_and_slot(
                 Claim::Theirs(_) => false,
             };
             if written_before && !recreate {
-                return Err(PipelineError::SlotMissing { slot: name.clone() }.into());
+                let err = PipelineError::SlotMissing { slot: name.clone() };
+                if unfinished_seed {
+                    anyhow::bail!(
+                        "{err}; a seed from the table was under way (slot {seed_slot}): run \
+                         again with the same --recover or --backfill to finish it"
+                    );
+                }
+                return Err(err.into());
             }
             if written_before {
                 warn!(slot = %name, "creating a new slot, as asked; events committed while \
@@ -153,7 +184,7 @@ pub async fn ensure_stream_and_slot(
              that source must be stopped for good");
         claims.take_over(&config.stream, &source).await?;
     }
-    Ok(claims)
+    Ok((claims, seeding))
 }
 
 /// What decoding on a standby needs: PostgreSQL 16, the publication (read-only here, so

@@ -60,9 +60,29 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
             Ok(state) => {
                 let (mut health, mut problems) = judge(state.as_ref(), max_lag_bytes);
                 let mut report = slot_report(&config.slot, state.as_ref());
+                // A seed from the table (`--recover`, `--backfill`) streams from its own
+                // slot; the slot itself is made when the seed ends.
+                let seed_name = format!("{}_seed", config.slot);
+                let seed = admin::slot_state(&client, &seed_name).await.ok().flatten();
+                if let Some(seed) = &seed {
+                    report["seed"] = json!({ "slot": seed_name, "active": seed.active });
+                    if seed.active && state.is_none() {
+                        health = Health::Warning;
+                        problems = vec![format!(
+                            "the stream is being seeded from the table (run --recover or \
+                             --backfill); slot {} is made when that ends",
+                            config.slot
+                        )];
+                    } else if !seed.active {
+                        problems.push(format!(
+                            "slot {seed_name} is left by a seed from the table that did not \
+                             finish: run pgoutbox again with the same --recover or --backfill"
+                        ));
+                    }
+                }
                 // Where the running pgoutbox serves: as told, else as the slot's holder
                 // advertises it, else the default.
-                let advertised = state.as_ref().and_then(|s| {
+                let advertised = state.as_ref().or(seed.as_ref()).and_then(|s| {
                     let name = s.holder_application_name.as_deref()?;
                     telemetry::advertised_http_addr(name, s.holder_client_addr.as_deref())
                 });
@@ -201,6 +221,8 @@ async fn process_report(addr: SocketAddr) -> serde_json::Value {
             "http_addr": addr.to_string(),
             "last_confirmation_age_seconds": (age * 10.0).round() / 10.0,
             "stalled": gauge(names::STALLED) == Some(1.0),
+            "seed_rows": gauge(names::SEED_ROWS),
+            "seed_rows_done": gauge(names::SEED_ROWS_DONE),
         }))
     };
     match tokio::time::timeout(Duration::from_secs(3), gauges).await {
@@ -255,6 +277,7 @@ fn table_lines(report: &serde_json::Value) -> Vec<String> {
     push("nats.", &report["nats"]);
     push("stream.", &report["stream"]);
     push("pgoutbox.", &report["pgoutbox"]);
+    push("seed.", &report["seed"]);
     if let Some(problems) = report["problems"].as_array() {
         for problem in problems {
             rows.push(("problem".into(), problem.as_str().unwrap_or_default().to_owned()));

@@ -9,5 +9,6 @@ pub mod progress;
 pub mod publishing;
 pub mod retry;
 pub mod row;
+pub mod seed;
 pub mod source;
 pub mod stall;

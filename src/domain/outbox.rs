@@ -22,8 +22,8 @@ mod emitted;
 mod headers;
 
 pub use dead_letter::{
-    DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET, PAYLOAD_OMITTED_HEADER, RefusedRows,
-    TRUNCATED,
+    DEAD_LETTER_ID_PREFIX, DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET,
+    PAYLOAD_OMITTED_HEADER, RefusedRows, TRUNCATED,
 };
 pub use emitted::log_preview;
 pub use headers::Headers;

@@ -137,9 +137,16 @@ impl Duplicates {
         self.0.insert(position);
     }
 
-    /// Positions below the slot's start are never decoded again.
+    /// Positions below the slot's start are never decoded again. A seed's rows (commit LSN
+    /// 0, read from the table's snapshot, `service::seed`) are read again by every attempt
+    /// of the seed.
     fn forget_below(&mut self, lsn: u64) {
-        self.0.retain(|position| position.commit_lsn >= lsn);
+        self.0.retain(|position| position.commit_lsn == 0 || position.commit_lsn >= lsn);
+    }
+
+    /// Forgets the seed's rows: a new snapshot numbers its rows anew.
+    pub fn forget_seed(&mut self) {
+        self.0.retain(|position| position.commit_lsn != 0);
     }
 }
 

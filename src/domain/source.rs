@@ -19,6 +19,8 @@
 //! Pure: no I/O. The caller reads the tail, `IDENTIFY_SYSTEM` and `TIMELINE_HISTORY`.
 
 use std::fmt;
+
+use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
 use std::str::FromStr;
 
 use crate::domain::progress::Position;
@@ -93,6 +95,8 @@ pub struct TailOrigin {
     pub position: Option<Position>,
     /// Its `Nats-Msg-Id`.
     pub msg_id: Option<String>,
+    /// Written by a recovery from the table: its bound, epoch seconds (`service::seed`).
+    pub seed_since: Option<String>,
     /// Written under the id chain (`publishing.rs`), which leaves no gap behind
     /// a message; earlier pgoutbox versions chained by sequence alone and could.
     pub chained: bool,
@@ -110,7 +114,7 @@ impl TailRow {
     /// the one the tail was published from: as itself, or as its dead letter (named by the
     /// id, or by the position when the id could not name it).
     pub fn is_row(&self, row_id: Option<&str>) -> bool {
-        let letter = self.msg_id.strip_prefix("dead-letter:");
+        let letter = self.msg_id.strip_prefix(DEAD_LETTER_ID_PREFIX);
         row_id.is_some_and(|id| self.msg_id == id || letter == Some(id))
             || letter == Some(self.position.to_string().as_str())
     }
@@ -228,6 +232,7 @@ mod tests {
             source: Some(source.to_owned()),
             position: Some(Position { commit_lsn: lsn, index: 0 }),
             msg_id: Some("id-1".to_owned()),
+            seed_since: None,
             chained: true,
         }
     }

@@ -9,13 +9,17 @@ use async_nats::jetstream::context::CreateStreamErrorKind;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode, stream};
 
-use crate::domain::outbox::{MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER};
+use crate::domain::outbox::MESSAGE_ID_HEADER;
 use crate::domain::progress::Position;
 use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
+use crate::domain::seed::SEED_SINCE_HEADER;
 use crate::domain::source::{SOURCE_HEADER, TailOrigin};
 use crate::nats::api_error::is_final_answer;
 use crate::nats::handshake::{Dialer, OpenError};
 use crate::nats::outbound::{self, Acks, Outbound};
+
+mod read_back;
+pub use read_back::ReadFrom;
 
 /// Header carrying the row's [`Position`].
 pub const POSITION_HEADER: &str = "Pgoutbox-Position";
@@ -209,40 +213,6 @@ impl Publisher {
         Ok(total)
     }
 
-    /// The row ids in the dead letters on `subject` that left the payload out (as each
-    /// letter's body gives them), for `--retention` to keep those rows.
-    pub async fn ids_of_letters_without_payload(
-        &self,
-        subject: &str,
-    ) -> Result<Vec<String>, PublisherError> {
-        use async_nats::jetstream::consumer::pull::OrderedConfig;
-        use futures_util::StreamExt;
-        let total = self.count_on_subject(subject).await?;
-        if total == 0 {
-            return Ok(Vec::new());
-        }
-        let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
-        let config = OrderedConfig { filter_subject: subject.to_owned(), ..Default::default() };
-        let consumer = stream.create_consumer(config).await.map_err(request_error)?;
-        let mut messages = consumer.messages().await.map_err(request_error)?;
-        let mut ids = Vec::new();
-        for _ in 0..total {
-            let message = match messages.next().await {
-                Some(message) => message.map_err(request_error)?,
-                None => break,
-            };
-            let omitted = message.headers.as_ref().and_then(|h| h.get(PAYLOAD_OMITTED_HEADER));
-            if omitted.is_some_and(|v| v.as_str() == "true") {
-                let body: serde_json::Value =
-                    serde_json::from_slice(&message.payload).unwrap_or_default();
-                if let Some(id) = body.get("id").and_then(|id| id.as_str()) {
-                    ids.push(id.to_owned());
-                }
-            }
-        }
-        Ok(ids)
-    }
-
     /// The stream's message count, bytes, last sequence and dedup window, for `status`.
     pub async fn stream_info(&self) -> Result<stream::Info, PublisherError> {
         let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
@@ -301,6 +271,7 @@ fn origin(message: &async_nats::jetstream::message::StreamMessage) -> TailOrigin
         source: header(SOURCE_HEADER),
         position: header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()),
         msg_id: header(MESSAGE_ID_HEADER),
+        seed_since: header(SEED_SINCE_HEADER),
     }
 }
 

@@ -81,6 +81,12 @@ pub enum SetupError {
          (PARTITION BY) for a partitioned outbox"
     )]
     InheritanceChildren { table: String, children: String },
+    #[error(
+        "table {table} has no created-at column and track_commit_timestamp is off, so its rows \
+         have no order to be published in: set --created-at-column, or turn \
+         track_commit_timestamp on (a restart of Postgres) for commit order"
+    )]
+    SeedOrder { table: String },
     #[error(transparent)]
     Sql(#[from] tokio_postgres::Error),
 }

@@ -1,7 +1,8 @@
 //! Everything that talks to Postgres: connection parameters and TLS, the walsender session
 //! (`walsender`, over `socket`, with the pure CopyBoth envelope in `wire`), the pure
 //! pgoutput decoder, SQL for setup and status on an ordinary connection (`admin`), and the
-//! check that the outbox table is still the one streamed (`outbox_table`).
+//! check that the outbox table is still the one streamed (`outbox_table`), and the table as a
+//! new slot's snapshot shows it (`table_snapshot`).
 
 pub(crate) mod admin;
 mod backend;
@@ -9,6 +10,7 @@ pub(crate) mod conninfo;
 pub(crate) mod outbox_table;
 pub mod pgoutput;
 mod socket;
+pub(crate) mod table_snapshot;
 pub(crate) mod tls;
 pub(crate) mod walsender;
 pub(crate) mod wire;

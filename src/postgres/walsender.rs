@@ -65,6 +65,13 @@ pub struct SystemIdentity {
     pub database: String,
 }
 
+/// A new slot's consistent point and the snapshot exported there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportedSnapshot {
+    pub consistent_point: u64,
+    pub name: String,
+}
+
 /// One row of a simple query's result, as text.
 pub type TextRow = Vec<Option<String>>;
 
@@ -144,6 +151,31 @@ impl ReplicationConnection {
         }
         let rows = self.simple_query(&format!("TIMELINE_HISTORY {timeline}")).await?;
         Ok(rows.first().and_then(|row| row.get(1)).cloned().flatten().unwrap_or_default())
+    }
+
+    /// Creates logical slot `slot` (pgoutput) and exports the snapshot it became consistent
+    /// at: every transaction is either visible in that snapshot or decoded from the slot,
+    /// never both. The snapshot lives until this connection runs its next command; import it
+    /// first (`SET TRANSACTION SNAPSHOT`). The syntax is the one every supported release
+    /// still accepts.
+    pub async fn create_slot_exporting_snapshot(
+        &mut self,
+        slot: &str,
+    ) -> Result<ExportedSnapshot, ConnectionError> {
+        let command = format!(
+            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput EXPORT_SNAPSHOT",
+            escape_identifier(slot)
+        );
+        let rows = self.simple_query(&command).await?;
+        let field = |i: usize| rows.first().and_then(|row| row.get(i)).and_then(Option::as_deref);
+        let malformed =
+            || ConnectionError::Protocol("malformed CREATE_REPLICATION_SLOT answer".into());
+        let consistent_point: tokio_postgres::types::PgLsn =
+            field(1).and_then(|lsn| lsn.parse().ok()).ok_or_else(malformed)?;
+        Ok(ExportedSnapshot {
+            consistent_point: consistent_point.into(),
+            name: field(2).ok_or_else(malformed)?.to_owned(),
+        })
     }
 
     /// Sends `START_REPLICATION` and waits for the server to enter CopyBoth mode. With

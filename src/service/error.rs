@@ -27,15 +27,17 @@ pub enum PipelineError {
     )]
     InRecovery { slot: String },
     #[error(
-        "replication slot {slot} does not exist; it was dropped after pgoutbox set it up. \
-             Events committed since may be lost. See docs/operations.md (slot lost) and run \
-             `pgoutbox setup --recreate-slot` once you have decided how to recover"
+        "replication slot {slot} does not exist; it was dropped after pgoutbox set it up, and \
+             events committed since were not streamed. Run `pgoutbox run --recover` to publish \
+             them from the table and go on, or `--recreate-slot` to go on without them (see \
+             docs/operations.md, slot lost)"
     )]
     SlotMissing { slot: String },
     #[error(
         "replication slot {slot} was invalidated by Postgres: {detail}; events committed \
-             since may be lost. See docs/operations.md (slot lost) and run \
-             `pgoutbox setup --recreate-slot` once you have decided how to recover"
+             since were not streamed. Run `pgoutbox run --recover` to publish them from the \
+             table and go on, or `--recreate-slot` to go on without them (see \
+             docs/operations.md, slot lost)"
     )]
     SlotInvalidated { slot: String, detail: String },
     #[error(
@@ -69,6 +71,9 @@ pub enum PipelineError {
     /// without skipping by it.
     #[error(transparent)]
     TailNotInWal(#[from] crate::domain::publishing::TailNotInWal),
+    /// Seeding the stream from the table (`--recover`, `--backfill`) failed.
+    #[error("seeding the stream from the table: {0}")]
+    Seed(#[from] crate::service::seed::SeedError),
 }
 
 impl PipelineError {
@@ -114,6 +119,7 @@ impl PipelineError {
             Self::InRecovery { .. } => Failure::Recovery,
             Self::Nats(_) => Failure::Nats,
             Self::Postgres(_) | Self::TailNotInWal(_) => Failure::Postgres,
+            Self::Seed(seed) => seed.failure(),
             _ => Failure::Fatal,
         }
     }

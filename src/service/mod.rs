@@ -5,5 +5,6 @@ pub mod error;
 pub mod liveness;
 pub mod pipeline;
 pub mod retention;
+pub mod seed;
 pub mod shutdown;
 pub mod telemetry;

@@ -30,6 +30,7 @@ use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::Verdict;
+use crate::service::seed::Prelude;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::Metrics;
 use crate::settings::config::PipelineConfig;
@@ -39,10 +40,12 @@ mod emitted;
 mod interruption;
 mod memory;
 mod publish;
+mod seed;
 mod window;
 
 use interruption::{Interruption, Interruptions};
 pub use memory::{Memory, Resume};
+use seed::next_seed_row;
 use window::{MAX_IN_FLIGHT, Window};
 
 /// How often acks are checked and gauges updated, and a report goes out when none did for
@@ -97,6 +100,10 @@ pub struct Pipeline<'a> {
     acks_unrecorded: u64,
     /// Becomes `Some(why)` when the path to Postgres is found dead (see `liveness`).
     postgres_dead: tokio::sync::watch::Receiver<Option<Verdict>>,
+    /// A seed's rows from the table, published before any row of the slot.
+    prelude: Option<Prelude>,
+    /// Where the slot starts: the seed's rows end there.
+    start_lsn: u64,
     metrics: Metrics,
 }
 
@@ -105,6 +112,8 @@ pub struct Pipeline<'a> {
 pub enum Ended {
     /// Shutdown was asked for; everything sent was acknowledged and confirmed.
     Drained { confirmed: u64 },
+    /// Every row of the seed is in the stream (`service::seed`).
+    Seeded,
 }
 
 impl<'a> Pipeline<'a> {
@@ -152,6 +161,8 @@ impl<'a> Pipeline<'a> {
             reported_at: Instant::now(),
             confirmable_since: None,
             server_wal_end: start_lsn,
+            prelude: resume.prelude,
+            start_lsn,
             metrics: Metrics::new(),
         }
     }
@@ -166,16 +177,15 @@ impl<'a> Pipeline<'a> {
         // the next attempt; a lost connection with nothing in flight leaves nothing waiting.
         self.record_progress(self.unsent_row || self.protocol.in_flight() > 0);
         match result {
-            Ok(()) => {
-                let confirmed = self.protocol.confirmed();
+            Ok(ended) => {
                 self.conn.close().await;
-                Ok(Ended::Drained { confirmed })
+                Ok(ended)
             }
             Err(err) => Err(err),
         }
     }
 
-    async fn stream(&mut self, shutdown: &mut Shutdown) -> Result<(), PipelineError> {
+    async fn stream(&mut self, shutdown: &mut Shutdown) -> Result<Ended, PipelineError> {
         let mut tick = tokio::time::interval(STATUS_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut interruptions = Interruptions::watch(
@@ -187,6 +197,11 @@ impl<'a> Pipeline<'a> {
         tokio::pin!(confirm);
         let mut confirm_armed = false;
         loop {
+            if self.prelude.as_ref().is_some_and(Prelude::is_finished)
+                && self.protocol.in_flight() == 0
+            {
+                return Ok(Ended::Seeded);
+            }
             if !confirm_armed && self.protocol.confirmed() != self.reported {
                 let due = (self.reported_at + MIN_STATUS_GAP).max(Instant::now());
                 confirm.as_mut().reset(due.into());
@@ -198,7 +213,10 @@ impl<'a> Pipeline<'a> {
             tokio::select! {
                 biased;
                 interruption = interruptions.next() => match interruption {
-                    Interruption::Shutdown => return self.drain().await,
+                    Interruption::Shutdown => {
+                        self.drain().await?;
+                        return Ok(Ended::Drained { confirmed: self.protocol.confirmed() });
+                    }
                     Interruption::NatsLost => {
                         let kind = match self.in_flight.is_empty() {
                             true => NatsFailureKind::Request,
@@ -231,7 +249,16 @@ impl<'a> Pipeline<'a> {
                 }
                 ack = self.in_flight.oldest() => self.on_ack(ack).await?,
                 () = self.outbound.written(), if !unsent_room => {}
-                message = self.conn.next_message(), if room => match message? {
+                row = next_seed_row(&mut self.prelude), if room => match row? {
+                    Some((position, tuple)) => self.on_seed_row(position, tuple).await?,
+                    None => {
+                        // The seed's rows end where the slot starts.
+                        let timing = Timing { committed: 0, received: 0 };
+                        let ended = self.protocol.on_commit(self.start_lsn, timing);
+                        ended.map_err(|err| self.tail_not_in_wal(err))?;
+                    }
+                },
+                message = self.conn.next_message(), if room && self.prelude.is_none() => match message? {
                     ReplicationMessage::XLogData { data, wal_end, .. } => {
                         self.server_wal_end = self.server_wal_end.max(wal_end);
                         self.on_wal(data).await?;
@@ -284,11 +311,14 @@ impl<'a> Pipeline<'a> {
         let now = pg_now_micros();
         let seconds = |from: i64, to: i64| (to - from).max(0) as f64 / 1e6;
         for Timing { committed, received } in self.protocol.take_confirmed_timings() {
+            self.confirmable_since.get_or_insert_with(Instant::now);
+            if committed == 0 {
+                continue; // a seed's rows: read from the table, not timed from a commit
+            }
             self.metrics.commit_to_ack.record(seconds(committed, now));
             self.metrics.commit_to_receive.record(seconds(committed, received));
             self.metrics.receive_to_ack.record(seconds(received, now));
             self.memory.published_up_to.advance(committed);
-            self.confirmable_since.get_or_insert_with(Instant::now);
         }
     }
 

@@ -87,6 +87,10 @@ pub mod names {
     /// slot and a synchronised copy; "unknown" before 17.
     pub const POSTGRES_INFO: &str = "pgoutbox_postgres_info";
     pub const NATS_INFO: &str = "pgoutbox_nats_info";
+    /// A seed from the table (`--recover`, `--backfill`): the rows it reads, and how many
+    /// of them were published or found in the stream already; both 0 when none runs.
+    pub const SEED_ROWS: &str = "pgoutbox_seed_rows";
+    pub const SEED_ROWS_DONE: &str = "pgoutbox_seed_rows_done";
 }
 
 /// Gives every metric its `# HELP` line, puts every counter (each label value too) at 0 so
@@ -138,6 +142,11 @@ fn describe() {
         ),
         (names::BUILD_INFO, "Always 1; the labels say which pgoutbox this is."),
         (
+            names::SEED_ROWS,
+            "Rows a seed from the table reads (--recover, --backfill); 0: none runs.",
+        ),
+        (names::SEED_ROWS_DONE, "Of those, rows published or found in the stream already."),
+        (
             names::POSTGRES_INFO,
             "Always 1; the labels say which Postgres is streamed from and how the slot is kept.",
         ),
@@ -150,7 +159,13 @@ fn describe() {
     for (name, help) in gauges {
         describe_gauge!(name, help);
     }
-    for name in [names::MESSAGES_IN_FLIGHT, names::STREAMING, names::STALLED] {
+    for name in [
+        names::MESSAGES_IN_FLIGHT,
+        names::STREAMING,
+        names::STALLED,
+        names::SEED_ROWS,
+        names::SEED_ROWS_DONE,
+    ] {
         gauge!(name).set(0.0);
     }
     gauge!(names::LAST_CONFIRMATION_AGE).set(0.0);
@@ -211,6 +226,7 @@ pub struct Metrics {
     pub messages_in_flight: Gauge,
     pub confirmed_lsn: Gauge,
     pub replication_lag_bytes: Gauge,
+    pub seed_rows_done: Gauge,
     pub commit_to_ack: Histogram,
     pub commit_to_receive: Histogram,
     pub receive_to_ack: Histogram,
@@ -229,11 +245,18 @@ impl Metrics {
             messages_in_flight: gauge!(names::MESSAGES_IN_FLIGHT),
             confirmed_lsn: gauge!(names::CONFIRMED_LSN),
             replication_lag_bytes: gauge!(names::REPLICATION_LAG_BYTES),
+            seed_rows_done: gauge!(names::SEED_ROWS_DONE),
             commit_to_ack: histogram!(names::COMMIT_TO_ACK),
             commit_to_receive: histogram!(names::COMMIT_TO_RECEIVE),
             receive_to_ack: histogram!(names::RECEIVE_TO_ACK),
             ack_to_confirm: histogram!(names::ACK_TO_CONFIRM),
         }
+    }
+
+    /// A seed began with this many rows to read; 0 when it ended.
+    pub fn seed_rows(total: u64) {
+        gauge!(names::SEED_ROWS).set(total as f64);
+        gauge!(names::SEED_ROWS_DONE).set(0.0);
     }
 
     /// A publish that was not acknowledged, by kind (timeout, refused, ...).

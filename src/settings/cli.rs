@@ -81,6 +81,21 @@ pub struct RunArgs {
     /// rows in commit order; messages with other prefixes are ignored; empty turns it off
     #[arg(help_heading = TABLE, long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "outbox")]
     pub message_prefix: String,
+    /// When the slot was dropped or lost: create it again, and first publish from the
+    /// outbox table, in order, every row the stream lacks (those committed while no slot
+    /// existed); see docs/operations.md, slot lost. Does nothing while the slot exists
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_RECOVER", conflicts_with = "backfill")]
+    pub recover: bool,
+    /// When there is no slot yet (a new stream): first publish every row of the outbox
+    /// table the stream lacks, in order, then stream new ones without a gap or a repeat.
+    /// Does nothing while the slot exists
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_BACKFILL")]
+    pub backfill: bool,
+    /// With --recover: rows are looked for in the table from this long before the row of
+    /// the stream's last message (clock differences; without track_commit_timestamp, the
+    /// longest a transaction stays open)
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_RECOVER_MARGIN", default_value = "10m", value_parser = crate::settings::units::parse_duration_or_zero)]
+    pub recover_margin: std::time::Duration,
 }
 
 #[derive(Debug, Args)]

@@ -37,6 +37,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     }
 }
 
+/// Like [`parse_duration`], where 0 is meaningful (`--recover-margin 0s`: trust the clocks).
+pub fn parse_duration_or_zero(text: &str) -> Result<Duration, UnitError> {
+    match parse_duration(text) {
+        Err(UnitError::Zero) => Ok(Duration::ZERO),
+        other => other,
+    }
+}
+
 /// A byte count with an optional unit: `B`, `kB`/`MB`/`GB` (powers of 1000) or
 /// `KiB`/`MiB`/`GiB` (powers of 1024), as Postgres and Kubernetes write them.
 pub fn parse_byte_size(text: &str) -> Result<usize, UnitError> {
@@ -82,6 +90,8 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad} was accepted");
         }
         assert_eq!(parse_duration("0s"), Err(UnitError::Zero));
+        assert_eq!(parse_duration_or_zero("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration_or_zero("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1w"), Err(UnitError::UnknownUnit("1w".into(), DURATION_UNITS)));
     }
 

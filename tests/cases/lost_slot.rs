@@ -1,11 +1,11 @@
 //! A lost slot is never replaced silently: when Postgres invalidated it (max_slot_wal_keep_size
 //! exceeded) or it was dropped, pgoutbox exits non-zero saying what happened and how to
-//! recover; `--recreate-slot` is the explicit way on.
+//! recover; `--recover` is the way on that loses nothing, `--recreate-slot` the one that skips.
 
 use std::time::Duration;
 
 use crate::support::pgoutbox::Pgoutbox;
-use crate::support::stream::{count, jetstream};
+use crate::support::stream::{audit, count, jetstream, read_all};
 use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
 
 async fn stream_some_rows(pg: &Postgres, nats: &Nats) {
@@ -80,6 +80,20 @@ async fn an_invalidated_slot_stops_pgoutbox_with_the_reason() {
     assert_exits_explaining(
         &pg,
         &nats,
-        &["invalidated", "WAL it needed was removed", "--recreate-slot"],
+        &["invalidated", "WAL it needed was removed", "--recover", "--recreate-slot"],
     );
+
+    // Rows committed after the slot was lost are still in the table: --recover publishes
+    // them, and streaming goes on from a new slot.
+    pg.psql(&numbered_rows(10, 30, 5));
+    let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    crate::support::wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(30, 40, 5));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "every row stored once", || async {
+        let report = audit(&read_all(&js, "OUTBOX").await, 40);
+        (report.stored == 40 && report.lost == 0 && report.order_violations == 0).then_some(())
+    })
+    .await;
+    assert_eq!(pg.psql("SELECT wal_status FROM pg_replication_slots"), "reserved");
 }

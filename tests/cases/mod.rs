@@ -35,6 +35,7 @@ mod quiet_cli;
 mod recovery;
 mod retention;
 mod schema_change_mid_stream;
+mod seed_from_table;
 mod short_wal_sender_timeout;
 mod sigterm_drains_then_exits_zero;
 mod stall_detector;

@@ -15,6 +15,7 @@ use crate::postgres::{ConnectionError, ReplicationConnection, outbox_table};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::Liveness;
 use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
+use crate::service::seed::Seed;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::{Metrics, Readiness};
 use crate::settings::config::{Config, PipelineConfig};
@@ -45,6 +46,8 @@ pub struct Target<'a> {
     pub failover: bool,
     /// `--from-standby`: a server in recovery is where the slot lives, not a wait.
     pub from_standby: bool,
+    /// `--recover-margin` (`service::seed`).
+    pub seed_margin: Duration,
 }
 
 /// An attempt ready to stream.
@@ -65,6 +68,25 @@ impl Target<'_> {
         shutdown: &mut Shutdown,
         readiness: &Readiness,
     ) -> Result<Option<Ended>, PipelineError> {
+        if let Some(kind) = memory.seed_wanted
+            && memory.seed.as_ref().is_none_or(Seed::is_lost)
+        {
+            memory.seed = None;
+            memory.forget_seed_rows();
+            let begin = Seed::begin(self.config, &self.publisher, kind, self.seed_margin);
+            let seed = tokio::select! {
+                seed = begin => seed?,
+                () = shutdown.requested() => return Ok(None),
+            };
+            Metrics::seed_rows(seed.total);
+            memory.seed = Some(seed);
+        } else if let Some(seed) = memory.seed.as_mut() {
+            let catch_up = seed.catch_up(&self.publisher);
+            tokio::select! {
+                caught_up = catch_up => caught_up?,
+                () = shutdown.requested() => return Ok(None),
+            }
+        }
         let started = tokio::select! {
             started = tokio::time::timeout(START_TIMEOUT, self.start(memory, readiness)) => {
                 started.map_err(|_| {
@@ -87,7 +109,7 @@ impl Target<'_> {
     /// what the tail lets us skip, and starts replication.
     async fn start(
         &self,
-        memory: &Memory,
+        memory: &mut Memory,
         readiness: &Readiness,
     ) -> Result<Started, PipelineError> {
         let Target {
@@ -99,6 +121,7 @@ impl Target<'_> {
             claims,
             failover,
             from_standby,
+            ..
         } = self;
         let tail =
             leader_probe("reading the end of the stream", "no stream leader?", publisher.tail())
@@ -106,7 +129,8 @@ impl Target<'_> {
         // async-nats may have moved to another server of the list since.
         Metrics::nats_info(&publisher.server_version(), true);
         let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
-        let slot = &config.slot;
+        // A seed publishes from its own slot until it is done (`service::seed`).
+        let slot = memory.seed.as_ref().map_or(&config.slot, |seed| &seed.slot);
         let identity = conn.identify_system().await?;
         // A standby (or one being promoted) has no say about the slot yet: wait.
         let recovery = conn.simple_query("SELECT pg_is_in_recovery()").await?;
@@ -123,7 +147,9 @@ impl Target<'_> {
             }
             None => None,
         };
-        let source = Source::new(identity.system_id, identity.timeline, &identity.database, slot);
+        // The source is named by the slot it streams from for good, also while seeding.
+        let source =
+            Source::new(identity.system_id, identity.timeline, &identity.database, &config.slot);
         let claim = leader_probe(
             "checking the stream's claim",
             "no leader for the claims bucket?",
@@ -140,7 +166,10 @@ impl Target<'_> {
             }
             _ => Vec::new(),
         };
-        let skip_through = match judge_tail(&source, identity.wal_end, &history, &tail.origin) {
+        let verdict = judge_tail(&source, identity.wal_end, &history, &tail.origin);
+        let skip_through = match verdict {
+            // A seed starts before every row the slot sends: nothing to skip.
+            _ if memory.seed.is_some() => None,
             TailVerdict::SkipThrough(row) if memory.tail_not_in_wal.as_ref() == Some(&row) => {
                 warn!(stream = %config.stream, tail = %row,
                     "the stream's last message is not in this server's WAL; nothing is skipped");
@@ -219,6 +248,7 @@ impl Target<'_> {
             source,
             message_limit: tail.message_limit,
             table: outbox_table,
+            prelude: memory.seed.as_mut().map(|seed| seed.prelude(pipeline)).transpose()?,
         };
         let outbound = publisher.outbound(dialer).await.map_err(|err| {
             NatsFailure::new(

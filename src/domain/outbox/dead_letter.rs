@@ -30,6 +30,8 @@ use super::{Headers, MESSAGE_ID_HEADER, OutboxEvent, Rejection, RowMapping};
 use crate::domain::progress::Position;
 use crate::domain::row::ColumnValue;
 
+/// A dead letter's `Nats-Msg-Id` is this, then its row's id (or position).
+pub const DEAD_LETTER_ID_PREFIX: &str = "dead-letter:";
 /// Header naming why the row could not be published as a normal message.
 pub const DEAD_LETTER_REASON_HEADER: &str = "Pgoutbox-Dead-Letter-Reason";
 /// Header saying whether the row's payload was left out (`true`/`false`): such a letter does
@@ -97,6 +99,11 @@ impl RefusedRows {
     pub fn get(&self, position: &Position) -> Option<&Rejection> {
         self.rows.get(position)
     }
+
+    /// Forgets the seed's rows (commit LSN 0): a new snapshot numbers its rows anew.
+    pub fn forget_seed(&mut self) {
+        self.rows.retain(|position, _| position.commit_lsn != 0);
+    }
 }
 
 /// How much of the row a candidate letter carries.
@@ -130,8 +137,8 @@ impl RowMapping {
         let budget = budget.max(MIN_BUDGET);
         let id = self.row_id(tuple);
         let message_id = match id.as_deref() {
-            Some(id) if header_safe(id) => format!("dead-letter:{id}"),
-            _ => format!("dead-letter:{position}"),
+            Some(id) if header_safe(id) => format!("{DEAD_LETTER_ID_PREFIX}{id}"),
+            _ => format!("{DEAD_LETTER_ID_PREFIX}{position}"),
         };
         let reason = one_line(&shorten(&rejection.0, REASON_HEADER_BYTES));
         let values: Vec<(&str, Option<Cow<'_, str>>)> = self
@@ -237,7 +244,7 @@ impl DeadLetter {
     /// Names the letter `dead-letter:<position>` rather than by the row's id: for a row whose
     /// id an older message has, since a letter named by that id could collide as well.
     pub fn named_by_position(mut self, position: Position) -> DeadLetter {
-        self.event.id = format!("dead-letter:{position}");
+        self.event.id = format!("{DEAD_LETTER_ID_PREFIX}{position}");
         self.event.headers = headers(&self.event.id, &self.reason, self.payload_omitted);
         self
     }

@@ -10,6 +10,7 @@ use crate::domain::publishing::Duplicates;
 use crate::domain::source::{Source, TailRow};
 use crate::domain::stall::Progress;
 use crate::service::retention::{KeptRows, PublishedUpTo};
+use crate::service::seed::{Seed, SeedKind};
 
 /// State that outlives one connection attempt.
 pub struct Memory {
@@ -33,6 +34,10 @@ pub struct Memory {
     pub published_up_to: PublishedUpTo,
     /// Shared with `--retention`: rows whose dead letter lacks the payload stay in the table.
     pub kept_rows: KeptRows,
+    /// A seed from the table asked for and not finished (`service::seed`).
+    pub seed_wanted: Option<SeedKind>,
+    /// The seed under way: attempts publish its rows before streaming.
+    pub seed: Option<Seed>,
 }
 
 impl Memory {
@@ -51,7 +56,17 @@ impl Memory {
             dead_letters: 0,
             published_up_to: PublishedUpTo::default(),
             kept_rows: KeptRows::default(),
+            seed_wanted: None,
+            seed: None,
         }
+    }
+
+    /// A new seed begins: what was remembered of an earlier snapshot's rows, by their
+    /// place in it, names other rows now.
+    pub fn forget_seed_rows(&mut self) {
+        self.duplicates.forget_seed();
+        self.refused.forget_seed();
+        self.ids_taken.retain(|position| position.commit_lsn != 0);
     }
 }
 
@@ -71,4 +86,6 @@ pub struct Resume {
     /// The outbox table as it is now: rows are matched by its OID, not by the name of the
     /// moment.
     pub table: Option<crate::postgres::outbox_table::OutboxTable>,
+    /// A seed's rows, published before the slot's (`service::seed`).
+    pub prelude: Option<crate::service::seed::Prelude>,
 }

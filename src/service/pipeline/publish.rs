@@ -76,6 +76,7 @@ impl Pipeline<'_> {
     ) -> Result<(), PublishError> {
         let OutboxEvent { id, subject, headers, payload } = event;
         let (source, guard) = (&self.source_header, self.protocol.guard());
+        let seed = self.prelude.as_ref();
         let header_block = |block: &mut HeaderBlock<'_>| {
             match guard {
                 Guard::LastSequence(sequence) => {
@@ -86,6 +87,11 @@ impl Pipeline<'_> {
             }
             block.add_display(POSITION_HEADER, position);
             block.add(SOURCE_HEADER, source);
+            if let Some(prelude) = seed.filter(|_| position.commit_lsn == 0) {
+                for (name, value) in &prelude.marks {
+                    block.add(name, value);
+                }
+            }
             block.add_lines(headers.lines());
         };
         let token = self.outbound.send(&subject, header_block, &payload)?;

@@ -1,0 +1,99 @@
+//! Reading the stream's messages back, headers only where that is enough: the ids of
+//! rows the stream holds (for the seed) and of rows whose dead letter lacks the payload
+//! (for `--retention`).
+
+use std::collections::HashSet;
+
+use super::{Publisher, PublisherError, request_error};
+use crate::domain::outbox::{MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER};
+use crate::domain::seed::row_id_of;
+
+/// Where [`Publisher::row_ids`] starts reading.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ReadFrom {
+    Start,
+    /// The first message stored at or after this time (epoch seconds).
+    Time(f64),
+    /// The message after this sequence.
+    After(u64),
+}
+
+impl Publisher {
+    /// The row ids of the messages from `from` to the stream's end, read as headers only,
+    /// and the last sequence read: what the stream holds, for the seed (`service::seed`).
+    /// A dead letter's id names its row too.
+    pub async fn row_ids(&self, from: ReadFrom) -> Result<(HashSet<String>, u64), PublisherError> {
+        use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+        use futures_util::StreamExt;
+        let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        // Read through at least the end as it is now, also when nothing is to be read.
+        let end = stream.cached_info().state.last_sequence;
+        let deliver_policy = match from {
+            ReadFrom::Start => DeliverPolicy::All,
+            ReadFrom::Time(seconds) => DeliverPolicy::ByStartTime {
+                start_time: time::OffsetDateTime::from_unix_timestamp_nanos(
+                    (seconds.max(0.0) * 1e9) as i128,
+                )
+                .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
+            },
+            ReadFrom::After(sequence) => {
+                DeliverPolicy::ByStartSequence { start_sequence: sequence + 1 }
+            }
+        };
+        let config = OrderedConfig { headers_only: true, deliver_policy, ..Default::default() };
+        let mut consumer = stream.create_consumer(config).await.map_err(request_error)?;
+        let mut left = consumer.info().await.map_err(request_error)?.num_pending;
+        let mut messages = consumer.messages().await.map_err(request_error)?;
+        let (mut ids, mut last) = (HashSet::new(), 0);
+        while left > 0 {
+            let message = match messages.next().await {
+                Some(message) => message.map_err(request_error)?,
+                None => break,
+            };
+            if let Ok(info) = message.info() {
+                (left, last) = (info.pending, info.stream_sequence);
+            } else {
+                left = 0;
+            }
+            let id = message.headers.as_ref().and_then(|h| h.get(MESSAGE_ID_HEADER));
+            if let Some(id) = id.map(|id| id.as_str()) {
+                ids.insert(row_id_of(id).to_owned());
+            }
+        }
+        Ok((ids, last.max(end)))
+    }
+
+    /// The row ids in the dead letters on `subject` that left the payload out (as each
+    /// letter's body gives them), for `--retention` to keep those rows.
+    pub async fn ids_of_letters_without_payload(
+        &self,
+        subject: &str,
+    ) -> Result<Vec<String>, PublisherError> {
+        use async_nats::jetstream::consumer::pull::OrderedConfig;
+        use futures_util::StreamExt;
+        let total = self.count_on_subject(subject).await?;
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        let config = OrderedConfig { filter_subject: subject.to_owned(), ..Default::default() };
+        let consumer = stream.create_consumer(config).await.map_err(request_error)?;
+        let mut messages = consumer.messages().await.map_err(request_error)?;
+        let mut ids = Vec::new();
+        for _ in 0..total {
+            let message = match messages.next().await {
+                Some(message) => message.map_err(request_error)?,
+                None => break,
+            };
+            let omitted = message.headers.as_ref().and_then(|h| h.get(PAYLOAD_OMITTED_HEADER));
+            if omitted.is_some_and(|v| v.as_str() == "true") {
+                let body: serde_json::Value =
+                    serde_json::from_slice(&message.payload).unwrap_or_default();
+                if let Some(id) = body.get("id").and_then(|id| id.as_str()) {
+                    ids.push(id.to_owned());
+                }
+            }
+        }
+        Ok(ids)
+    }
+}

@@ -1,0 +1,230 @@
+//! The outbox table as a new slot's exported snapshot shows it: exactly the rows that slot
+//! will never send. Read by the seed (`service::seed`) when a lost slot is recovered or a
+//! new stream is backfilled.
+//!
+//! One SQL session holds a `REPEATABLE READ` transaction that imported the snapshot, for as
+//! long as the seed lasts: every attempt reads the same rows in the same order, so a row
+//! keeps its place (its index) from one attempt to the next, and what the publish protocol
+//! remembers by position stays true. Rows are read through a cursor, a batch at a time, by
+//! a task of their own: a query future dropped halfway would lose its batch, a channel
+//! receive loses nothing.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use postgres_protocol::escape::{escape_identifier, escape_literal};
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+use crate::domain::outbox::ColumnRoles;
+use crate::domain::row::{Column, ColumnValue, Relation};
+use crate::postgres::admin::{self, SetupError, TableName};
+use crate::postgres::tls::PgTls;
+
+/// Rows per `FETCH`.
+const BATCH: usize = 1_000;
+
+/// How rows are ordered, best first: what the table allows. Ties (the rows of one
+/// transaction share its commit time, and `created_at DEFAULT now()` its start time) are
+/// broken by transaction id, then by the row's place in the table, which is the order a
+/// transaction inserted its rows unless they went into space freed by deletes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowOrder {
+    /// `track_commit_timestamp = on`: commit order (rows committed before it was turned
+    /// on, or frozen since, have none and come first, by their created-at time).
+    CommitTime,
+    /// The created-at column, then the id: a transaction that stayed open for a while
+    /// inserted rows with an earlier time than rows committed before it.
+    CreatedAt,
+}
+
+impl std::fmt::Display for RowOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RowOrder::CommitTime => "commit order (track_commit_timestamp)",
+            RowOrder::CreatedAt => "created-at order (track_commit_timestamp is off)",
+        })
+    }
+}
+
+/// A batch of rows as pgoutput would have sent them (text values), or the read's failure.
+pub type RowBatch = Result<Vec<Vec<ColumnValue>>, tokio_postgres::Error>;
+
+/// The outbox table frozen at one snapshot.
+pub struct TableSnapshot {
+    client: Arc<Client>,
+    relation: Relation,
+    order: RowOrder,
+    /// The SQL of the order key, an epoch in seconds (`float8`).
+    key: String,
+    /// The id column, quoted.
+    id: String,
+    table: String,
+}
+
+impl TableSnapshot {
+    /// Opens a session, imports `snapshot` and reads the table's columns as pgoutput names
+    /// them (generated columns left out, as pgoutput leaves them out).
+    pub async fn import(
+        database: &tokio_postgres::Config,
+        tls: &PgTls,
+        snapshot: &str,
+        table: &TableName,
+        roles: &ColumnRoles,
+    ) -> Result<TableSnapshot, SetupError> {
+        let client = admin::connect(database, tls).await?;
+        client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await?;
+        client
+            .batch_execute(&format!("SET TRANSACTION SNAPSHOT {}", escape_literal(snapshot)))
+            .await?;
+        let tracked: String = client.query_one("SHOW track_commit_timestamp", &[]).await?.get(0);
+        let rows = client
+            .query(
+                "SELECT c.oid, a.attname::text, a.atttypid, a.atttypmod FROM pg_attribute a \
+                 JOIN pg_class c ON c.oid = a.attrelid \
+                 WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped \
+                   AND a.attgenerated = '' ORDER BY a.attnum",
+                &[&table.quoted()],
+            )
+            .await?;
+        let columns: Vec<Column> = rows
+            .iter()
+            .map(|row| Column {
+                flags: 0,
+                name: row.get(1),
+                type_oid: row.get(2),
+                type_modifier: row.get(3),
+            })
+            .collect();
+        let rel_id = rows.first().map(|row| row.get::<_, u32>(0)).unwrap_or_default();
+        let has = |name: &str| columns.iter().any(|c| c.name == name);
+        let created_at = escape_identifier(&roles.created_at);
+        let (order, key) = match (tracked == "on", has(&roles.created_at)) {
+            (true, true) => (
+                RowOrder::CommitTime,
+                format!(
+                    "extract(epoch FROM coalesce(pg_xact_commit_timestamp(xmin), {created_at}))"
+                ),
+            ),
+            (true, false) => (
+                RowOrder::CommitTime,
+                "coalesce(extract(epoch FROM pg_xact_commit_timestamp(xmin)), 0)".to_owned(),
+            ),
+            (false, true) => (RowOrder::CreatedAt, format!("extract(epoch FROM {created_at})")),
+            (false, false) => return Err(SetupError::SeedOrder { table: table.to_string() }),
+        };
+        let relation = Relation {
+            rel_id,
+            namespace: table.schema.clone(),
+            name: table.name.clone(),
+            replica_identity: b'd',
+            columns,
+        };
+        Ok(TableSnapshot {
+            client: Arc::new(client),
+            relation,
+            order,
+            key: format!("{key}::float8"),
+            id: escape_identifier(&roles.id),
+            table: table.quoted(),
+        })
+    }
+
+    /// The table's columns, for the row mapping.
+    pub fn relation(&self) -> &Relation {
+        &self.relation
+    }
+
+    pub fn order(&self) -> RowOrder {
+        self.order
+    }
+
+    /// Whether the session holding the snapshot is gone (then so is the snapshot).
+    pub fn is_lost(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// The order key (epoch seconds) of the row whose id reads `id`, if the table has it.
+    pub async fn key_of(&self, id: &str) -> Result<Option<f64>, tokio_postgres::Error> {
+        let sql = format!("SELECT {} FROM {} WHERE {}::text = $1", self.key, self.table, self.id);
+        Ok(self.client.query_opt(&sql, &[&id]).await?.and_then(|row| row.get(0)))
+    }
+
+    /// How many rows have an order key of at least `since` (all rows when `None`).
+    pub async fn count(&self, since: Option<f64>) -> Result<u64, tokio_postgres::Error> {
+        let sql = format!("SELECT count(*) FROM {}{}", self.table, self.filter(since));
+        let count: i64 = self.client.query_one(&sql, &[]).await?.get(0);
+        Ok(count.max(0) as u64)
+    }
+
+    fn filter(&self, since: Option<f64>) -> String {
+        since.map(|since| format!(" WHERE {} >= {since:?}", self.key)).unwrap_or_default()
+    }
+
+    /// Reads the rows with an order key of at least `since`, in order, from the first, a
+    /// batch at a time into the returned channel; the reader stops when the handle drops.
+    pub fn read(&self, since: Option<f64>) -> (mpsc::Receiver<RowBatch>, Reader) {
+        let (tx, rx) = mpsc::channel(2);
+        let client = Arc::clone(&self.client);
+        let columns: Vec<String> =
+            self.relation.columns.iter().map(|c| escape_identifier(&c.name)).collect();
+        let declare = format!(
+            "CLOSE ALL; DECLARE pgoutbox_seed NO SCROLL CURSOR FOR SELECT {} FROM {}{} \
+             ORDER BY {} NULLS FIRST, xmin::text::bigint, tableoid, ctid, {}::text",
+            columns.join(", "),
+            self.table,
+            self.filter(since),
+            self.key,
+            self.id,
+        );
+        let task = tokio::spawn(async move {
+            if let Err(err) = client.batch_execute(&declare).await {
+                let _ = tx.send(Err(err)).await;
+                return;
+            }
+            loop {
+                let fetched =
+                    client.simple_query(&format!("FETCH {BATCH} FROM pgoutbox_seed")).await;
+                let batch = fetched.map(|messages| text_rows(&messages));
+                let done = batch.as_ref().map_or(true, Vec::is_empty);
+                if tx.send(batch).await.is_err() || done {
+                    return;
+                }
+            }
+        });
+        (rx, Reader(task.abort_handle()))
+    }
+
+    /// Ends the snapshot's transaction.
+    pub async fn close(self) {
+        let _ = self.client.batch_execute("COMMIT").await;
+    }
+}
+
+/// The task reading rows; stopped when dropped.
+pub struct Reader(AbortHandle);
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The rows of a simple query's answer as pgoutput's text tuples.
+fn text_rows(messages: &[SimpleQueryMessage]) -> Vec<Vec<ColumnValue>> {
+    messages
+        .iter()
+        .filter_map(|message| match message {
+            SimpleQueryMessage::Row(row) => Some(
+                (0..row.len())
+                    .map(|i| match row.get(i) {
+                        Some(text) => ColumnValue::Text(Bytes::copy_from_slice(text.as_bytes())),
+                        None => ColumnValue::Null,
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
+}

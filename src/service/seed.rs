@@ -1,0 +1,332 @@
+//! Seeding the stream from the outbox table: recovery after a lost slot (`--recover`) and
+//! a new stream's history (`--backfill`).
+//!
+//! A new slot is created under a temporary name, `<slot>_seed`, exporting the snapshot at
+//! which it became consistent: every committed row is either visible in that snapshot or
+//! decoded from the slot later, never both. The rows of the snapshot that the stream does
+//! not hold yet are published first, through the same pipeline and publish protocol as
+//! decoded rows (chained, dead letters in place, a row refused for itself retried once),
+//! as if they were one transaction at position `0/0:<index>`; then the temporary slot is
+//! copied to the real name and dropped, and streaming goes on from the consistent point.
+//! Until that copy the real slot does not exist, so a seed cut short by a crash is never
+//! mistaken for a finished one: the next `--recover` or `--backfill` drops the temporary
+//! slot and seeds again, and the rows the first try stored are then held by the stream.
+//!
+//! Which rows the stream holds is decided by row id, read from the stream itself:
+//! - `--backfill`: every message of the stream (a new stream holds none).
+//! - `--recover`: the messages stored since `margin` before the *bound*, where the bound is
+//!   the order key (commit time, or created-at time) of the row of the stream's last
+//!   message, less `margin`. Rows with an older key were committed before that message and
+//!   are in the stream, since the chain leaves no gap; rows at or past the bound are
+//!   published unless the stream holds their id. The bound travels in the
+//!   `Pgoutbox-Seed-Since` header of every seeded message, so a second try after a crash
+//!   uses the first try's bound.
+//!
+//! The margin absorbs clock differences between Postgres and NATS, and, without
+//! `track_commit_timestamp`, transactions that stayed open: a row inserted more than the
+//! margin before its transaction committed, committed while no slot existed, is missed.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::domain::outbox::{MappingError, RowMapping};
+use crate::domain::progress::Position;
+use crate::domain::retry::Failure;
+use crate::domain::row::ColumnValue;
+use crate::domain::seed::{SEED_HEADER, SEED_SINCE_HEADER, row_id_of};
+use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
+use crate::postgres::admin::{self, SetupError};
+use crate::postgres::table_snapshot::{Reader, RowBatch, TableSnapshot};
+use crate::postgres::{ConnectionError, ReplicationConnection};
+use crate::settings::config::{Config, PipelineConfig};
+
+/// How far back from the tail the rows of messages are looked for in the table.
+const ANCHOR_SEARCH: u64 = 100;
+
+/// What is seeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeedKind {
+    /// A lost or dropped slot: the rows committed while none existed.
+    Recover,
+    /// A new stream: the table's history.
+    Backfill,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SeedError {
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error(transparent)]
+    Connection(#[from] ConnectionError),
+    #[error("reading the stream for the seed: {0}")]
+    Stream(#[from] PublisherError),
+    #[error("reading the table for the seed: {0}")]
+    Sql(#[from] tokio_postgres::Error),
+    #[error(
+        "none of the stream's last {ANCHOR_SEARCH} messages has its row in the table, so where \
+         the rows missing from the stream begin is unknown: use --backfill instead of \
+         --recover (it compares every message of the stream with the table)"
+    )]
+    NoAnchor,
+    #[error("the task reading the table for the seed stopped before the last row")]
+    ReaderGone,
+    #[error("slot name {0:?} plus \"_seed\" exceeds Postgres's 63 bytes: choose a shorter --slot")]
+    SlotNameTooLong(String),
+}
+
+impl SeedError {
+    /// Whether trying again can help: a lost connection can, a missing anchor cannot.
+    pub fn failure(&self) -> Failure {
+        match self {
+            SeedError::Stream(_) => Failure::Nats,
+            SeedError::Connection(_) | SeedError::Sql(_) | SeedError::ReaderGone => {
+                Failure::Postgres
+            }
+            SeedError::Setup(SetupError::Connect(_) | SetupError::Sql(_)) => Failure::Postgres,
+            SeedError::Setup(_) | SeedError::NoAnchor | SeedError::SlotNameTooLong(_) => {
+                Failure::Fatal
+            }
+        }
+    }
+}
+
+/// A seed under way: its slot, its snapshot and what the stream holds.
+pub struct Seed {
+    /// The temporary slot, `<slot>_seed`.
+    pub slot: String,
+    /// Where the slot starts: the snapshot holds every row committed before.
+    pub consistent_point: u64,
+    snapshot: TableSnapshot,
+    /// The bound (see the module doc), epoch seconds; `None`: every row.
+    since: Option<f64>,
+    /// Ids of the rows the stream holds already, as read up to `read_up_to`.
+    held: HashSet<String>,
+    read_up_to: u64,
+    /// Rows the seed reads; how many were published or found held so far.
+    pub total: u64,
+    pub done: u64,
+}
+
+/// The temporary slot's name.
+pub fn seed_slot(slot: &str) -> Result<String, SeedError> {
+    let name = format!("{slot}_seed");
+    if name.len() > 63 {
+        return Err(SeedError::SlotNameTooLong(slot.to_owned()));
+    }
+    Ok(name)
+}
+
+impl Seed {
+    /// Creates the temporary slot (dropping one left by an earlier try), imports its
+    /// snapshot and reads what the stream holds.
+    pub async fn begin(
+        config: &Config,
+        publisher: &Publisher,
+        kind: SeedKind,
+        margin: Duration,
+    ) -> Result<Seed, SeedError> {
+        let slot = seed_slot(&config.slot)?;
+        let client = admin::connect(&config.database, &config.pg_tls).await?;
+        if admin::slot_state(&client, &slot).await?.is_some() {
+            warn!(%slot, "dropping the slot of an earlier seed that did not finish");
+            admin::teardown_slot(&client, &slot).await?;
+        }
+        let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
+        let exported = conn.create_slot_exporting_snapshot(&slot).await?;
+        let snapshot = TableSnapshot::import(
+            &config.database,
+            &config.pg_tls,
+            &exported.name,
+            &config.table,
+            &config.pipeline.roles,
+        )
+        .await?;
+        // Imported: the exporting session may go.
+        conn.terminate().await;
+        let margin = margin.as_secs_f64();
+        let since = match kind {
+            SeedKind::Backfill => None,
+            SeedKind::Recover => bound(publisher, &snapshot, margin).await?,
+        };
+        let from = since.map_or(ReadFrom::Start, |since| ReadFrom::Time(since - margin));
+        let (held, read_up_to) = publisher.row_ids(from).await?;
+        let total = snapshot.count(since).await?;
+        info!(
+            %slot,
+            kind = ?kind,
+            consistent_point = %tokio_postgres::types::PgLsn::from(exported.consistent_point),
+            order = %snapshot.order(),
+            rows = total,
+            held_in_stream = held.len(),
+            "seeding the stream from the table"
+        );
+        Ok(Seed {
+            slot,
+            consistent_point: exported.consistent_point,
+            snapshot,
+            since,
+            held,
+            read_up_to,
+            total,
+            done: 0,
+        })
+    }
+
+    /// Adds what the stream gained since it was last read (an earlier attempt's rows, or
+    /// copies an abandoned connection wrote late), so that an attempt sends again only
+    /// what the stream lacks instead of being refused behind each row it has.
+    pub async fn catch_up(&mut self, publisher: &Publisher) -> Result<(), SeedError> {
+        let (ids, last) = publisher.row_ids(ReadFrom::After(self.read_up_to)).await?;
+        self.held.extend(ids);
+        self.read_up_to = self.read_up_to.max(last);
+        Ok(())
+    }
+
+    /// Whether the snapshot was lost with its session: the seed must begin again.
+    pub fn is_lost(&self) -> bool {
+        self.snapshot.is_lost()
+    }
+
+    /// The rows to publish, from the first, for one attempt.
+    pub fn prelude(&mut self, config: &PipelineConfig) -> Result<Prelude, MappingError> {
+        let mapping =
+            Arc::new(RowMapping::new(self.snapshot.relation(), &config.roles, &config.template)?);
+        let (rows, reader) = self.snapshot.read(self.since);
+        self.done = 0;
+        let mut marks = vec![(
+            SEED_HEADER,
+            tokio_postgres::types::PgLsn::from(self.consistent_point).to_string(),
+        )];
+        if let Some(since) = self.since {
+            marks.push((SEED_SINCE_HEADER, format!("{since:.6}")));
+        }
+        Ok(Prelude {
+            rows,
+            _reader: reader,
+            batch: Vec::new().into_iter(),
+            mapping,
+            next_index: 0,
+            finished: false,
+            marks,
+        })
+    }
+
+    /// Whether the stream holds the row whose id reads `id`.
+    pub fn holds(&self, id: Option<&str>) -> bool {
+        id.is_some_and(|id| self.held.contains(id))
+    }
+
+    /// Every row is in the stream: the temporary slot becomes the slot.
+    pub async fn finish(self, config: &Config, slot: &str) -> Result<(), SeedError> {
+        let Seed { snapshot, slot: seed_slot, total, .. } = self;
+        snapshot.close().await;
+        let client = admin::connect(&config.database, &config.pg_tls).await?;
+        promote_seed_slot(&client, &seed_slot, slot).await?;
+        info!(%slot, rows = total, "seed finished; streaming from the slot");
+        Ok(())
+    }
+}
+
+/// Makes the finished seed's slot the slot: copied to `slot` (position and snapshot state
+/// with it), then dropped once its walsender has let it go (within 10 s).
+async fn promote_seed_slot(
+    client: &tokio_postgres::Client,
+    seed: &str,
+    slot: &str,
+) -> Result<(), SetupError> {
+    // Copied already if an earlier try was cut off between the copy and the drop.
+    client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2) WHERE NOT EXISTS \
+             (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2)",
+            &[&seed, &slot],
+        )
+        .await?;
+    let mut tries = 0;
+    loop {
+        match admin::teardown_slot(client, seed).await {
+            Err(SetupError::Sql(err))
+                if err.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
+                    && tries < 100 =>
+            {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The bound of a recovery: the one earlier tries wrote, else the order key of the row of
+/// the newest message whose row the table has, less `margin`. `None` when the stream is
+/// empty (every row is missing).
+async fn bound(
+    publisher: &Publisher,
+    snapshot: &TableSnapshot,
+    margin: f64,
+) -> Result<Option<f64>, SeedError> {
+    let tail = publisher.tail().await?;
+    if tail.last_sequence == 0 {
+        return Ok(None);
+    }
+    if let Some(since) = tail.origin.seed_since.and_then(|since| since.parse().ok()) {
+        return Ok(Some(since));
+    }
+    let oldest = tail.last_sequence.saturating_sub(ANCHOR_SEARCH).max(1);
+    for sequence in (oldest..=tail.last_sequence).rev() {
+        // A message deleted from the stream has no row to look for.
+        let Ok(origin) = publisher.origin_of(sequence).await else { continue };
+        if let Some(since) = origin.seed_since.and_then(|since| since.parse().ok()) {
+            return Ok(Some(since));
+        }
+        let Some(id) = origin.msg_id else { continue };
+        if let Some(key) = snapshot.key_of(row_id_of(&id)).await? {
+            return Ok(Some(key - margin));
+        }
+    }
+    Err(SeedError::NoAnchor)
+}
+
+/// The seed's rows as one attempt publishes them: one transaction at commit LSN 0, each
+/// row at its index in the snapshot's order, which is the same in every attempt.
+pub struct Prelude {
+    rows: mpsc::Receiver<RowBatch>,
+    _reader: Reader,
+    batch: std::vec::IntoIter<Vec<ColumnValue>>,
+    pub mapping: Arc<RowMapping>,
+    next_index: u32,
+    finished: bool,
+    /// The seed's headers, added to each of its messages.
+    pub marks: Vec<(&'static str, String)>,
+}
+
+impl Prelude {
+    /// The next row and its position; `None` once every row was read. Cancel-safe.
+    pub async fn next(&mut self) -> Result<Option<(Position, Vec<ColumnValue>)>, SeedError> {
+        loop {
+            if let Some(tuple) = self.batch.next() {
+                let position = Position { commit_lsn: 0, index: self.next_index };
+                self.next_index += 1;
+                return Ok(Some((position, tuple)));
+            }
+            if self.finished {
+                return Ok(None);
+            }
+            match self.rows.recv().await {
+                Some(Ok(batch)) if batch.is_empty() => self.finished = true,
+                Some(Ok(batch)) => self.batch = batch.into_iter(),
+                Some(Err(err)) => return Err(err.into()),
+                None => return Err(SeedError::ReaderGone),
+            }
+        }
+    }
+
+    /// Whether every row was read.
+    pub fn is_finished(&self) -> bool {
+        self.finished && self.batch.len() == 0
+    }
+}

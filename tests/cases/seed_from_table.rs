@@ -1,0 +1,161 @@
+//! Seeding the stream from the outbox table: a dropped slot recovered with `--recover`, a
+//! new stream backfilled with `--backfill`, each while rows keep committing, and a recovery
+//! killed halfway and run again. Every row committed before, during and after is stored
+//! exactly once, in commit order (rows carry their commit order in `n`).
+
+use std::time::Duration;
+
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::stream::{Stored, audit, count, jetstream, read_all};
+use crate::support::{
+    Nats, Postgres, eventually, metric, numbered_rows, stop_and_wait_released, wait_until_streaming,
+};
+
+/// Waits until the stream holds at least `n` messages.
+async fn wait_for(nats: &Nats, n: u64, what: &str) {
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(90), what, || async {
+        (count(&js, "OUTBOX").await >= n).then_some(())
+    })
+    .await;
+}
+
+/// Reads the whole stream and asserts rows 0..n stored once each, in order.
+async fn assert_exactly_once_in_order(nats: &Nats, n: usize, log: &str) -> Vec<Stored> {
+    wait_for(nats, n as u64, "every row stored").await;
+    let js = jetstream(&nats.url()).await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let report = audit(&stored, n);
+    assert_eq!(
+        (report.stored, report.duplicates, report.order_violations, report.lost),
+        (n, 0, 0, 0),
+        "{report:?}\n{log}"
+    );
+    stored
+}
+
+/// 100 rows streamed, then the slot dropped while pgoutbox is stopped, then `gap` rows
+/// committed while no slot exists.
+async fn slot_dropped_with_rows_in_the_gap(pg: &Postgres, nats: &Nats, gap: usize) {
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(pg, nats, &[]);
+    wait_until_streaming(pg, &app).await;
+    pg.psql(&numbered_rows(0, 100, 10));
+    wait_for(nats, 100, "the first 100 rows stored").await;
+    stop_and_wait_released(pg, app).await;
+    pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
+    pg.psql(&numbered_rows(100, 100 + gap, 50));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_slot_is_recovered_from_the_table_while_rows_keep_committing() {
+    let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
+    let nats = Nats::start();
+    slot_dropped_with_rows_in_the_gap(&pg, &nats, 300).await;
+    let writer = pg.start_writer(400, 0.005);
+    // No margin: only rows from the stream's last transaction on are read from the table.
+    let app = Pgoutbox::run(&pg, &nats, &["--recover", "--recover-margin", "0s"]);
+    wait_until_streaming(&pg, &app).await;
+    wait_for(&nats, 600, "rows committed during the recovery stored").await;
+    let next = writer.finish();
+    let stored = assert_exactly_once_in_order(&nats, next, &app.log()).await;
+    let seeded: Vec<u64> = stored
+        .iter()
+        .filter(|m| m.header("Pgoutbox-Seed").is_some())
+        .map(|m| m.json()["n"].as_u64().unwrap_or(u64::MAX))
+        .collect();
+    // The seed holds every row committed from the gap up to its snapshot, in order; the
+    // slot sends the rest.
+    let end = 100 + seeded.len() as u64;
+    assert!(seeded.iter().copied().eq(100..end) && end >= 400, "seeded: {seeded:?}");
+    assert!((end as usize) < next, "no row came from the slot after the seed");
+    assert!(app.log().contains("commit order"), "order not said:\n{}", app.log());
+    let read = seed_rows_read(&app.log());
+    assert_eq!(
+        read,
+        10 + seeded.len(),
+        "rows read: the last transaction before the gap, then the gap"
+    );
+    assert!(app.log().contains("seed finished"), "{}", app.log());
+    assert_eq!(pg.psql("SELECT count(*) FROM pg_replication_slots"), "1", "the seed's slot stays");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_stream_is_backfilled_while_rows_keep_committing() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql(&numbered_rows(0, 3_000, 100));
+    let writer = pg.start_writer(3_000, 0.005);
+    let mut app = Pgoutbox::run(&pg, &nats, &["--backfill"]);
+    wait_until_streaming(&pg, &app).await;
+    wait_for(&nats, 3_300, "rows committed during the backfill stored").await;
+    let next = writer.finish();
+    assert_exactly_once_in_order(&nats, next, &app.log()).await;
+    assert!(app.log().contains("created-at order"), "order not said:\n{}", app.log());
+    assert_eq!(metric(app.http_port(), "pgoutbox_seed_rows "), Some(0.0), "gauge reset");
+    assert!(app.is_running(), "{}", app.log());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recovery_killed_halfway_is_refused_without_the_flag_and_finished_with_it() {
+    let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
+    let nats = Nats::start();
+    slot_dropped_with_rows_in_the_gap(&pg, &nats, 50_000).await;
+    let mut app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    wait_for(&nats, 1_000, "part of the gap stored").await;
+    app.kill9();
+    assert!(count(&jetstream(&nats.url()).await, "OUTBOX").await < 50_100, "killed too late");
+
+    let mut plain = Pgoutbox::run(&pg, &nats, &[]);
+    let status = plain.wait_exit(Duration::from_secs(30));
+    assert!(!status.success(), "{}", plain.log());
+    assert!(plain.log().contains("run again with the same --recover"), "{}", plain.log());
+    let status = command(&pg, &nats).args(["status", "--json"]).output().expect("status runs");
+    let report: serde_json::Value =
+        serde_json::from_slice(&status.stdout).expect("status prints JSON");
+    assert_eq!(report["seed"]["slot"], "pgoutbox_seed", "{report:#}");
+    assert!(report["problems"].to_string().contains("did not finish"), "{report:#}");
+
+    let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(50_100, 50_200, 10));
+    assert_exactly_once_in_order(&nats, 50_200, &app.log()).await;
+}
+
+/// The number of rows the seed said it reads from the table.
+fn seed_rows_read(log: &str) -> usize {
+    let line = log.lines().find(|l| l.contains("seeding the stream from the table"));
+    let rows = line.and_then(|l| l.split(" rows=").nth(1)).and_then(|r| r.split(' ').next());
+    rows.and_then(|r| r.parse().ok()).unwrap_or_else(|| panic!("no seed line in:\n{log}"))
+}
+
+/// The seed's snapshot outlives NATS faults: after nats-server is killed and started again,
+/// and after it was frozen long enough for pgoutbox to give up on its connection (whose
+/// publishes the server then executes late), the same snapshot goes on, and what the stream
+/// gained meanwhile is not sent again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_seed_survives_nats_killed_and_frozen_on_the_same_snapshot() {
+    let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
+    let mut nats = Nats::start();
+    slot_dropped_with_rows_in_the_gap(&pg, &nats, 60_000).await;
+    let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    wait_for(&nats, 2_000, "part of the gap stored").await;
+    assert!(!app.log().contains("seed finished"), "the seed ended before the fault");
+    nats.kill();
+    nats.start_again();
+    wait_for(&nats, 20_000, "more of the gap stored after the restart").await;
+    assert!(!app.log().contains("seed finished"), "the seed ended before the fault");
+    let reconnects = app.log().matches("reconnecting").count();
+    nats.pause();
+    eventually(Duration::from_secs(40), "pgoutbox giving up on the frozen server", || async {
+        (app.log().matches("reconnecting").count() > reconnects).then_some(())
+    })
+    .await;
+    nats.resume();
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(60_100, 60_200, 10));
+    let log = app.log();
+    assert_exactly_once_in_order(&nats, 60_200, &log).await;
+    assert_eq!(log.matches("seeding the stream from the table").count(), 1, "{log}");
+}
