@@ -49,6 +49,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run(args) => commands::run::run(&config, &args).await?,
         Command::Setup(args) => commands::setup::run(&config, &args).await?,
         Command::Teardown { yes } => commands::teardown::run(&config, yes).await?,
+        Command::Replay(args) => commands::replay::run(&config, &args).await?,
         Command::Status(args) => {
             let health = commands::status::run(&config, &args).await;
             return Ok(ExitCode::from(health as u8));

@@ -1,4 +1,5 @@
-//! What a seeded message carries (see `service::seed`): pure names and parsing.
+//! What a seeded or replayed message carries (`service::seed`, `commands::replay`): pure
+//! names and parsing.
 
 use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
 
@@ -6,6 +7,16 @@ use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
 pub const SEED_HEADER: &str = "Pgoutbox-Seed";
 /// On every seeded message of a recovery: its bound, in epoch seconds (`service::seed`).
 pub const SEED_SINCE_HEADER: &str = "Pgoutbox-Seed-Since";
+
+/// On every message `pgoutbox replay` publishes: the replay's id, by which a replay that
+/// was cut short finds what it stored already.
+pub const REPLAY_HEADER: &str = "Pgoutbox-Replay";
+
+/// The time a replay id made by `pgoutbox replay` (`r<epoch seconds>`) was made; `None`
+/// for an id chosen by hand.
+pub fn replay_started(id: &str) -> Option<u64> {
+    id.strip_prefix('r')?.parse().ok()
+}
 
 /// The row a message was published from, by its `Nats-Msg-Id`: the id itself, or the id a
 /// dead letter is named after (a letter named by position names no row id).
@@ -22,5 +33,12 @@ mod tests {
         assert_eq!(row_id_of("42"), "42");
         assert_eq!(row_id_of("dead-letter:42"), "42");
         assert_eq!(row_id_of("dead-letter:dead-letter:1"), "dead-letter:1");
+    }
+
+    #[test]
+    fn a_made_replay_id_says_when_it_began() {
+        assert_eq!(replay_started("r1764050000"), Some(1_764_050_000));
+        assert_eq!(replay_started("nightly"), None);
+        assert_eq!(replay_started("r12x"), None);
     }
 }

@@ -1,6 +1,6 @@
 //! The outbox table as a new slot's exported snapshot shows it: exactly the rows that slot
 //! will never send. Read by the seed (`service::seed`) when a lost slot is recovered or a
-//! new stream is backfilled.
+//! new stream is backfilled, and, in a snapshot of its own, by `pgoutbox replay`.
 //!
 //! One SQL session holds a `REPEATABLE READ` transaction that imported the snapshot, for as
 //! long as the seed lasts: every attempt reads the same rows in the same order, so a row
@@ -48,6 +48,18 @@ impl std::fmt::Display for RowOrder {
     }
 }
 
+/// Which rows to read.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Selection {
+    /// Every row with an order key (epoch seconds) of at least this; all rows when `None`.
+    Since(Option<f64>),
+    /// The rows with these ids.
+    Ids(Vec<String>),
+    /// The rows whose created-at column lies in `[from, to)`, each a timestamptz literal;
+    /// a side left out is open.
+    Created { from: Option<String>, to: Option<String> },
+}
+
 /// A batch of rows as pgoutput would have sent them (text values), or the read's failure.
 pub type RowBatch = Result<Vec<Vec<ColumnValue>>, tokio_postgres::Error>;
 
@@ -60,24 +72,28 @@ pub struct TableSnapshot {
     key: String,
     /// The id column, quoted.
     id: String,
+    /// The created-at column, quoted.
+    created_at: String,
     table: String,
 }
 
 impl TableSnapshot {
-    /// Opens a session, imports `snapshot` and reads the table's columns as pgoutput names
-    /// them (generated columns left out, as pgoutput leaves them out).
-    pub async fn import(
+    /// Opens a session in a `REPEATABLE READ` transaction, imports `snapshot` when given,
+    /// and reads the table's columns as pgoutput names them (generated columns left out, as
+    /// pgoutput leaves them out).
+    pub async fn open(
         database: &tokio_postgres::Config,
         tls: &PgTls,
-        snapshot: &str,
+        snapshot: Option<&str>,
         table: &TableName,
         roles: &ColumnRoles,
     ) -> Result<TableSnapshot, SetupError> {
         let client = admin::connect(database, tls).await?;
         client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await?;
-        client
-            .batch_execute(&format!("SET TRANSACTION SNAPSHOT {}", escape_literal(snapshot)))
-            .await?;
+        if let Some(snapshot) = snapshot {
+            let import = format!("SET TRANSACTION SNAPSHOT {}", escape_literal(snapshot));
+            client.batch_execute(&import).await?;
+        }
         let tracked: String = client.query_one("SHOW track_commit_timestamp", &[]).await?.get(0);
         let rows = client
             .query(
@@ -127,6 +143,7 @@ impl TableSnapshot {
             order,
             key: format!("{key}::float8"),
             id: escape_identifier(&roles.id),
+            created_at,
             table: table.quoted(),
         })
     }
@@ -151,20 +168,43 @@ impl TableSnapshot {
         Ok(self.client.query_opt(&sql, &[&id]).await?.and_then(|row| row.get(0)))
     }
 
-    /// How many rows have an order key of at least `since` (all rows when `None`).
-    pub async fn count(&self, since: Option<f64>) -> Result<u64, tokio_postgres::Error> {
-        let sql = format!("SELECT count(*) FROM {}{}", self.table, self.filter(since));
+    /// How many rows `selection` holds.
+    pub async fn count(&self, selection: &Selection) -> Result<u64, tokio_postgres::Error> {
+        let sql = format!("SELECT count(*) FROM {}{}", self.table, self.filter(selection));
         let count: i64 = self.client.query_one(&sql, &[]).await?.get(0);
         Ok(count.max(0) as u64)
     }
 
-    fn filter(&self, since: Option<f64>) -> String {
-        since.map(|since| format!(" WHERE {} >= {since:?}", self.key)).unwrap_or_default()
+    fn filter(&self, selection: &Selection) -> String {
+        match selection {
+            Selection::Since(None) => String::new(),
+            Selection::Since(Some(since)) => format!(" WHERE {} >= {since:?}", self.key),
+            Selection::Ids(ids) if ids.is_empty() => " WHERE false".to_owned(),
+            Selection::Ids(ids) => {
+                let ids: Vec<String> = ids.iter().map(|id| escape_literal(id)).collect();
+                format!(" WHERE {}::text IN ({})", self.id, ids.join(", "))
+            }
+            Selection::Created { from, to } => {
+                let mut conditions = vec!["true".to_owned()];
+                if let Some(from) = from {
+                    let from = escape_literal(from);
+                    conditions.push(format!("{} >= {from}::timestamptz", self.created_at));
+                }
+                if let Some(to) = to {
+                    conditions.push(format!(
+                        "{} < {}::timestamptz",
+                        self.created_at,
+                        escape_literal(to)
+                    ));
+                }
+                format!(" WHERE {}", conditions.join(" AND "))
+            }
+        }
     }
 
-    /// Reads the rows with an order key of at least `since`, in order, from the first, a
-    /// batch at a time into the returned channel; the reader stops when the handle drops.
-    pub fn read(&self, since: Option<f64>) -> (mpsc::Receiver<RowBatch>, Reader) {
+    /// Reads the rows of `selection`, in order, from the first, a batch at a time into the
+    /// returned channel; the reader stops when the handle drops.
+    pub fn read(&self, selection: &Selection) -> (mpsc::Receiver<RowBatch>, Reader) {
         let (tx, rx) = mpsc::channel(2);
         let client = Arc::clone(&self.client);
         let columns: Vec<String> =
@@ -174,7 +214,7 @@ impl TableSnapshot {
              ORDER BY {} NULLS FIRST, xmin::text::bigint, tableoid, ctid, {}::text",
             columns.join(", "),
             self.table,
-            self.filter(since),
+            self.filter(selection),
             self.key,
             self.id,
         );

@@ -40,7 +40,7 @@ use crate::domain::row::ColumnValue;
 use crate::domain::seed::{SEED_HEADER, SEED_SINCE_HEADER, row_id_of};
 use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
 use crate::postgres::admin::{self, SetupError};
-use crate::postgres::table_snapshot::{Reader, RowBatch, TableSnapshot};
+use crate::postgres::table_snapshot::{Reader, RowBatch, Selection, TableSnapshot};
 use crate::postgres::{ConnectionError, ReplicationConnection};
 use crate::settings::config::{Config, PipelineConfig};
 
@@ -137,10 +137,10 @@ impl Seed {
         }
         let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
         let exported = conn.create_slot_exporting_snapshot(&slot).await?;
-        let snapshot = TableSnapshot::import(
+        let snapshot = TableSnapshot::open(
             &config.database,
             &config.pg_tls,
-            &exported.name,
+            Some(&exported.name),
             &config.table,
             &config.pipeline.roles,
         )
@@ -153,8 +153,8 @@ impl Seed {
             SeedKind::Recover => bound(publisher, &snapshot, margin).await?,
         };
         let from = since.map_or(ReadFrom::Start, |since| ReadFrom::Time(since - margin));
-        let (held, read_up_to) = publisher.row_ids(from).await?;
-        let total = snapshot.count(since).await?;
+        let (held, read_up_to) = publisher.row_ids(from, None, None).await?;
+        let total = snapshot.count(&Selection::Since(since)).await?;
         info!(
             %slot,
             kind = ?kind,
@@ -180,7 +180,7 @@ impl Seed {
     /// copies an abandoned connection wrote late), so that an attempt sends again only
     /// what the stream lacks instead of being refused behind each row it has.
     pub async fn catch_up(&mut self, publisher: &Publisher) -> Result<(), SeedError> {
-        let (ids, last) = publisher.row_ids(ReadFrom::After(self.read_up_to)).await?;
+        let (ids, last) = publisher.row_ids(ReadFrom::After(self.read_up_to), None, None).await?;
         self.held.extend(ids);
         self.read_up_to = self.read_up_to.max(last);
         Ok(())
@@ -195,7 +195,7 @@ impl Seed {
     pub fn prelude(&mut self, config: &PipelineConfig) -> Result<Prelude, MappingError> {
         let mapping =
             Arc::new(RowMapping::new(self.snapshot.relation(), &config.roles, &config.template)?);
-        let (rows, reader) = self.snapshot.read(self.since);
+        let (rows, reader) = self.snapshot.read(&Selection::Since(self.since));
         self.done = 0;
         let mut marks = vec![(
             SEED_HEADER,

@@ -29,12 +29,43 @@ pub enum Command {
     Setup(SlotArgs),
     /// Show the slot's position and lag; exit 0 healthy, 1 warning, 2 critical.
     Status(StatusArgs),
+    /// Publish chosen rows of the outbox table again: by id, by created-at time, or the
+    /// rows of the stream's dead letters once fixed in the table; resumable.
+    Replay(ReplayArgs),
     /// Drop the replication slot and the publication (the stream is kept).
     Teardown {
         /// Confirm that the slot and publication should be dropped.
         #[arg(long)]
         yes: bool,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The rows with these ids (comma-separated)
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["created_from", "created_to", "dead_letters"])]
+    pub ids: Vec<String>,
+    /// The rows created at or after this time (a timestamptz, e.g. '2026-11-25 07:00+00',
+    /// or -infinity)
+    #[arg(long, conflicts_with = "dead_letters", allow_hyphen_values = true)]
+    pub created_from: Option<String>,
+    /// The rows created before this time
+    #[arg(long, conflicts_with = "dead_letters", allow_hyphen_values = true)]
+    pub created_to: Option<String>,
+    /// The rows named by the dead letters in the stream (fixed in the table since): they
+    /// go out again on their own subjects, at the stream's end
+    #[arg(long)]
+    pub dead_letters: bool,
+    /// Count what would be published; publish nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// At most this many rows a second [default: as fast as acks come]
+    #[arg(long)]
+    pub rate: Option<std::num::NonZeroU32>,
+    /// Go on with the replay of this id (printed when a replay starts), storing nothing
+    /// it stored already
+    #[arg(long)]
+    pub replay_id: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -33,6 +33,7 @@ mod publish_permission;
 mod publishing_connection;
 mod quiet_cli;
 mod recovery;
+mod replay;
 mod retention;
 mod schema_change_mid_stream;
 mod seed_from_table;

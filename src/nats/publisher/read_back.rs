@@ -22,7 +22,14 @@ impl Publisher {
     /// The row ids of the messages from `from` to the stream's end, read as headers only,
     /// and the last sequence read: what the stream holds, for the seed (`service::seed`).
     /// A dead letter's id names its row too.
-    pub async fn row_ids(&self, from: ReadFrom) -> Result<(HashSet<String>, u64), PublisherError> {
+    /// With `subject`, only the messages on it; with `only`, just the messages carrying
+    /// that header with that value.
+    pub async fn row_ids(
+        &self,
+        from: ReadFrom,
+        subject: Option<&str>,
+        only: Option<(&str, &str)>,
+    ) -> Result<(HashSet<String>, u64), PublisherError> {
         use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
         use futures_util::StreamExt;
         let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
@@ -40,7 +47,13 @@ impl Publisher {
                 DeliverPolicy::ByStartSequence { start_sequence: sequence + 1 }
             }
         };
-        let config = OrderedConfig { headers_only: true, deliver_policy, ..Default::default() };
+        let filter_subject = subject.unwrap_or_default().to_owned();
+        let config = OrderedConfig {
+            headers_only: true,
+            deliver_policy,
+            filter_subject,
+            ..Default::default()
+        };
         let mut consumer = stream.create_consumer(config).await.map_err(request_error)?;
         let mut left = consumer.info().await.map_err(request_error)?.num_pending;
         let mut messages = consumer.messages().await.map_err(request_error)?;
@@ -55,8 +68,11 @@ impl Publisher {
             } else {
                 left = 0;
             }
-            let id = message.headers.as_ref().and_then(|h| h.get(MESSAGE_ID_HEADER));
-            if let Some(id) = id.map(|id| id.as_str()) {
+            let header = |name: &str| message.headers.as_ref()?.get(name).map(|v| v.as_str());
+            if only.is_some_and(|(name, value)| header(name) != Some(value)) {
+                continue;
+            }
+            if let Some(id) = header(MESSAGE_ID_HEADER) {
                 ids.insert(row_id_of(id).to_owned());
             }
         }

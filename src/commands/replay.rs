@@ -1,0 +1,257 @@
+//! `pgoutbox replay`: publishes chosen rows of the outbox table again, read from the table
+//! in one snapshot, in the seed's order (`postgres::table_snapshot`), each as the row's
+//! own message (subject, headers, `Nats-Msg-Id` = its id) plus `Pgoutbox-Replay: <id>`.
+//!
+//! A replay is resumable: each message carries the replay's id, and a replay started again
+//! with `--replay-id` reads which rows the stream holds under that id (headers only) and
+//! skips them, so a replay killed at any moment and resumed stores every row once. Rows
+//! JetStream still remembers in its duplicate window are answered as duplicates and not
+//! stored again; that is what makes a replay into a stream that already holds a row a
+//! no-op inside the window.
+//!
+//! The stream's order belongs to the running pgoutbox (its chain refuses a message written
+//! behind its back), so a replay into the stream a live pgoutbox writes is refused: stop it
+//! first, or replay into a stream of its own (`--stream`, `--subject-template`).
+
+use std::collections::{HashSet, VecDeque};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use async_nats::jetstream::context::PublishAckFuture;
+
+use crate::domain::outbox::RowMapping;
+use crate::domain::seed::{REPLAY_HEADER, replay_started};
+use crate::nats::claim::{Claim, Claims};
+use crate::nats::publisher::{Publisher, ReadFrom};
+use crate::postgres::admin;
+use crate::postgres::table_snapshot::{Selection, TableSnapshot};
+use crate::settings::cli::ReplayArgs;
+use crate::settings::config::Config;
+
+/// Publishes awaiting their ack at most.
+const IN_FLIGHT: usize = 256;
+/// How often progress is printed.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// What a replay did.
+#[derive(Debug, Default)]
+struct Tally {
+    stored: u64,
+    /// Answered as duplicates: the stream's duplicate window still holds the id.
+    duplicates: u64,
+    /// Stored by this replay before it was resumed.
+    before: u64,
+    /// Rows that still cannot become a message (see the warning for each).
+    unpublishable: u64,
+}
+
+pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
+    if config.messages_only {
+        anyhow::bail!("replay publishes rows of the outbox table, and --messages-only reads none");
+    }
+    let client = admin::connect(&config.database, &config.pg_tls).await?;
+    let nats = crate::nats::connect::connect_nats(&config.nats).await?;
+    let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
+    publisher
+        .ensure_stream(&config.stream_subjects(), config.stream_replicas)
+        .await
+        .with_context(|| format!("preparing stream {}", config.stream))?;
+    refuse_a_live_stream(config, &client, &publisher).await?;
+
+    let selection = selection(config, args, &publisher).await?;
+    let snapshot = TableSnapshot::open(
+        &config.database,
+        &config.pg_tls,
+        None,
+        &config.table,
+        &config.pipeline.roles,
+    )
+    .await?;
+    let total = snapshot.count(&selection).await?;
+    let id = args.replay_id.clone().unwrap_or_else(new_replay_id);
+    // A replay id made here says when it began; one chosen by hand means reading it all.
+    let from = replay_started(&id).map_or(ReadFrom::Start, |s| ReadFrom::Time(s as f64 - 60.0));
+    let (done, _) = publisher
+        .row_ids(from, None, Some((REPLAY_HEADER, &id)))
+        .await
+        .context("reading what this replay stored already")?;
+    eprintln!(
+        "replay {id}: {total} rows selected ({}), {} stored by this replay before; resume \
+         with --replay-id {id}",
+        snapshot.order(),
+        done.len()
+    );
+    if args.dry_run {
+        println!(
+            "dry run: replay {id} would publish up to {} rows",
+            total.saturating_sub(done.len() as u64)
+        );
+        snapshot.close().await;
+        return Ok(());
+    }
+    let plan = Plan { selection, id: id.clone(), done, total };
+    let tally = publish(config, args, &publisher, &snapshot, &plan).await?;
+    snapshot.close().await;
+    println!(
+        "replay {id}: {} stored, {} already in the stream's duplicate window, {} stored before \
+         the resume, {} cannot be published (see the warnings)",
+        tally.stored, tally.duplicates, tally.before, tally.unpublishable
+    );
+    Ok(())
+}
+
+/// The rows asked for; `--dead-letters` reads their ids from the dead-letter subject.
+async fn selection(
+    config: &Config,
+    args: &ReplayArgs,
+    publisher: &Publisher,
+) -> anyhow::Result<Selection> {
+    let ranged = args.created_from.is_some() || args.created_to.is_some();
+    match (!args.ids.is_empty(), ranged, args.dead_letters) {
+        (true, false, false) => Ok(Selection::Ids(args.ids.clone())),
+        (false, true, false) => {
+            Ok(Selection::Created { from: args.created_from.clone(), to: args.created_to.clone() })
+        }
+        (false, false, true) => {
+            let subject = &config.pipeline.dead_letter_subject;
+            let (ids, _) = publisher
+                .row_ids(ReadFrom::Start, Some(subject), None)
+                .await
+                .with_context(|| format!("reading the dead letters on {subject}"))?;
+            Ok(Selection::Ids(ids.into_iter().collect()))
+        }
+        _ => anyhow::bail!(
+            "say which rows to replay: --ids, --created-from/--created-to, or --dead-letters"
+        ),
+    }
+}
+
+/// A pgoutbox streaming into this stream owns its order: refused, with the way out.
+async fn refuse_a_live_stream(
+    config: &Config,
+    client: &tokio_postgres::Client,
+    publisher: &Publisher,
+) -> anyhow::Result<()> {
+    let source = crate::commands::setup::identify_source(config).await?;
+    let claims = Claims::open(publisher.context(), config.stream_replicas).await?;
+    let live = match claims.holder(&config.stream, &source).await? {
+        Claim::Free => false,
+        Claim::Theirs(_) => true,
+        Claim::Ours { .. } => {
+            admin::slot_state(client, &config.slot).await?.is_some_and(|slot| slot.active)
+        }
+    };
+    if live {
+        anyhow::bail!(
+            "a pgoutbox streams into stream {} now, and its order would refuse messages \
+             written beside it: stop it first, or replay into a stream of its own (--stream \
+             with --subject-template and --dead-letter-subject it alone covers)",
+            config.stream
+        );
+    }
+    Ok(())
+}
+
+fn new_replay_id() -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    format!("r{}", now.as_secs())
+}
+
+/// What one run of a replay publishes.
+struct Plan {
+    selection: Selection,
+    id: String,
+    /// Rows this replay stored before it was resumed.
+    done: HashSet<String>,
+    total: u64,
+}
+
+async fn publish(
+    config: &Config,
+    args: &ReplayArgs,
+    publisher: &Publisher,
+    snapshot: &TableSnapshot,
+    plan: &Plan,
+) -> anyhow::Result<Tally> {
+    let Plan { selection, id, done, total } = plan;
+    let roles = &config.pipeline.roles;
+    let mapping = RowMapping::new(snapshot.relation(), roles, &config.pipeline.template)?;
+    let (mut rows, _reader) = snapshot.read(selection);
+    let mut pace = args.rate.map(|rate| {
+        let mut pace = tokio::time::interval(Duration::from_secs(1) / rate.get());
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        pace
+    });
+    let mut in_flight: VecDeque<PublishAckFuture> = VecDeque::new();
+    let mut tally = Tally::default();
+    let (started, mut printed, mut seen) = (Instant::now(), Instant::now(), 0u64);
+    loop {
+        let batch = rows
+            .recv()
+            .await
+            .context("the table reader stopped early")?
+            .context("reading the rows to replay")?;
+        if batch.is_empty() {
+            break;
+        }
+        for tuple in batch {
+            seen += 1;
+            let row_id = mapping.row_id(&tuple).map(|id| id.into_owned()).unwrap_or_default();
+            if done.contains(&row_id) {
+                tally.before += 1;
+                continue;
+            }
+            let event = match mapping.map(&tuple) {
+                Ok(event) => event,
+                Err(rejection) => {
+                    tracing::warn!(id = %row_id, reason = %rejection.0,
+                        "the row still cannot be published; fix it and replay it again");
+                    eprintln!("row {row_id:?} still cannot be published: {}", rejection.0);
+                    tally.unpublishable += 1;
+                    continue;
+                }
+            };
+            if let Some(pace) = pace.as_mut() {
+                pace.tick().await;
+            }
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(REPLAY_HEADER, id.as_str());
+            for (name, value) in event.headers.iter() {
+                headers.insert(name, value);
+            }
+            let ack = publisher
+                .context()
+                .publish_with_headers(event.subject, headers, event.payload)
+                .await
+                .context("publishing a replayed row")?;
+            in_flight.push_back(ack);
+            while in_flight.len() >= IN_FLIGHT {
+                settle(&mut in_flight, &mut tally).await?;
+            }
+            if printed.elapsed() >= PROGRESS_EVERY {
+                let rate = seen as f64 / started.elapsed().as_secs_f64();
+                eprintln!("replay {id}: {seen} of {total} rows ({rate:.0} rows/s)");
+                printed = Instant::now();
+            }
+        }
+    }
+    while !in_flight.is_empty() {
+        settle(&mut in_flight, &mut tally).await?;
+    }
+    Ok(tally)
+}
+
+/// Awaits the oldest ack.
+async fn settle(
+    in_flight: &mut VecDeque<PublishAckFuture>,
+    tally: &mut Tally,
+) -> anyhow::Result<()> {
+    let Some(ack) = in_flight.pop_front() else { return Ok(()) };
+    let ack = ack.await.context("JetStream did not acknowledge a replayed row; run the same replay again with --replay-id to go on")?;
+    if ack.duplicate {
+        tally.duplicates += 1;
+    } else {
+        tally.stored += 1;
+    }
+    Ok(())
+}
