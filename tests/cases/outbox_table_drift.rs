@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::support::pgoutbox::Pgoutbox;
-use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::stream::{assert_once_in_order, count, jetstream, read_all};
 use crate::support::{
     Nats, Postgres, eventually, numbered_rows, stop_and_wait_released, wait_until_streaming,
 };
@@ -19,12 +19,7 @@ async fn assert_all_once(nats: &Nats, n: usize, log: &str) {
         (count(&js, "OUTBOX").await >= n as u64).then_some(())
     })
     .await;
-    let report = audit(&read_all(&js, "OUTBOX").await, n);
-    assert_eq!(
-        (report.stored, report.duplicates, report.order_violations, report.lost),
-        (n, 0, 0, 0),
-        "{report:?}\n{log}"
-    );
+    assert_once_in_order(&read_all(&js, "OUTBOX").await, n, log);
 }
 
 #[tokio::test(flavor = "multi_thread")]

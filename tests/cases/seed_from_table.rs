@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use crate::support::pgoutbox::{Pgoutbox, command};
-use crate::support::stream::{Stored, audit, count, jetstream, read_all};
+use crate::support::stream::{Stored, assert_once_in_order, count, jetstream, read_all};
 use crate::support::{
     Nats, Postgres, eventually, metric, numbered_rows, stop_and_wait_released, wait_until_streaming,
 };
@@ -25,12 +25,7 @@ async fn assert_exactly_once_in_order(nats: &Nats, n: usize, log: &str) -> Vec<S
     wait_for(nats, n as u64, "every row stored").await;
     let js = jetstream(&nats.url()).await;
     let stored = read_all(&js, "OUTBOX").await;
-    let report = audit(&stored, n);
-    assert_eq!(
-        (report.stored, report.duplicates, report.order_violations, report.lost),
-        (n, 0, 0, 0),
-        "{report:?}\n{log}"
-    );
+    assert_once_in_order(&stored, n, log);
     stored
 }
 

@@ -132,6 +132,16 @@ pub fn audit(messages: &[Stored], expected: usize) -> Audit {
     audit
 }
 
+/// Asserts that `messages` hold rows 0..n each once, in order; `context` is shown if not.
+pub fn assert_once_in_order(messages: &[Stored], n: usize, context: &str) {
+    let report = audit(messages, n);
+    assert_eq!(
+        (report.stored, report.duplicates, report.order_violations, report.lost),
+        (n, 0, 0, 0),
+        "{report:?}\n{context}"
+    );
+}
+
 /// Checks the rule that the slot is never confirmed past a row JetStream has not stored:
 /// for each sample of `confirmed_flush_lsn` taken at time t, every message whose commit LSN
 /// is below it must have been stored before t. Returns the violations found.
