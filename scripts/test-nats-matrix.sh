@@ -28,6 +28,7 @@ tests=(
   seed_from_table              # a seed replayed after NATS faults, by each server's check order
   order_under_lost_publish     # the chain's guard refuses what follows a lost publish
   duplicate_ids                # a duplicate elsewhere, the expected-id refusal behind it
+  replay_past_a_foreign_tail   # thousands of replayed duplicates, by each server's check order
   dedup_window_expired         # the duplicate window and the tail skip after it
   poison_rows                  # JetStream's refusals by code: max_msg_size, header size
   one_source_per_stream        # the stream's claim in the key-value bucket
