@@ -124,6 +124,18 @@ pub async fn ensure_stream_and_slot(
                 state.plugin.unwrap_or_default()
             );
         }
+        // A new (empty) stream to backfill behind an existing slot: every change the slot
+        // holds is in the table too, and will be in the seed's snapshot.
+        Some(state)
+            if seed == Some(SeedKind::Backfill)
+                && !state.active
+                && publisher.tail().await?.last_sequence == 0 =>
+        {
+            warn!(slot = %name, stream = %config.stream,
+                "the stream is empty: the slot is made again behind a backfill from the table");
+            admin::teardown_slot(client, name).await?;
+            seeding = seed;
+        }
         Some(_) => {
             if unfinished_seed {
                 // A seed that finished but was cut off before dropping its slot.

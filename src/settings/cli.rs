@@ -117,9 +117,9 @@ pub struct RunArgs {
     /// existed); see docs/operations.md, slot lost. Does nothing while the slot exists
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_RECOVER", conflicts_with = "backfill")]
     pub recover: bool,
-    /// When there is no slot yet (a new stream): first publish every row of the outbox
-    /// table the stream lacks, in order, then stream new ones without a gap or a repeat.
-    /// Does nothing while the slot exists
+    /// When there is no slot yet, or the stream is new and empty: first publish every row
+    /// of the outbox table the stream lacks, in order, then stream new ones without a gap
+    /// or a repeat. Does nothing once the slot exists and the stream holds messages
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_BACKFILL")]
     pub backfill: bool,
     /// With --recover: rows are looked for in the table from this long before the row of

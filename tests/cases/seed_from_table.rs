@@ -13,18 +13,31 @@ use crate::support::{
 
 /// Waits until the stream holds at least `n` messages.
 async fn wait_for(nats: &Nats, n: u64, what: &str) {
+    wait_for_in(nats, "OUTBOX", n, what).await;
+}
+
+async fn wait_for_in(nats: &Nats, stream: &str, n: u64, what: &str) {
     let js = jetstream(&nats.url()).await;
     eventually(Duration::from_secs(90), what, || async {
-        (count(&js, "OUTBOX").await >= n).then_some(())
+        (count(&js, stream).await >= n).then_some(())
     })
     .await;
 }
 
 /// Reads the whole stream and asserts rows 0..n stored once each, in order.
 async fn assert_exactly_once_in_order(nats: &Nats, n: usize, log: &str) -> Vec<Stored> {
-    wait_for(nats, n as u64, "every row stored").await;
+    assert_exactly_once_in_order_in(nats, "OUTBOX", n, log).await
+}
+
+async fn assert_exactly_once_in_order_in(
+    nats: &Nats,
+    stream: &str,
+    n: usize,
+    log: &str,
+) -> Vec<Stored> {
+    wait_for_in(nats, stream, n as u64, "every row stored").await;
     let js = jetstream(&nats.url()).await;
-    let stored = read_all(&js, "OUTBOX").await;
+    let stored = read_all(&js, stream).await;
     assert_once_in_order(&stored, n, log);
     stored
 }
@@ -80,11 +93,11 @@ async fn a_new_stream_is_backfilled_while_rows_keep_committing() {
     let pg = Postgres::start();
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    pg.psql(&numbered_rows(0, 3_000, 100));
-    let writer = pg.start_writer(3_000, 0.005);
+    pg.psql(&numbered_rows(0, 1_000, 100));
+    let writer = pg.start_writer(1_000, 0.005);
     let mut app = Pgoutbox::run(&pg, &nats, &["--backfill"]);
     wait_until_streaming(&pg, &app).await;
-    wait_for(&nats, 3_300, "rows committed during the backfill stored").await;
+    wait_for(&nats, 1_300, "rows committed during the backfill stored").await;
     let next = writer.finish();
     assert_exactly_once_in_order(&nats, next, &app.log()).await;
     assert!(app.log().contains("created-at order"), "order not said:\n{}", app.log());
@@ -153,4 +166,30 @@ async fn a_seed_survives_nats_killed_and_frozen_on_the_same_snapshot() {
     let log = app.log();
     assert_exactly_once_in_order(&nats, 60_200, &log).await;
     assert_eq!(log.matches("seeding the stream from the table").count(), 1, "{log}");
+}
+
+/// pgoutbox streamed into one stream, then is pointed at a new one with `--backfill`: the
+/// new stream gets the table's history before the rows that keep committing, although the
+/// slot had long confirmed the old rows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_stream_behind_an_existing_slot_is_backfilled_with_history() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 2_000, 100));
+    wait_for(&nats, 2_000, "the first stream written").await;
+    stop_and_wait_released(&pg, app).await;
+
+    let writer = pg.start_writer(2_000, 0.005);
+    let new_stream = ["--stream", "HISTORY", "--subject-template", "history.{aggregate_type}.x"];
+    let mut args = new_stream.to_vec();
+    args.extend(["--dead-letter-subject", "history.dead_letter", "--backfill"]);
+    let mut app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    wait_for_in(&nats, "HISTORY", 2_300, "history and new rows in the new stream").await;
+    let next = writer.finish();
+    assert_exactly_once_in_order_in(&nats, "HISTORY", next, &app.log()).await;
+    assert!(app.is_running(), "{}", app.log());
 }
