@@ -32,6 +32,8 @@ tests=(
   postgres_version_reported    # status and /metrics name the version, failover, synced
   emitted_messages             # pgoutput's messages option (14+), interleaved with rows
   seed_from_table              # CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT, pg_copy_logical_replication_slot
+  replay::a_replay_into        # rows handed to the live pgoutbox as pg_logical_emit_message, bytea arrays
+  replay::a_dead_letter        # a fixed dead letter through the live pgoutbox
   outbox_table_drift           # the table and publication checked at start and while streaming
   postgres_black_hole          # a reconnect into a black hole is given up
 )

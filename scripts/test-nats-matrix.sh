@@ -29,6 +29,8 @@ tests=(
   order_under_lost_publish     # the chain's guard refuses what follows a lost publish
   duplicate_ids                # a duplicate elsewhere, the expected-id refusal behind it
   replay_past_a_foreign_tail   # thousands of replayed duplicates, by each server's check order
+  replay::a_replay_into        # a replay through the live pgoutbox, killed and resumed: status, order
+  replay::a_dead_letter        # a fixed dead letter through the live pgoutbox
   dedup_window_expired         # the duplicate window and the tail skip after it
   poison_rows                  # JetStream's refusals by code: max_msg_size, header size
   one_source_per_stream        # the stream's claim in the key-value bucket

@@ -9,9 +9,12 @@
 //! stored again; that is what makes a replay into a stream that already holds a row a
 //! no-op inside the window.
 //!
-//! The stream's order belongs to the running pgoutbox (its chain refuses a message written
-//! behind its back), so a replay into the stream a live pgoutbox writes is refused: stop it
-//! first, or replay into a stream of its own (`--stream`, `--subject-template`).
+//! The stream's order belongs to the pgoutbox that writes it (its chain refuses a message
+//! written behind its back). So a replay into the stream a pgoutbox of this database is
+//! streaming into goes through it (`handover`): the rows are handed over in the WAL and it
+//! publishes them in commit order. Into any other stream (a stopped pgoutbox's, one of its
+//! own), the replay publishes them itself; into another database's pgoutbox's, it is
+//! refused.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -27,6 +30,8 @@ use crate::postgres::admin;
 use crate::postgres::table_snapshot::{Selection, TableSnapshot};
 use crate::settings::cli::ReplayArgs;
 use crate::settings::config::Config;
+
+mod handover;
 
 /// Publishes awaiting their ack at most.
 const IN_FLIGHT: usize = 256;
@@ -56,7 +61,17 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
         .ensure_stream(&config.stream_subjects(), config.stream_replicas)
         .await
         .with_context(|| format!("preparing stream {}", config.stream))?;
-    refuse_a_live_stream(config, &client, &publisher).await?;
+    let id = args.replay_id.clone().unwrap_or_else(new_replay_id);
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+        anyhow::bail!("--replay-id {id:?}: use letters, digits, '.', '_' and '-' only");
+    }
+    let route = route(config, &client, &publisher).await?;
+    if route == Route::Handover && args.replay_id.is_some() && !args.dry_run {
+        eprintln!(
+            "replay {id}: waiting for pgoutbox to publish what this replay handed over before"
+        );
+        handover::settle_earlier_runs(&client, &config.slot).await?;
+    }
 
     let selection = selection(config, args, &publisher).await?;
     let snapshot = TableSnapshot::open(
@@ -68,7 +83,6 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     )
     .await?;
     let total = snapshot.count(&selection).await?;
-    let id = args.replay_id.clone().unwrap_or_else(new_replay_id);
     // A replay id made here says when it began; one chosen by hand means reading it all.
     let from = replay_started(&id).map_or(ReadFrom::Start, |s| ReadFrom::Time(s as f64 - 60.0));
     let (done, _) = publisher
@@ -76,10 +90,14 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
         .await
         .context("reading what this replay stored already")?;
     eprintln!(
-        "replay {id}: {total} rows selected ({}), {} stored by this replay before; resume \
+        "replay {id}: {total} rows selected ({}), {} stored by this replay before; {}; resume \
          with --replay-id {id}",
         snapshot.order(),
-        done.len()
+        done.len(),
+        match route {
+            Route::Handover => "handed to the pgoutbox streaming into this stream",
+            Route::Direct => "published by this command (no pgoutbox streams into this stream)",
+        },
     );
     if args.dry_run {
         println!(
@@ -89,15 +107,52 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
         snapshot.close().await;
         return Ok(());
     }
+    let before = done.len();
     let plan = Plan { selection, id: id.clone(), done, total };
-    let tally = publish(config, args, &publisher, &snapshot, &plan).await?;
+    let mut tally = match route {
+        Route::Direct => publish(config, args, &publisher, &snapshot, &plan).await?,
+        Route::Handover => {
+            // JetStream would drop these as duplicates, and each would cost pgoutbox a
+            // restart of its publishing: they are left out, and counted.
+            let window = publisher.stream_info().await?.config.duplicate_window;
+            let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+            // An id is forgotten up to a window after it expired (the server purges on a
+            // timer).
+            let since = since.saturating_sub(window * 2 + Duration::from_secs(1)).as_secs_f64();
+            let in_window = publisher
+                .message_ids_since(since)
+                .await
+                .context("reading the ids inside the stream's duplicate window")?;
+            handover::hand_over(config, args, &client, &snapshot, &plan, in_window).await?
+        }
+    };
     snapshot.close().await;
+    if route == Route::Handover {
+        // What pgoutbox published, read back: a row it found in the duplicate window is
+        // not in it, nor is any row an older pgoutbox passed over.
+        let (stored, _) = publisher
+            .row_ids(from, None, Some((REPLAY_HEADER, &id)))
+            .await
+            .context("reading back what this replay stored")?;
+        let stored = stored.len().saturating_sub(before) as u64;
+        tally.duplicates += tally.stored.saturating_sub(stored);
+        tally.stored = stored;
+    }
     println!(
         "replay {id}: {} stored, {} already in the stream's duplicate window, {} stored before \
          the resume, {} cannot be published (see the warnings)",
         tally.stored, tally.duplicates, tally.before, tally.unpublishable
     );
     Ok(())
+}
+
+/// Who publishes the replayed rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// This command, into a stream no pgoutbox streams into now.
+    Direct,
+    /// The pgoutbox streaming into the stream, handed the rows through the WAL.
+    Handover,
 }
 
 /// The rows asked for; `--dead-letters` reads their ids from the dead-letter subject.
@@ -126,30 +181,28 @@ async fn selection(
     }
 }
 
-/// A pgoutbox streaming into this stream owns its order: refused, with the way out.
-async fn refuse_a_live_stream(
+/// A pgoutbox streaming into this stream from this database's slot publishes the rows;
+/// another database's pgoutbox owns the stream's order, so that is refused.
+async fn route(
     config: &Config,
     client: &tokio_postgres::Client,
     publisher: &Publisher,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Route> {
     let source = crate::commands::setup::identify_source(config).await?;
     let claims = Claims::open(publisher.context(), config.stream_replicas).await?;
-    let live = match claims.holder(&config.stream, &source).await? {
-        Claim::Free => false,
-        Claim::Theirs(_) => true,
-        Claim::Ours { .. } => {
-            admin::slot_state(client, &config.slot).await?.is_some_and(|slot| slot.active)
-        }
-    };
-    if live {
-        anyhow::bail!(
-            "a pgoutbox streams into stream {} now, and its order would refuse messages \
-             written beside it: stop it first, or replay into a stream of its own (--stream \
-             with --subject-template and --dead-letter-subject it alone covers)",
+    match claims.holder(&config.stream, &source).await? {
+        Claim::Free => Ok(Route::Direct),
+        Claim::Theirs(holder) => anyhow::bail!(
+            "stream {} is written by another pgoutbox ({holder}), and its order \
+             would refuse messages written beside it: replay into a stream of its own \
+             (--stream with --subject-template and --dead-letter-subject it alone covers)",
             config.stream
-        );
+        ),
+        Claim::Ours { .. } => {
+            let live = admin::slot_state(client, &config.slot).await?.is_some_and(|s| s.active);
+            Ok(if live { Route::Handover } else { Route::Direct })
+        }
     }
-    Ok(())
 }
 
 fn new_replay_id() -> String {

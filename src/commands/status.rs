@@ -217,13 +217,25 @@ async fn process_report(addr: SocketAddr) -> serde_json::Value {
         };
         let age = gauge(names::LAST_CONFIRMATION_AGE)
             .context("its /metrics has no pgoutbox_last_confirmation_age_seconds")?;
-        anyhow::Ok(json!({
+        let mut report = json!({
             "http_addr": addr.to_string(),
             "last_confirmation_age_seconds": (age * 10.0).round() / 10.0,
             "stalled": gauge(names::STALLED) == Some(1.0),
-            "seed_rows": gauge(names::SEED_ROWS),
-            "seed_rows_done": gauge(names::SEED_ROWS_DONE),
-        }))
+        });
+        // A seed or a replay in progress: rows done, rows left, and the pace.
+        let runs = [
+            ("seed", names::SEED_ROWS, names::SEED_ROWS_DONE, names::SEED_ROWS_PER_SECOND),
+            ("replay", names::REPLAY_ROWS, names::REPLAY_ROWS_DONE, names::REPLAY_ROWS_PER_SECOND),
+        ];
+        for (what, rows, done, pace) in runs {
+            let (rows, done) = (gauge(rows).unwrap_or(0.0), gauge(done).unwrap_or(0.0));
+            report[format!("{what}_rows")] = json!(rows as u64);
+            report[format!("{what}_rows_done")] = json!(done as u64);
+            report[format!("{what}_rows_left")] = json!((rows - done).max(0.0) as u64);
+            let pace = gauge(pace).unwrap_or(0.0);
+            report[format!("{what}_rows_per_second")] = json!(pace.round() as u64);
+        }
+        anyhow::Ok(report)
     };
     match tokio::time::timeout(Duration::from_secs(3), gauges).await {
         Ok(Ok(report)) => report,

@@ -1,8 +1,9 @@
 //! The pure core: no tokio, no sockets, no SQL. Which LSN may be confirmed (`progress`),
 //! where a message comes from and when the stream's tail may be trusted (`source`), how a
 //! row becomes a message or a dead letter (`outbox`), what each message is chained to and
-//! what JetStream's answer means (`publishing`), when pgoutbox is stalled (`stall`)
-//! and how long to wait before retrying (`retry`). Named `domain` because `core` is Rust's.
+//! what JetStream's answer means (`publishing`), when pgoutbox is stalled (`stall`), the
+//! pace of a seed or a replay (`throughput`) and how long to wait before retrying
+//! (`retry`). Named `domain` because `core` is Rust's.
 
 pub mod outbox;
 pub mod progress;
@@ -12,3 +13,4 @@ pub mod row;
 pub mod seed;
 pub mod source;
 pub mod stall;
+pub mod throughput;

@@ -185,14 +185,13 @@ impl ReplicationConnection {
         slot: &str,
         start_lsn: u64,
         publication: &str,
-        messages: bool,
     ) -> Result<(), ConnectionError> {
         let query = format!(
-            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}{})",
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}, \
+             messages 'true')",
             escape_identifier(slot),
             tokio_postgres::types::PgLsn::from(start_lsn),
             command_literal(&escape_identifier(publication)),
-            if messages { ", messages 'true'" } else { "" },
         );
         debug!(%query, "starting replication");
         frontend::query(&query, &mut self.write_buf)?;

@@ -25,7 +25,7 @@ use crate::domain::source::Source;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher, refused_for_itself};
 use crate::postgres::outbox_table::OutboxTable;
-use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
+use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage, replay_prefix};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
@@ -37,14 +37,17 @@ use crate::settings::config::PipelineConfig;
 
 mod acks;
 mod emitted;
+mod gauges;
 mod interruption;
 mod memory;
 mod publish;
+mod replayed;
 mod seed;
 mod window;
 
 use interruption::{Interruption, Interruptions};
 pub use memory::{Memory, Resume};
+use replayed::Replays;
 use seed::next_seed_row;
 use window::{MAX_IN_FLIGHT, Window};
 
@@ -77,6 +80,9 @@ pub struct Pipeline<'a> {
     table: Option<OutboxTable>,
     /// The mapping of `pg_logical_emit_message` events, when they are streamed.
     emitted: Option<Arc<RowMapping>>,
+    /// The prefix of the rows `pgoutbox replay` hands over through the WAL, and those rows.
+    replay_prefix: String,
+    replays: Replays,
     transaction: Option<Transaction>,
     /// This source, and its `Pgoutbox-Source` header rendered once.
     source: Source,
@@ -151,6 +157,8 @@ impl<'a> Pipeline<'a> {
             emitted: config.message_prefix.as_ref().map(|prefix| {
                 Arc::new(RowMapping::for_emitted_messages(prefix, &config.roles, &config.template))
             }),
+            replay_prefix: replay_prefix(&resume.source.slot),
+            replays: Replays::default(),
             transaction: None,
             // Source fields are made header-safe in `Source::new`.
             source_header: resume.source.to_string(),
@@ -304,37 +312,6 @@ impl<'a> Pipeline<'a> {
             "shutdown: drained in-flight messages"
         );
         Ok(())
-    }
-
-    /// Records the latency stages of the transactions that just became confirmable.
-    fn observe_confirmed(&mut self) {
-        let now = pg_now_micros();
-        let seconds = |from: i64, to: i64| (to - from).max(0) as f64 / 1e6;
-        for Timing { committed, received } in self.protocol.take_confirmed_timings() {
-            self.confirmable_since.get_or_insert_with(Instant::now);
-            if committed == 0 {
-                continue; // a seed's rows: read from the table, not timed from a commit
-            }
-            self.metrics.commit_to_ack.record(seconds(committed, now));
-            self.metrics.commit_to_receive.record(seconds(committed, received));
-            self.metrics.receive_to_ack.record(seconds(received, now));
-            self.memory.published_up_to.advance(committed);
-        }
-    }
-
-    /// Tells the stall detector where things stand (`waiting`: something awaits an ack).
-    fn record_progress(&mut self, waiting: bool) {
-        let acks = std::mem::take(&mut self.acks_unrecorded);
-        self.memory.progress.record(self.protocol.confirmed(), acks, waiting);
-    }
-
-    fn update_gauges(&mut self) {
-        self.record_progress(self.protocol.in_flight() > 0);
-        let confirmed = self.protocol.confirmed();
-        self.metrics.messages_in_flight.set(self.protocol.in_flight() as f64);
-        self.metrics.confirmed_lsn.set(confirmed as f64);
-        let lag = self.server_wal_end.saturating_sub(confirmed);
-        self.metrics.replication_lag_bytes.set(lag as f64);
     }
 
     async fn on_wal(&mut self, data: Bytes) -> Result<(), PipelineError> {

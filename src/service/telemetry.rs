@@ -53,45 +53,7 @@ pub fn reachable(addr: SocketAddr, host: Option<std::net::IpAddr>) -> SocketAddr
 const LATENCY_BUCKETS: &[f64] =
     &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
-/// Every metric's name, defined once: the instruments below, `retention` and `status`
-/// (which reads two of them back from a running pgoutbox) use these.
-pub mod names {
-    pub const ROWS_PUBLISHED: &str = "pgoutbox_rows_published_total";
-    pub const BYTES_PUBLISHED: &str = "pgoutbox_bytes_published_total";
-    pub const TRANSACTIONS: &str = "pgoutbox_transactions_total";
-    pub const DEAD_LETTERS: &str = "pgoutbox_dead_letters_total";
-    pub const DUPLICATES: &str = "pgoutbox_duplicates_total";
-    pub const MESSAGES_IN_FLIGHT: &str = "pgoutbox_messages_in_flight";
-    pub const CONFIRMED_LSN: &str = "pgoutbox_confirmed_lsn";
-    pub const REPLICATION_LAG_BYTES: &str = "pgoutbox_replication_lag_bytes";
-    pub const PUBLISH_ERRORS: &str = "pgoutbox_publish_errors_total";
-    pub const RECONNECTS: &str = "pgoutbox_reconnects_total";
-    pub const STREAMING: &str = "pgoutbox_streaming";
-    pub const STALLED: &str = "pgoutbox_stalled";
-    pub const LAST_CONFIRMATION_AGE: &str = "pgoutbox_last_confirmation_age_seconds";
-    pub const RETENTION_DELETED: &str = "pgoutbox_retention_deleted_total";
-    /// `pg_logical_emit_message(false, ...)` messages with the outbox prefix: not published,
-    /// since they are sent even when their transaction rolls back.
-    pub const NON_TRANSACTIONAL_MESSAGES: &str = "pgoutbox_non_transactional_messages_total";
-    /// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream
-    /// ack of its last message.
-    pub const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
-    /// The stages of that latency: commit → its Commit message received from the walsender
-    /// (Postgres's share), → the ack of its last message (the NATS hop and pgoutbox's
-    /// queue); and then the ack → the status update that confirmed it to Postgres.
-    pub const COMMIT_TO_RECEIVE: &str = "pgoutbox_commit_to_receive_seconds";
-    pub const RECEIVE_TO_ACK: &str = "pgoutbox_receive_to_ack_seconds";
-    pub const ACK_TO_CONFIRM: &str = "pgoutbox_ack_to_confirm_seconds";
-    pub const BUILD_INFO: &str = "pgoutbox_build_info";
-    /// 1, labelled with the server's version and (17+) whether the slot is a failover
-    /// slot and a synchronised copy; "unknown" before 17.
-    pub const POSTGRES_INFO: &str = "pgoutbox_postgres_info";
-    pub const NATS_INFO: &str = "pgoutbox_nats_info";
-    /// A seed from the table (`--recover`, `--backfill`): the rows it reads, and how many
-    /// of them were published or found in the stream already; both 0 when none runs.
-    pub const SEED_ROWS: &str = "pgoutbox_seed_rows";
-    pub const SEED_ROWS_DONE: &str = "pgoutbox_seed_rows_done";
-}
+pub mod names;
 
 /// Gives every metric its `# HELP` line, puts every counter (each label value too) at 0 so
 /// that `rate()` and `increase()` alerts work before the first event, and sets
@@ -114,6 +76,10 @@ fn describe() {
             "Non-transactional pg_logical_emit_message messages with the outbox prefix, not published.",
         ),
         (names::RETENTION_DELETED, "Outbox rows deleted by --retention."),
+        (
+            names::REPLAYED_ROWS_UNREADABLE,
+            "Rows handed over by pgoutbox replay in a format this pgoutbox cannot read, left out.",
+        ),
     ];
     for (name, help) in counters {
         describe_counter!(name, help);
@@ -146,6 +112,13 @@ fn describe() {
             "Rows a seed from the table reads (--recover, --backfill); 0: none runs.",
         ),
         (names::SEED_ROWS_DONE, "Of those, rows published or found in the stream already."),
+        (names::SEED_ROWS_PER_SECOND, "The seed's rows per second over the last 10 s."),
+        (
+            names::REPLAY_ROWS,
+            "Rows the last pgoutbox replay into this stream hands over through the WAL; 0: none.",
+        ),
+        (names::REPLAY_ROWS_DONE, "Of those, rows JetStream acknowledged."),
+        (names::REPLAY_ROWS_PER_SECOND, "The replay's rows per second over the last 10 s."),
         (
             names::POSTGRES_INFO,
             "Always 1; the labels say which Postgres is streamed from and how the slot is kept.",
@@ -165,6 +138,10 @@ fn describe() {
         names::STALLED,
         names::SEED_ROWS,
         names::SEED_ROWS_DONE,
+        names::SEED_ROWS_PER_SECOND,
+        names::REPLAY_ROWS,
+        names::REPLAY_ROWS_DONE,
+        names::REPLAY_ROWS_PER_SECOND,
     ] {
         gauge!(name).set(0.0);
     }
@@ -227,6 +204,11 @@ pub struct Metrics {
     pub confirmed_lsn: Gauge,
     pub replication_lag_bytes: Gauge,
     pub seed_rows_done: Gauge,
+    pub seed_rows_per_second: Gauge,
+    pub replay_rows: Gauge,
+    pub replay_rows_done: Gauge,
+    pub replay_rows_per_second: Gauge,
+    pub replayed_rows_unreadable: Counter,
     pub commit_to_ack: Histogram,
     pub commit_to_receive: Histogram,
     pub receive_to_ack: Histogram,
@@ -246,6 +228,11 @@ impl Metrics {
             confirmed_lsn: gauge!(names::CONFIRMED_LSN),
             replication_lag_bytes: gauge!(names::REPLICATION_LAG_BYTES),
             seed_rows_done: gauge!(names::SEED_ROWS_DONE),
+            seed_rows_per_second: gauge!(names::SEED_ROWS_PER_SECOND),
+            replay_rows: gauge!(names::REPLAY_ROWS),
+            replay_rows_done: gauge!(names::REPLAY_ROWS_DONE),
+            replay_rows_per_second: gauge!(names::REPLAY_ROWS_PER_SECOND),
+            replayed_rows_unreadable: counter!(names::REPLAYED_ROWS_UNREADABLE),
             commit_to_ack: histogram!(names::COMMIT_TO_ACK),
             commit_to_receive: histogram!(names::COMMIT_TO_RECEIVE),
             receive_to_ack: histogram!(names::RECEIVE_TO_ACK),

@@ -30,7 +30,8 @@ pub enum Command {
     /// Show the slot's position and lag; exit 0 healthy, 1 warning, 2 critical.
     Status(StatusArgs),
     /// Publish chosen rows of the outbox table again: by id, by created-at time, or the
-    /// rows of the stream's dead letters once fixed in the table; resumable.
+    /// rows of the stream's dead letters once fixed in the table; through the running
+    /// pgoutbox when one streams into the stream; resumable.
     Replay(ReplayArgs),
     /// Drop the replication slot and the publication (the stream is kept).
     Teardown {

@@ -1,14 +1,17 @@
 //! `pgoutbox replay`: chosen rows of the outbox table published again. Killed at a random
-//! moment and resumed with its id, a replay stores every row once, in order; a dead letter
-//! fixed in the table goes out again on its own subject; a stream a live pgoutbox writes is
-//! refused.
+//! moment and resumed with its id, a replay stores every row once, in order, both into a
+//! stream of its own and through the pgoutbox streaming into the live stream (among the
+//! live rows, shown in `status`); a dead letter fixed in the table goes out again on its own
+//! subject.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::stream;
 
 use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::stream::{assert_once_in_order, count, jetstream, read_all};
 use crate::support::{
-    Lcg, Nats, Postgres, eventually, numbered_rows, stop_and_wait_released, wait_until_streaming,
+    Lcg, Nats, Postgres, eventually, metric, numbered_rows, wait_until_streaming,
 };
 
 /// `pgoutbox replay <args>` into a stream of its own, `REPLAY`.
@@ -49,7 +52,7 @@ async fn a_replay_killed_at_a_random_moment_resumes_and_stores_each_row_once() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_dead_letter_fixed_in_the_table_is_replayed_and_a_live_stream_is_refused() {
+async fn a_dead_letter_fixed_in_the_table_is_replayed_through_the_live_pgoutbox() {
     let pg = Postgres::start();
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
@@ -67,26 +70,20 @@ async fn a_dead_letter_fixed_in_the_table_is_replayed_and_a_live_stream_is_refus
     })
     .await;
 
-    // Beside a live pgoutbox: refused, nothing stored.
-    let mut live = command(&pg, &nats);
-    live.args(["replay", "--dead-letters"]);
-    let output = live.output().expect("replay runs");
-    assert!(!output.status.success());
-    let said = String::from_utf8_lossy(&output.stderr);
-    assert!(said.contains("stop it first"), "{said}");
-    stop_and_wait_released(&pg, app).await;
-
     pg.psql("UPDATE outbox SET aggregate_type = 'order' WHERE aggregate_type = 'bad type'");
     let dry = command(&pg, &nats).args(["replay", "--dead-letters", "--dry-run"]).output();
     let dry = dry.expect("replay runs");
     assert!(String::from_utf8_lossy(&dry.stdout).contains("would publish up to 1 rows"));
     assert_eq!(count(&js, "OUTBOX").await, 10, "a dry run stored something");
+    // pgoutbox keeps running: the replay hands the row to it.
     let fixed = command(&pg, &nats).args(["replay", "--dead-letters"]).output();
     let fixed = fixed.expect("replay runs");
-    assert!(fixed.status.success(), "{}", String::from_utf8_lossy(&fixed.stderr));
+    let said = String::from_utf8_lossy(&fixed.stderr);
+    assert!(fixed.status.success(), "{said}");
+    assert!(said.contains("handed to the pgoutbox"), "{said}");
+    assert!(String::from_utf8_lossy(&fixed.stdout).contains(": 1 stored"), "{fixed:?}");
+    assert_eq!(count(&js, "OUTBOX").await, 11, "the replay ended before its row was stored");
 
-    let app = Pgoutbox::run(&pg, &nats, &[]);
-    wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(10, 20, 5));
     eventually(Duration::from_secs(30), "the new rows stored", || async {
         (count(&js, "OUTBOX").await == 21).then_some(())
@@ -97,5 +94,90 @@ async fn a_dead_letter_fixed_in_the_table_is_replayed_and_a_live_stream_is_refus
     let fives: Vec<_> = fixed.iter().filter(|m| m.json()["n"] == 5).collect();
     assert_eq!(fives.len(), 1, "the fixed row once on its subject");
     assert!(fives[0].header("Pgoutbox-Replay").is_some());
-    assert_eq!(fixed.len(), 20, "every row once on its subject: {}", fixed.len());
+    assert!(fives[0].header("Pgoutbox-Position").is_some(), "not published by pgoutbox");
+    let order: Vec<u64> = fixed.iter().filter_map(|m| m.json()["n"].as_u64()).collect();
+    let expected: Vec<u64> = (0..5).chain(6..10).chain([5]).chain(10..20).collect();
+    assert_eq!(order, expected, "the fixed row goes out where the replay ran, in commit order");
+    assert_eq!(metric(app.http_port(), "pgoutbox_replay_rows_done "), Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_into_the_live_stream_killed_and_resumed_goes_out_once_among_live_rows() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let js = jetstream(&nats.url()).await;
+    // A short duplicate window: the rows replayed are the ones just published.
+    js.create_stream(stream::Config {
+        name: "OUTBOX".into(),
+        subjects: vec!["outbox.*.*".into(), "outbox.dead_letter".into()],
+        duplicate_window: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await
+    .expect("create stream with a 1 s duplicate window");
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    let replayed = 20_000;
+    pg.psql(&numbered_rows(0, replayed, 5_000));
+    eventually(Duration::from_secs(60), "the rows to replay stored", || async {
+        (count(&js, "OUTBOX").await == replayed as u64).then_some(())
+    })
+    .await;
+    let before = SystemTime::now() + Duration::from_secs(4);
+    eventually(Duration::from_secs(10), "the duplicate window passed", || async {
+        (SystemTime::now() > before).then_some(())
+    })
+    .await;
+
+    // The rows so far are replayed while a writer commits more, numbered on.
+    let created_to = pg.psql("SELECT clock_timestamp()");
+    let writer = pg.start_writer(replayed, 0.005);
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let id = format!("r{now}");
+    let selection = ["--created-from", "-infinity", "--created-to", created_to.as_str()];
+    let run = |extra: &[&str]| {
+        let mut cmd = command(&pg, &nats);
+        cmd.arg("replay").args(selection).args(["--replay-id", id.as_str()]).args(extra);
+        Pgoutbox::spawn(cmd)
+    };
+    let mut first = run(&["--rate", "3000"]);
+    // status shows it in progress: rows done, rows left, the pace.
+    let http_addr = format!("127.0.0.1:{}", app.http_port());
+    let status = || {
+        let mut cmd = command(&pg, &nats);
+        let output = cmd.args(["status", "--json", "--http-addr", &http_addr]).output();
+        let output = output.expect("status runs");
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap_or_default()
+    };
+    let kill_at = Lcg::from_time().between(2_000, 12_000);
+    let shown =
+        eventually(Duration::from_secs(60), "status shows the replay under way", || async {
+            let report = status();
+            let process = &report["pgoutbox"];
+            let done = process["replay_rows_done"].as_u64().unwrap_or(0);
+            (done >= kill_at && process["replay_rows_per_second"].as_u64().unwrap_or(0) > 0)
+                .then(|| process.clone())
+        })
+        .await;
+    first.kill9();
+    assert!(shown["replay_rows_left"].as_u64().unwrap_or(0) > 0, "{shown}\n{}", first.log());
+
+    let mut resumed = run(&[]);
+    let status = resumed.wait_exit(Duration::from_secs(120));
+    assert!(status.success(), "{}", resumed.log());
+    let written = writer.finish();
+    eventually(Duration::from_secs(60), "every row stored", || async {
+        (count(&js, "OUTBOX").await >= (written + replayed) as u64).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let (again, live): (Vec<_>, Vec<_>) =
+        stored.into_iter().partition(|m| m.header("Pgoutbox-Replay").is_some());
+    let context = format!("killed at {kill_at} rows done\n{}", resumed.log());
+    assert_once_in_order(&live, written, &context);
+    assert_once_in_order(&again, replayed, &context);
+    assert!(again.iter().all(|m| m.header("Pgoutbox-Position").is_some()), "not via pgoutbox");
+    let port = app.http_port();
+    assert_eq!(metric(port, "pgoutbox_replay_rows_done "), metric(port, "pgoutbox_replay_rows "));
 }

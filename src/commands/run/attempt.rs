@@ -224,8 +224,8 @@ impl Target<'_> {
             .map_err(|err| PipelineError::from_start_replication(slot, err))?;
             info!(%slot, "failover turned on for the existing slot");
         }
-        let messages = pipeline.message_prefix.is_some();
-        conn.start_replication(slot, start, &config.publication, messages)
+        // Always: `pgoutbox replay` hands its rows over as messages (PostgreSQL 14+).
+        conn.start_replication(slot, start, &config.publication)
             .await
             .map_err(|err| PipelineError::from_start_replication(slot, err))?;
         // Stopped when this attempt ends, with the guard.

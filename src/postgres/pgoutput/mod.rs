@@ -7,12 +7,14 @@
 //! Replication Message Formats" (proto_version 1, no streaming).
 
 mod cursor;
+mod replayed;
 
 use bytes::Bytes;
 
 use cursor::Cursor;
 
 pub use crate::domain::row::{Column, ColumnValue, Relation};
+pub use replayed::{ReplayFrame, ReplayedRow, replay_prefix};
 
 /// One pgoutput message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,6 +108,8 @@ pub enum DecodeError {
     InvalidUtf8 { at: usize },
     #[error("{extra} unexpected bytes after a complete '{message}' message")]
     TrailingBytes { message: char, extra: usize },
+    #[error("replayed row in an unknown format (version {0}): a newer pgoutbox replay wrote it")]
+    UnknownReplayVersion(u8),
     #[error("empty pgoutput message")]
     Empty,
 }

@@ -65,6 +65,9 @@ impl Pipeline<'_> {
                 self.metrics.bytes_published.increment(done.bytes as u64);
             }
         }
+        if let Some((index, total)) = self.replays.acknowledged(done.position) {
+            self.replay_progress(index, total);
+        }
         self.acks_unrecorded += 1;
         self.observe_confirmed();
         Ok(())
@@ -79,6 +82,12 @@ impl Pipeline<'_> {
         position: Position,
         sequence: u64,
     ) -> Result<bool, PipelineError> {
+        if self.replays.is_replayed(position) {
+            // Published again on purpose: the older message is this row, stored before.
+            warn!(%position, sequence, "a replayed row's id is still in the stream's duplicate \
+                window: JetStream keeps the copy it stored before and not this one");
+            return Ok(true);
+        }
         let read = self.publisher.origin_of(sequence);
         let origin = match tokio::time::timeout(self.outbound.ack_timeout(), read).await {
             Ok(Ok(origin)) => origin,

@@ -19,6 +19,9 @@ impl Pipeline<'_> {
         &mut self,
         message: DecodingMessage,
     ) -> Result<(), PipelineError> {
+        if message.prefix == self.replay_prefix {
+            return self.on_replayed(message).await;
+        }
         let Some(mapping) = &self.emitted else { return Ok(()) };
         if Some(&message.prefix) != self.config.message_prefix.as_ref() {
             return Ok(());

@@ -9,6 +9,7 @@ use crate::domain::progress::Position;
 use crate::domain::publishing::Duplicates;
 use crate::domain::source::{Source, TailRow};
 use crate::domain::stall::Progress;
+use crate::domain::throughput::Throughput;
 use crate::service::retention::{KeptRows, PublishedUpTo};
 use crate::service::seed::{Seed, SeedKind};
 
@@ -38,6 +39,16 @@ pub struct Memory {
     pub seed_wanted: Option<SeedKind>,
     /// The seed under way: attempts publish its rows before streaming.
     pub seed: Option<Seed>,
+    /// The pace of a seed's and of a replay's rows, for `/metrics`.
+    pub paces: Paces,
+}
+
+#[derive(Default)]
+pub struct Paces {
+    pub seed: Throughput,
+    pub replay: Throughput,
+    /// The index of the replayed row last acknowledged (`pipeline::replayed`).
+    pub replay_done: u64,
 }
 
 impl Memory {
@@ -58,6 +69,7 @@ impl Memory {
             kept_rows: KeptRows::default(),
             seed_wanted: None,
             seed: None,
+            paces: Paces::default(),
         }
     }
 

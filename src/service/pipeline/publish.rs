@@ -10,6 +10,7 @@ use crate::domain::progress::Position;
 use crate::domain::publishing::{
     CHAIN_ANCHOR, CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER, EXPECTED_LAST_SEQUENCE_HEADER, Guard,
 };
+use crate::domain::seed::REPLAY_HEADER;
 use crate::domain::source::SOURCE_HEADER;
 use crate::nats::publisher::{POSITION_HEADER, refused_for_itself};
 use crate::nats::wire::HeaderBlock;
@@ -77,6 +78,7 @@ impl Pipeline<'_> {
         let OutboxEvent { id, subject, headers, payload } = event;
         let (source, guard) = (&self.source_header, self.protocol.guard());
         let seed = self.prelude.as_ref();
+        let replay = self.replays.id_at(position);
         let header_block = |block: &mut HeaderBlock<'_>| {
             match guard {
                 Guard::LastSequence(sequence) => {
@@ -91,6 +93,9 @@ impl Pipeline<'_> {
                 for (name, value) in &prelude.marks {
                     block.add(name, value);
                 }
+            }
+            if let Some(replay) = replay {
+                block.add(REPLAY_HEADER, replay);
             }
             block.add_lines(headers.lines());
         };

@@ -1,0 +1,226 @@
+//! A replay into the stream a running pgoutbox writes: the rows are handed to it through
+//! the WAL (`postgres::pgoutput::replayed`), a few hundred per transaction, and it publishes
+//! them in commit order among the live rows, chained like every other message. Nothing is
+//! written beside it, so its order and its exactly-once hold for the replayed rows too.
+//!
+//! A row handed over is in the stream once the slot's `confirmed_flush_lsn` passes the
+//! transaction that carried it: pgoutbox confirms nothing JetStream has not acknowledged.
+//! That is how this command shows what is published, waits for the end, and, resumed with
+//! its id after a kill, first lets pgoutbox publish what the killed run handed over before
+//! it reads which rows the stream holds.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio_postgres::Client;
+use tokio_postgres::types::PgLsn;
+
+use super::{Plan, Tally};
+use crate::domain::outbox::RowMapping;
+use crate::postgres::pgoutput::{ReplayFrame, ReplayedRow, replay_prefix};
+use crate::postgres::table_snapshot::TableSnapshot;
+use crate::settings::cli::ReplayArgs;
+use crate::settings::config::Config;
+
+/// Rows per transaction: large enough to cost little WAL and few round trips, small enough
+/// that the progress moves.
+const CHUNK: usize = 500;
+/// Rows handed over and not yet confirmed, at most: the replay keeps pace with pgoutbox.
+const AHEAD: u64 = 20_000;
+/// How long the slot may have no pgoutbox streaming from it before the replay gives up
+/// waiting (a restart takes seconds).
+const INACTIVE_LIMIT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(100);
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// Where the slot stands.
+struct Slot<'a> {
+    client: &'a Client,
+    name: &'a str,
+    inactive_since: Option<Instant>,
+}
+
+impl Slot<'_> {
+    /// The WAL position every transaction committed so far ends at or before. Commits are
+    /// made durable first (`synchronous_commit` is on in this session), so the position
+    /// is past them.
+    async fn now(&self) -> anyhow::Result<u64> {
+        let row = self.client.query_one("SELECT pg_current_wal_lsn()", &[]).await?;
+        Ok(u64::from(row.try_get::<_, PgLsn>(0)?))
+    }
+
+    /// The slot's confirmed position; an error once no pgoutbox streamed from it for
+    /// [`INACTIVE_LIMIT`].
+    async fn confirmed(&mut self) -> anyhow::Result<u64> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT confirmed_flush_lsn, active FROM pg_replication_slots \
+                 WHERE slot_name = $1",
+                &[&self.name],
+            )
+            .await?
+            .with_context(|| format!("slot {} was dropped during the replay", self.name))?;
+        let confirmed = row.try_get::<_, Option<PgLsn>>(0)?.map_or(0, u64::from);
+        if row.try_get::<_, bool>(1)? {
+            self.inactive_since = None;
+        } else if self.inactive_since.get_or_insert_with(Instant::now).elapsed() > INACTIVE_LIMIT {
+            anyhow::bail!(
+                "no pgoutbox has streamed from slot {} for {} s: the rows handed over are \
+                 published when it runs again; run this replay again with the same \
+                 --replay-id to see it through",
+                self.name,
+                INACTIVE_LIMIT.as_secs()
+            );
+        }
+        Ok(confirmed)
+    }
+
+    /// Waits until everything committed up to `lsn` is confirmed.
+    async fn wait_confirmed(&mut self, lsn: u64) -> anyhow::Result<()> {
+        while self.confirmed().await? < lsn {
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(())
+    }
+}
+
+/// Before a resumed replay reads what the stream holds: what its killed run handed over is
+/// published first, so that the stream shows it.
+pub(super) async fn settle_earlier_runs(client: &Client, slot: &str) -> anyhow::Result<()> {
+    prepare_session(client).await?;
+    let mut slot = Slot { client, name: slot, inactive_since: None };
+    let now = slot.now().await?;
+    slot.wait_confirmed(now).await.context("waiting for the rows handed over before")
+}
+
+async fn prepare_session(client: &Client) -> anyhow::Result<()> {
+    client
+        .batch_execute("SET synchronous_commit = on; SET application_name = 'pgoutbox replay'")
+        .await
+        .context("preparing the session that hands rows over")
+}
+
+/// Hands the plan's rows to the pgoutbox streaming from `config.slot`, and waits until it
+/// published them.
+pub(super) async fn hand_over(
+    config: &Config,
+    args: &ReplayArgs,
+    client: &Client,
+    snapshot: &TableSnapshot,
+    plan: &Plan,
+    in_window: HashSet<String>,
+) -> anyhow::Result<Tally> {
+    let Plan { selection, id, done, total } = plan;
+    prepare_session(client).await?;
+    let mut slot = Slot { client, name: &config.slot, inactive_since: None };
+    let prefix = replay_prefix(&config.slot);
+    let relation = snapshot.relation();
+    let mapping = RowMapping::new(relation, &config.pipeline.roles, &config.pipeline.template)?;
+    let chunk_size = args.rate.map_or(CHUNK, |rate| (rate.get() as usize / 10).clamp(1, CHUNK));
+    let mut pace = args.rate.map(|rate| {
+        let every = Duration::from_secs(1).mul_f64(chunk_size as f64 / rate.get() as f64);
+        let mut pace = tokio::time::interval(every);
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        pace
+    });
+    let (mut rows, _reader) = snapshot.read(selection);
+    let mut tally = Tally::default();
+    let mut chunk: Vec<Vec<u8>> = Vec::with_capacity(chunk_size);
+    // Each transaction handed over: where it ends, and how many rows it carried.
+    let mut handed: std::collections::VecDeque<(u64, u64)> = Default::default();
+    let (mut seen, mut handed_rows, mut published) = (0u64, 0u64, 0u64);
+    let (started, mut printed) = (Instant::now(), Instant::now());
+    loop {
+        let batch = rows
+            .recv()
+            .await
+            .context("the table reader stopped early")?
+            .context("reading the rows to replay")?;
+        let last_batch = batch.is_empty();
+        for tuple in batch {
+            seen += 1;
+            let row_id = mapping.row_id(&tuple).map(|id| id.into_owned()).unwrap_or_default();
+            if done.contains(&row_id) {
+                tally.before += 1;
+                continue;
+            }
+            if in_window.contains(&row_id) {
+                tally.duplicates += 1;
+                continue;
+            }
+            if let Err(rejection) = mapping.map(&tuple) {
+                tracing::warn!(id = %row_id, reason = %rejection.0,
+                    "the row still cannot be published; fix it and replay it again");
+                eprintln!("row {row_id:?} still cannot be published: {}", rejection.0);
+                tally.unpublishable += 1;
+                continue;
+            }
+            let row = ReplayedRow {
+                replay_id: id.clone(),
+                index: seen,
+                total: *total,
+                relation: relation.clone(),
+                tuple,
+            };
+            chunk.push(ReplayFrame::Row(row).encode());
+            if chunk.len() < chunk_size {
+                continue;
+            }
+            if let Some(pace) = pace.as_mut() {
+                pace.tick().await;
+            }
+            let rows = chunk.len() as u64;
+            handed.push_back((emit(client, &prefix, &mut chunk).await?, rows));
+            handed_rows += rows;
+            // Keep at most AHEAD rows waiting for pgoutbox.
+            loop {
+                let confirmed = slot.confirmed().await?;
+                while handed.front().is_some_and(|&(end, _)| end <= confirmed) {
+                    published += handed.pop_front().map_or(0, |(_, rows)| rows);
+                }
+                if handed_rows - published < AHEAD {
+                    break;
+                }
+                tokio::time::sleep(POLL).await;
+            }
+            if printed.elapsed() >= PROGRESS_EVERY {
+                let rate = published as f64 / started.elapsed().as_secs_f64();
+                eprintln!(
+                    "replay {id}: {published} rows published, {handed_rows} handed over, {seen} \
+                     of {total} read ({rate:.0} rows/s)"
+                );
+                printed = Instant::now();
+            }
+        }
+        if last_batch {
+            break;
+        }
+    }
+    // The rest, then the end, which carries no row: the progress reaches its total.
+    let rows = chunk.len() as u64;
+    chunk.push(ReplayFrame::End { replay_id: id.clone(), total: *total }.encode());
+    let end = emit(client, &prefix, &mut chunk).await?;
+    handed_rows += rows;
+    eprintln!("replay {id}: {handed_rows} rows handed over; waiting for pgoutbox to publish them");
+    slot.wait_confirmed(end).await?;
+    tally.stored = handed_rows;
+    Ok(tally)
+}
+
+/// Commits `frames` as one transaction of replay messages, in order, and answers a WAL
+/// position past its commit.
+async fn emit(client: &Client, prefix: &str, frames: &mut Vec<Vec<u8>>) -> anyhow::Result<u64> {
+    client
+        .query_one(
+            "SELECT count(pg_logical_emit_message(true, $1, frame)) \
+             FROM unnest($2::bytea[]) AS frame",
+            &[&prefix, &*frames],
+        )
+        .await
+        .context("handing replayed rows over through the WAL")?;
+    frames.clear();
+    let row = client.query_one("SELECT pg_current_wal_lsn()", &[]).await?;
+    Ok(u64::from(row.try_get::<_, PgLsn>(0)?))
+}

@@ -1,0 +1,45 @@
+//! Every metric's name, defined once: the instruments in `telemetry`, `retention` and
+//! `status` (which reads some of them back from a running pgoutbox) use these.
+
+pub const ROWS_PUBLISHED: &str = "pgoutbox_rows_published_total";
+pub const BYTES_PUBLISHED: &str = "pgoutbox_bytes_published_total";
+pub const TRANSACTIONS: &str = "pgoutbox_transactions_total";
+pub const DEAD_LETTERS: &str = "pgoutbox_dead_letters_total";
+pub const DUPLICATES: &str = "pgoutbox_duplicates_total";
+pub const MESSAGES_IN_FLIGHT: &str = "pgoutbox_messages_in_flight";
+pub const CONFIRMED_LSN: &str = "pgoutbox_confirmed_lsn";
+pub const REPLICATION_LAG_BYTES: &str = "pgoutbox_replication_lag_bytes";
+pub const PUBLISH_ERRORS: &str = "pgoutbox_publish_errors_total";
+pub const RECONNECTS: &str = "pgoutbox_reconnects_total";
+pub const STREAMING: &str = "pgoutbox_streaming";
+pub const STALLED: &str = "pgoutbox_stalled";
+pub const LAST_CONFIRMATION_AGE: &str = "pgoutbox_last_confirmation_age_seconds";
+pub const RETENTION_DELETED: &str = "pgoutbox_retention_deleted_total";
+/// `pg_logical_emit_message(false, ...)` messages with the outbox prefix: not published,
+/// since they are sent even when their transaction rolls back.
+pub const NON_TRANSACTIONAL_MESSAGES: &str = "pgoutbox_non_transactional_messages_total";
+/// Seconds from a transaction's commit (its Begin message's timestamp) to the JetStream
+/// ack of its last message.
+pub const COMMIT_TO_ACK: &str = "pgoutbox_commit_to_ack_seconds";
+/// The stages of that latency: commit → its Commit message received from the walsender
+/// (Postgres's share), → the ack of its last message (the NATS hop and pgoutbox's
+/// queue); and then the ack → the status update that confirmed it to Postgres.
+pub const COMMIT_TO_RECEIVE: &str = "pgoutbox_commit_to_receive_seconds";
+pub const RECEIVE_TO_ACK: &str = "pgoutbox_receive_to_ack_seconds";
+pub const ACK_TO_CONFIRM: &str = "pgoutbox_ack_to_confirm_seconds";
+pub const BUILD_INFO: &str = "pgoutbox_build_info";
+/// 1, labelled with the server's version and (17+) whether the slot is a failover
+/// slot and a synchronised copy; "unknown" before 17.
+pub const POSTGRES_INFO: &str = "pgoutbox_postgres_info";
+pub const NATS_INFO: &str = "pgoutbox_nats_info";
+/// A seed from the table (`--recover`, `--backfill`): the rows it reads, and how many
+/// of them were published or found in the stream already; both 0 when none runs.
+pub const SEED_ROWS: &str = "pgoutbox_seed_rows";
+pub const SEED_ROWS_DONE: &str = "pgoutbox_seed_rows_done";
+pub const SEED_ROWS_PER_SECOND: &str = "pgoutbox_seed_rows_per_second";
+/// A replay handed over through the WAL (`pgoutbox replay` into the live stream): the
+/// rows it hands over, how many of them JetStream acknowledged, and the pace.
+pub const REPLAY_ROWS: &str = "pgoutbox_replay_rows";
+pub const REPLAY_ROWS_DONE: &str = "pgoutbox_replay_rows_done";
+pub const REPLAY_ROWS_PER_SECOND: &str = "pgoutbox_replay_rows_per_second";
+pub const REPLAYED_ROWS_UNREADABLE: &str = "pgoutbox_replayed_rows_unreadable_total";
