@@ -102,7 +102,7 @@ async fn a_dead_letter_fixed_in_the_table_is_replayed_through_the_live_pgoutbox(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_replay_into_the_live_stream_killed_and_resumed_goes_out_once_among_live_rows() {
+async fn a_replay_into_the_live_stream_survives_kill9_of_itself_and_of_pgoutbox() {
     let pg = Postgres::start();
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
@@ -116,7 +116,7 @@ async fn a_replay_into_the_live_stream_killed_and_resumed_goes_out_once_among_li
     })
     .await
     .expect("create stream with a 1 s duplicate window");
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let mut app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
     let replayed = 20_000;
     pg.psql(&numbered_rows(0, replayed, 5_000));
@@ -143,17 +143,18 @@ async fn a_replay_into_the_live_stream_killed_and_resumed_goes_out_once_among_li
     };
     let mut first = run(&["--rate", "3000"]);
     // status shows it in progress: rows done, rows left, the pace.
-    let http_addr = format!("127.0.0.1:{}", app.http_port());
-    let status = || {
+    let status = |port: u16| {
+        let http_addr = format!("127.0.0.1:{port}");
         let mut cmd = command(&pg, &nats);
         let output = cmd.args(["status", "--json", "--http-addr", &http_addr]).output();
         let output = output.expect("status runs");
         serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap_or_default()
     };
     let kill_at = Lcg::from_time().between(2_000, 12_000);
+    let port = app.http_port();
     let shown =
         eventually(Duration::from_secs(60), "status shows the replay under way", || async {
-            let report = status();
+            let report = status(port);
             let process = &report["pgoutbox"];
             let done = process["replay_rows_done"].as_u64().unwrap_or(0);
             (done >= kill_at && process["replay_rows_per_second"].as_u64().unwrap_or(0) > 0)
@@ -163,7 +164,17 @@ async fn a_replay_into_the_live_stream_killed_and_resumed_goes_out_once_among_li
     first.kill9();
     assert!(shown["replay_rows_left"].as_u64().unwrap_or(0) > 0, "{shown}\n{}", first.log());
 
-    let mut resumed = run(&[]);
+    // pgoutbox itself is killed while the resumed replay hands rows over, and started again.
+    let mut resumed = run(&["--rate", "5000"]);
+    let port = app.http_port();
+    eventually(Duration::from_secs(60), "the resumed replay under way", || async {
+        let done = metric(port, "pgoutbox_replay_rows_done ").unwrap_or(0.0) as u64;
+        (done >= kill_at + 2_000).then_some(())
+    })
+    .await;
+    assert!(resumed.is_running(), "the replay ended before pgoutbox was killed");
+    app.kill9();
+    let app = Pgoutbox::run(&pg, &nats, &[]);
     let status = resumed.wait_exit(Duration::from_secs(120));
     assert!(status.success(), "{}", resumed.log());
     let written = writer.finish();
