@@ -54,6 +54,10 @@ struct Figures {
     drain_wal_per_row: Vec<f64>,
     /// `pgoutbox replay` of the whole table into a stream of its own, rows/s.
     replay: Vec<f64>,
+    /// The same, handed to the pgoutbox streaming into that stream through the WAL.
+    replay_live: Vec<f64>,
+    /// `pgoutbox run --backfill` of the whole table into a new stream, rows/s.
+    seed: Vec<f64>,
     rss_mb: Vec<f64>,
     lat_1k: Vec<[f64; 4]>,
     lat_5k: Vec<[f64; 4]>,
@@ -167,6 +171,40 @@ async fn one_run(s: &Settings, f: &mut Figures) {
     let replayed = stream_count(&js, "REPLAYED").await;
     f.replay.push(replayed as f64 / started.elapsed().as_secs_f64());
     let _ = js.delete_stream("REPLAYED").await;
+
+    eprintln!("  pgoutbox replay through a live pgoutbox, and run --backfill");
+    let table_rows: u64 = pg.psql("SELECT count(*) FROM outbox").parse().expect("a count");
+    let live = own_slot_and_stream("REPLAY_LIVE");
+    let mut run = command(&pg, &nats);
+    run.args(&live).arg("run");
+    let app = Pgoutbox::spawn(run);
+    wait_slot_active(&pg, "replay_live", true).await;
+    let started = Instant::now();
+    let replay = command(&pg, &nats)
+        .args(&live)
+        .args(["replay", "--created-from", "-infinity"])
+        .output()
+        .expect("pgoutbox replay");
+    assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stderr));
+    let replayed = stream_count(&js, "REPLAY_LIVE").await;
+    assert_eq!(replayed, table_rows, "{}", String::from_utf8_lossy(&replay.stderr));
+    f.replay_live.push(replayed as f64 / started.elapsed().as_secs_f64());
+    drop(app);
+    let backfill = own_slot_and_stream("BACKFILL");
+    let started = Instant::now();
+    let mut run = command(&pg, &nats);
+    run.args(&backfill).args(["run", "--backfill"]);
+    let app = Pgoutbox::spawn(run);
+    wait_for_count(&js, "BACKFILL", table_rows, Duration::from_secs(600)).await;
+    f.seed.push(table_rows as f64 / started.elapsed().as_secs_f64());
+    // The seed's slot becomes `backfill` once the seed is acknowledged.
+    wait_slot_active(&pg, "backfill", true).await;
+    drop(app);
+    for (slot, stream) in [("replay_live", "REPLAY_LIVE"), ("backfill", "BACKFILL")] {
+        wait_slot_active(&pg, slot, false).await;
+        pg.psql(&format!("SELECT pg_drop_replication_slot('{slot}')"));
+        let _ = js.delete_stream(stream).await;
+    }
 
     eprintln!("  latency floor at 5,000/s");
     let floor = floor::measure(&pg, &js, 5_000, s.latency_seconds).await;
@@ -429,6 +467,29 @@ fn percentiles(values: &mut [f64]) -> [f64; 3] {
     [at(0.5), at(0.99), at(0.999)]
 }
 
+/// The arguments of a pgoutbox with its own slot and stream, both named after `stream`.
+fn own_slot_and_stream(stream: &str) -> Vec<String> {
+    let name = stream.to_lowercase();
+    let template = format!("{name}.{{aggregate_type}}.x");
+    let letters = format!("{name}.dead_letter");
+    ["--slot", &name, "--stream", stream, "--subject-template", &template]
+        .into_iter()
+        .chain(["--dead-letter-subject", &letters])
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits until `slot` is held by a walsender (`active`) or by none.
+async fn wait_slot_active(pg: &Postgres, slot: &str, active: bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let sql = format!("SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'");
+    let want = if active { "t" } else { "f" };
+    while pg.psql(&sql) != want {
+        assert!(Instant::now() < deadline, "slot {slot} never became active={active}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Waits until pgoutbox's slot has confirmed the WAL written so far (it had to read past
 /// the floor's rows, which are not in its publication).
 async fn wait_caught_up(pg: &Postgres) {
@@ -660,6 +721,12 @@ fn print_report(s: &Settings, f: &Figures) {
     let replay_ratio: Vec<f64> = f.replay.iter().zip(&f.drain).map(|(r, d)| r / d).collect();
     row("pgoutbox replay (whole table, own stream), rows/s", &f.replay, "-".into());
     row("  replay / drain", &replay_ratio, "-".into());
+    let live_ratio: Vec<f64> = f.replay_live.iter().zip(&f.drain).map(|(r, d)| r / d).collect();
+    row("pgoutbox replay through the live pgoutbox, rows/s", &f.replay_live, "-".into());
+    row("  replay through pgoutbox / drain", &live_ratio, "-".into());
+    let seed_ratio: Vec<f64> = f.seed.iter().zip(&f.drain).map(|(r, d)| r / d).collect();
+    row("pgoutbox run --backfill (new stream), rows/s", &f.seed, "-".into());
+    row("  backfill / drain", &seed_ratio, "-".into());
     row("pgoutbox peak RSS, MB", &f.rss_mb, "≤ 32".into());
     row("pgoutbox latency @1,000/s p50, ms", &column(&f.lat_1k, 0), "-".into());
     row("pgoutbox latency @1,000/s p99, ms", &column(&f.lat_1k, 1), "≤ 2".into());

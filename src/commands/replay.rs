@@ -25,7 +25,7 @@ use async_nats::jetstream::context::PublishAckFuture;
 use crate::domain::outbox::RowMapping;
 use crate::domain::seed::{REPLAY_HEADER, replay_started};
 use crate::nats::claim::{Claim, Claims};
-use crate::nats::publisher::{Publisher, ReadFrom};
+use crate::nats::publisher::{Publisher, ReadFrom, ReplayRecord};
 use crate::postgres::admin;
 use crate::postgres::table_snapshot::{Selection, TableSnapshot};
 use crate::settings::cli::ReplayArgs;
@@ -35,8 +35,61 @@ mod handover;
 
 /// Publishes awaiting their ack at most.
 const IN_FLIGHT: usize = 256;
-/// How often progress is printed.
+/// How often progress is printed and recorded.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// What a replay shows while it runs: a line on stderr each second, and the record
+/// `pgoutbox status` reads (`nats::publisher::replay_board`).
+struct Progress<'a> {
+    publisher: &'a Publisher,
+    id: &'a str,
+    total: u64,
+    started: Instant,
+    shown: Instant,
+}
+
+impl<'a> Progress<'a> {
+    /// Records the replay as running, none of its rows done yet.
+    async fn start(publisher: &'a Publisher, id: &'a str, total: u64) -> Progress<'a> {
+        let progress =
+            Progress { publisher, id, total, started: Instant::now(), shown: Instant::now() };
+        progress.record(0, 0.0, false).await;
+        progress
+    }
+
+    /// `done` rows of the selection are published or passed over; `line` says more on
+    /// stderr, given the pace.
+    async fn tick(&mut self, done: u64, line: impl FnOnce(f64) -> String) {
+        if self.shown.elapsed() < PROGRESS_EVERY {
+            return;
+        }
+        let pace = done as f64 / self.started.elapsed().as_secs_f64();
+        eprintln!("replay {}: {}", self.id, line(pace));
+        self.record(done, pace, false).await;
+        self.shown = Instant::now();
+    }
+
+    async fn finish(&self, done: u64) {
+        let pace = done as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+        self.record(done, pace, true).await;
+    }
+
+    /// Best effort: a replay does not stop because `status` cannot see it.
+    async fn record(&self, rows_done: u64, rows_per_second: f64, finished: bool) {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        let record = ReplayRecord {
+            replay_id: self.id.to_owned(),
+            rows: self.total,
+            rows_done,
+            rows_per_second,
+            updated_at: now,
+            finished,
+        };
+        if let Err(err) = self.publisher.record_replay(&record).await {
+            tracing::warn!(error = %err, "the replay's progress could not be recorded for status");
+        }
+    }
+}
 
 /// What a replay did.
 #[derive(Debug, Default)]
@@ -123,7 +176,9 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
                 .message_ids_since(since)
                 .await
                 .context("reading the ids inside the stream's duplicate window")?;
-            handover::hand_over(config, args, &client, &snapshot, &plan, in_window).await?
+            let progress = Progress::start(&publisher, &id, total).await;
+            handover::hand_over(config, args, &client, &snapshot, &plan, in_window, progress)
+                .await?
         }
     };
     snapshot.close().await;
@@ -237,7 +292,8 @@ async fn publish(
     });
     let mut in_flight: VecDeque<PublishAckFuture> = VecDeque::new();
     let mut tally = Tally::default();
-    let (started, mut printed, mut seen) = (Instant::now(), Instant::now(), 0u64);
+    let mut progress = Progress::start(publisher, id, *total).await;
+    let mut seen = 0u64;
     loop {
         let batch = rows
             .recv()
@@ -281,16 +337,13 @@ async fn publish(
             while in_flight.len() >= IN_FLIGHT {
                 settle(&mut in_flight, &mut tally).await?;
             }
-            if printed.elapsed() >= PROGRESS_EVERY {
-                let rate = seen as f64 / started.elapsed().as_secs_f64();
-                eprintln!("replay {id}: {seen} of {total} rows ({rate:.0} rows/s)");
-                printed = Instant::now();
-            }
+            progress.tick(seen, |pace| format!("{seen} of {total} rows ({pace:.0} rows/s)")).await;
         }
     }
     while !in_flight.is_empty() {
         settle(&mut in_flight, &mut tally).await?;
     }
+    progress.finish(seen).await;
     Ok(tally)
 }
 

@@ -7,13 +7,13 @@
 //! is known only to the running process, so it is read from its `/metrics`.
 
 use std::net::SocketAddr;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::nats::publisher::Publisher;
+use crate::nats::publisher::{Publisher, ReplayRecord};
 use crate::postgres::admin::{self, SlotState, WalStatus};
 use crate::service::telemetry;
 use crate::service::telemetry::names;
@@ -98,9 +98,12 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                 }
                 report["problems"] = json!(problems);
                 report["postgres"] = postgres_report(&client).await;
-                let (nats, stream) = nats_and_stream_report(config).await;
+                let (nats, stream, replay) = nats_and_stream_report(config).await;
                 report["nats"] = nats;
                 report["stream"] = stream;
+                if let Some(replay) = replay {
+                    report["replay"] = replay;
+                }
                 report["pgoutbox"] = process;
                 (report, health)
             }
@@ -168,10 +171,13 @@ async fn postgres_report(client: &tokio_postgres::Client) -> serde_json::Value {
     }
 }
 
-/// The nats-server's version and whether JetStream answered, and the stream's figures, or
-/// why they could not be read; never fails the command.
-async fn nats_and_stream_report(config: &Config) -> (serde_json::Value, serde_json::Value) {
-    let mut server = None;
+/// The nats-server's version and whether JetStream answered, the stream's figures, or why
+/// they could not be read, and the last `pgoutbox replay` into the stream; never fails the
+/// command.
+async fn nats_and_stream_report(
+    config: &Config,
+) -> (serde_json::Value, serde_json::Value, Option<serde_json::Value>) {
+    let (mut server, mut replay) = (None, None);
     let read = async {
         let client = crate::nats::connect::connect_nats(&config.nats).await?;
         let info = client.server_info();
@@ -184,6 +190,7 @@ async fn nats_and_stream_report(config: &Config) -> (serde_json::Value, serde_js
         let publisher = Publisher::new(client, &config.stream, Duration::from_secs(2));
         let info = publisher.stream_info().await?;
         let dead_letters = publisher.count_on_subject(&config.pipeline.dead_letter_subject).await?;
+        replay = publisher.last_replay().await.ok().flatten().map(replay_report);
         anyhow::Ok(json!({
             "dead_letters": dead_letters,
             "name": config.stream,
@@ -202,7 +209,28 @@ async fn nats_and_stream_report(config: &Config) -> (serde_json::Value, serde_js
     if stream.get("error").is_none() {
         nats["jetstream_answered"] = json!(true);
     }
-    (nats, stream)
+    (nats, stream, replay)
+}
+
+/// The last replay into the stream: running, finished, or stopped (killed, or waiting to be
+/// resumed) when its record is older than a few seconds.
+fn replay_report(record: ReplayRecord) -> serde_json::Value {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let age = now.saturating_sub(record.updated_at);
+    let state = match (record.finished, age) {
+        (true, _) => "finished".to_owned(),
+        (false, 0..=5) => "running".to_owned(),
+        (false, _) => format!("stopped: resume it with --replay-id {}", record.replay_id),
+    };
+    json!({
+        "replay_id": record.replay_id,
+        "state": state,
+        "rows": record.rows,
+        "rows_done": record.rows_done,
+        "rows_left": record.rows.saturating_sub(record.rows_done),
+        "rows_per_second": record.rows_per_second.round(),
+        "updated_seconds_ago": age,
+    })
 }
 
 /// The running process's view, from its `/metrics`; never fails the command.
@@ -290,6 +318,7 @@ fn table_lines(report: &serde_json::Value) -> Vec<String> {
     push("stream.", &report["stream"]);
     push("pgoutbox.", &report["pgoutbox"]);
     push("seed.", &report["seed"]);
+    push("replay.", &report["replay"]);
     if let Some(problems) = report["problems"].as_array() {
         for problem in problems {
             rows.push(("problem".into(), problem.as_str().unwrap_or_default().to_owned()));

@@ -19,7 +19,9 @@ use crate::nats::handshake::{Dialer, OpenError};
 use crate::nats::outbound::{self, Acks, Outbound};
 
 mod read_back;
+mod replay_board;
 pub use read_back::ReadFrom;
+pub use replay_board::ReplayRecord;
 
 /// Header carrying the row's [`Position`].
 pub const POSITION_HEADER: &str = "Pgoutbox-Position";

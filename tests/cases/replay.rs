@@ -34,6 +34,20 @@ async fn a_replay_killed_at_a_random_moment_resumes_and_stores_each_row_once() {
     let args = ["--created-from", "-infinity", "--replay-id", id.as_str()];
     let mut first = replay(&pg, &nats, &args);
     let js = jetstream(&nats.url()).await;
+    // status, pointed at the replay's stream, shows it running.
+    let replay_status = || {
+        let output = command(&pg, &nats).args(["--stream", "REPLAY", "status", "--json"]).output();
+        let report: serde_json::Value =
+            serde_json::from_slice(&output.expect("status runs").stdout).unwrap_or_default();
+        report["replay"].clone()
+    };
+    let running = eventually(Duration::from_secs(60), "status shows the replay", || async {
+        let replay = replay_status();
+        (replay["state"] == "running").then_some(replay)
+    })
+    .await;
+    assert_eq!(running["rows"], 100_000, "{running}");
+    assert!(running["rows_left"].as_u64().unwrap_or(0) > 0, "{running}");
     let kill_at = Lcg::from_time().between(1_000, 60_000);
     eventually(Duration::from_secs(60), "part of the replay stored", || async {
         (count(&js, "REPLAY").await >= kill_at).then_some(())
@@ -47,6 +61,8 @@ async fn a_replay_killed_at_a_random_moment_resumes_and_stores_each_row_once() {
     let status = resumed.wait_exit(Duration::from_secs(120));
     assert!(status.success(), "{}", resumed.log());
     assert!(resumed.log().contains("stored by this replay before"), "{}", resumed.log());
+    let finished = replay_status();
+    assert_eq!((&finished["state"], &finished["rows_left"]), (&"finished".into(), &0.into()));
     let context = format!("killed at {stored_when_killed}");
     assert_once_in_order(&read_all(&js, "REPLAY").await, 100_000, &context);
 }

@@ -16,23 +16,22 @@ use anyhow::Context;
 use tokio_postgres::Client;
 use tokio_postgres::types::PgLsn;
 
-use super::{Plan, Tally};
+use super::{Plan, Progress, Tally};
 use crate::domain::outbox::RowMapping;
 use crate::postgres::pgoutput::{ReplayFrame, ReplayedRow, replay_prefix};
 use crate::postgres::table_snapshot::TableSnapshot;
 use crate::settings::cli::ReplayArgs;
 use crate::settings::config::Config;
 
-/// Rows per transaction: large enough to cost little WAL and few round trips, small enough
-/// that the progress moves.
-const CHUNK: usize = 500;
+/// Rows per transaction: large enough to cost few round trips and commits (2,000 replayed
+/// 47,000 rows/s in the benchmark, 500 40,000), small enough that the progress moves.
+const CHUNK: usize = 2_000;
 /// Rows handed over and not yet confirmed, at most: the replay keeps pace with pgoutbox.
 const AHEAD: u64 = 20_000;
 /// How long the slot may have no pgoutbox streaming from it before the replay gives up
 /// waiting (a restart takes seconds).
 const INACTIVE_LIMIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
-const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// Where the slot stands.
 struct Slot<'a> {
@@ -111,6 +110,7 @@ pub(super) async fn hand_over(
     snapshot: &TableSnapshot,
     plan: &Plan,
     in_window: HashSet<String>,
+    mut progress: Progress<'_>,
 ) -> anyhow::Result<Tally> {
     let Plan { selection, id, done, total } = plan;
     prepare_session(client).await?;
@@ -128,10 +128,10 @@ pub(super) async fn hand_over(
     let (mut rows, _reader) = snapshot.read(selection);
     let mut tally = Tally::default();
     let mut chunk: Vec<Vec<u8>> = Vec::with_capacity(chunk_size);
-    // Each transaction handed over: where it ends, and how many rows it carried.
-    let mut handed: std::collections::VecDeque<(u64, u64)> = Default::default();
-    let (mut seen, mut handed_rows, mut published) = (0u64, 0u64, 0u64);
-    let (started, mut printed) = (Instant::now(), Instant::now());
+    // Each transaction handed over: where it ends, how many rows it carried, and how many
+    // rows of the selection were read up to its last.
+    let mut handed: std::collections::VecDeque<(u64, u64, u64)> = Default::default();
+    let (mut seen, mut handed_rows, mut published, mut done_up_to) = (0u64, 0u64, 0u64, 0u64);
     loop {
         let batch = rows
             .recv()
@@ -172,27 +172,27 @@ pub(super) async fn hand_over(
                 pace.tick().await;
             }
             let rows = chunk.len() as u64;
-            handed.push_back((emit(client, &prefix, &mut chunk).await?, rows));
+            handed.push_back((emit(client, &prefix, &mut chunk).await?, rows, seen));
             handed_rows += rows;
             // Keep at most AHEAD rows waiting for pgoutbox.
             loop {
                 let confirmed = slot.confirmed().await?;
-                while handed.front().is_some_and(|&(end, _)| end <= confirmed) {
-                    published += handed.pop_front().map_or(0, |(_, rows)| rows);
+                while let Some(&(_, rows, up_to)) = handed.front().filter(|h| h.0 <= confirmed) {
+                    (published, done_up_to) = (published + rows, up_to);
+                    handed.pop_front();
                 }
                 if handed_rows - published < AHEAD {
                     break;
                 }
                 tokio::time::sleep(POLL).await;
             }
-            if printed.elapsed() >= PROGRESS_EVERY {
-                let rate = published as f64 / started.elapsed().as_secs_f64();
-                eprintln!(
-                    "replay {id}: {published} rows published, {handed_rows} handed over, {seen} \
-                     of {total} read ({rate:.0} rows/s)"
-                );
-                printed = Instant::now();
-            }
+            let line = |pace: f64| {
+                format!(
+                    "{published} rows published, {handed_rows} handed over, {seen} of {total} \
+                     read ({pace:.0} rows/s)"
+                )
+            };
+            progress.tick(done_up_to, line).await;
         }
         if last_batch {
             break;
@@ -205,6 +205,7 @@ pub(super) async fn hand_over(
     handed_rows += rows;
     eprintln!("replay {id}: {handed_rows} rows handed over; waiting for pgoutbox to publish them");
     slot.wait_confirmed(end).await?;
+    progress.finish(*total).await;
     tally.stored = handed_rows;
     Ok(tally)
 }
