@@ -1,13 +1,13 @@
 //! `pgoutbox replay`: publishes chosen rows of the outbox table again, read from the table
 //! in one snapshot, in the seed's order (`postgres::table_snapshot`), each as the row's
-//! own message (subject, headers, `Nats-Msg-Id` = its id) plus `Pgoutbox-Replay: <id>`.
+//! message (subject, headers) plus `Pgoutbox-Replay: <id>`, under a `Nats-Msg-Id` of its
+//! own, `replay:<id>:<row id>` (`domain::seed::replay_id_prefix`): JetStream stores it even
+//! while the row's first message is in its duplicate window.
 //!
 //! A replay is resumable: each message carries the replay's id, and a replay started again
 //! with `--replay-id` reads which rows the stream holds under that id (headers only) and
-//! skips them, so a replay killed at any moment and resumed stores every row once. Rows
-//! JetStream still remembers in its duplicate window are answered as duplicates and not
-//! stored again; that is what makes a replay into a stream that already holds a row a
-//! no-op inside the window.
+//! skips them, so a replay killed at any moment and resumed stores every row once (a copy
+//! whose ack the kill lost is answered as a duplicate of itself).
 //!
 //! The stream's order belongs to the pgoutbox that writes it (its chain refuses a message
 //! written behind its back). So a replay into the stream a pgoutbox of this database is
@@ -21,13 +21,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use async_nats::jetstream::context::PublishAckFuture;
+use tokio::sync::mpsc::Receiver;
 
-use crate::domain::outbox::RowMapping;
-use crate::domain::seed::{REPLAY_HEADER, replay_started};
+use crate::domain::outbox::{OutboxEvent, RowMapping};
+use crate::domain::row::ColumnValue;
+use crate::domain::seed::{REPLAY_HEADER, replay_id_prefix, replay_started, row_id_of};
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::{Publisher, ReadFrom, ReplayRecord};
 use crate::postgres::admin;
-use crate::postgres::table_snapshot::{Selection, TableSnapshot};
+use crate::postgres::table_snapshot::{RowBatch, Selection, TableSnapshot};
 use crate::settings::cli::ReplayArgs;
 use crate::settings::config::Config;
 
@@ -95,7 +97,7 @@ impl<'a> Progress<'a> {
 #[derive(Debug, Default)]
 struct Tally {
     stored: u64,
-    /// Answered as duplicates: the stream's duplicate window still holds the id.
+    /// Answered as duplicates: stored by this replay before it was resumed, ack unseen.
     duplicates: u64,
     /// Stored by this replay before it was resumed.
     before: u64,
@@ -165,37 +167,32 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     let mut tally = match route {
         Route::Direct => publish(config, args, &publisher, &snapshot, &plan).await?,
         Route::Handover => {
-            // JetStream would drop these as duplicates, and each would cost pgoutbox a
-            // restart of its publishing: they are left out, and counted.
-            let window = publisher.stream_info().await?.config.duplicate_window;
-            let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-            // An id is forgotten up to a window after it expired (the server purges on a
-            // timer).
-            let since = since.saturating_sub(window * 2 + Duration::from_secs(1)).as_secs_f64();
-            let in_window = publisher
-                .message_ids_since(since)
-                .await
-                .context("reading the ids inside the stream's duplicate window")?;
             let progress = Progress::start(&publisher, &id, total).await;
-            handover::hand_over(config, args, &client, &snapshot, &plan, in_window, progress)
-                .await?
+            handover::hand_over(config, args, &client, &snapshot, &plan, progress).await?
         }
     };
     snapshot.close().await;
     if route == Route::Handover {
-        // What pgoutbox published, read back: a row it found in the duplicate window is
-        // not in it, nor is any row an older pgoutbox passed over.
+        // What pgoutbox published, read back: a pgoutbox older than this replay confirms
+        // past the rows without publishing them.
         let (stored, _) = publisher
             .row_ids(from, None, Some((REPLAY_HEADER, &id)))
             .await
             .context("reading back what this replay stored")?;
         let stored = stored.len().saturating_sub(before) as u64;
-        tally.duplicates += tally.stored.saturating_sub(stored);
+        if stored < tally.stored {
+            anyhow::bail!(
+                "replay {id}: {} rows were handed to pgoutbox and only {stored} are in the \
+                 stream: is the running pgoutbox older than this replay? Upgrade it and run \
+                 the replay again with --replay-id {id}",
+                tally.stored
+            );
+        }
         tally.stored = stored;
     }
     println!(
-        "replay {id}: {} stored, {} already in the stream's duplicate window, {} stored before \
-         the resume, {} cannot be published (see the warnings)",
+        "replay {id}: {} stored, {} already in the stream, {} stored before the resume, {} \
+         cannot be published (see the warnings)",
         tally.stored, tally.duplicates, tally.before, tally.unpublishable
     );
     Ok(())
@@ -254,6 +251,14 @@ async fn route(
             config.stream
         ),
         Claim::Ours { .. } => {
+            let seed = format!("{}_seed", config.slot);
+            if admin::slot_state(client, &seed).await?.is_some_and(|s| s.active) {
+                anyhow::bail!(
+                    "pgoutbox is seeding stream {} from the table (slot {seed}): replay once \
+                     the seed has finished (pgoutbox status shows it)",
+                    config.stream
+                );
+            }
             let live = admin::slot_state(client, &config.slot).await?.is_some_and(|s| s.active);
             Ok(if live { Route::Handover } else { Route::Direct })
         }
@@ -274,6 +279,41 @@ struct Plan {
     total: u64,
 }
 
+impl Plan {
+    /// The row's message, when the row is to go out: not stored by this replay before, and
+    /// publishable as it is now (else named on stderr). Each row left out is counted in
+    /// `tally`.
+    fn admit(
+        &self,
+        mapping: &RowMapping,
+        tuple: &[ColumnValue],
+        tally: &mut Tally,
+    ) -> Option<OutboxEvent> {
+        let row_id = mapping.row_id(tuple).unwrap_or_default();
+        let row_id = row_id_of(&row_id);
+        if self.done.contains(row_id) {
+            tally.before += 1;
+            return None;
+        }
+        match mapping.map(tuple) {
+            Ok(event) => Some(event),
+            Err(rejection) => {
+                tracing::warn!(id = %row_id, reason = %rejection.0,
+                    "the row still cannot be published; fix it and replay it again");
+                eprintln!("row {row_id:?} still cannot be published: {}", rejection.0);
+                tally.unpublishable += 1;
+                None
+            }
+        }
+    }
+}
+
+/// The table reader's next rows; none at the end.
+async fn next_rows(rows: &mut Receiver<RowBatch>) -> anyhow::Result<Vec<Vec<ColumnValue>>> {
+    let batch = rows.recv().await.context("the table reader stopped early")?;
+    batch.context("reading the rows to replay")
+}
+
 async fn publish(
     config: &Config,
     args: &ReplayArgs,
@@ -281,9 +321,10 @@ async fn publish(
     snapshot: &TableSnapshot,
     plan: &Plan,
 ) -> anyhow::Result<Tally> {
-    let Plan { selection, id, done, total } = plan;
+    let Plan { selection, id, total, .. } = plan;
     let roles = &config.pipeline.roles;
-    let mapping = RowMapping::new(snapshot.relation(), roles, &config.pipeline.template)?;
+    let mapping = RowMapping::new(snapshot.relation(), roles, &config.pipeline.template)?
+        .with_id_prefix(replay_id_prefix(id));
     let (mut rows, _reader) = snapshot.read(selection);
     let mut pace = args.rate.map(|rate| {
         let mut pace = tokio::time::interval(Duration::from_secs(1) / rate.get());
@@ -295,31 +336,13 @@ async fn publish(
     let mut progress = Progress::start(publisher, id, *total).await;
     let mut seen = 0u64;
     loop {
-        let batch = rows
-            .recv()
-            .await
-            .context("the table reader stopped early")?
-            .context("reading the rows to replay")?;
+        let batch = next_rows(&mut rows).await?;
         if batch.is_empty() {
             break;
         }
         for tuple in batch {
             seen += 1;
-            let row_id = mapping.row_id(&tuple).map(|id| id.into_owned()).unwrap_or_default();
-            if done.contains(&row_id) {
-                tally.before += 1;
-                continue;
-            }
-            let event = match mapping.map(&tuple) {
-                Ok(event) => event,
-                Err(rejection) => {
-                    tracing::warn!(id = %row_id, reason = %rejection.0,
-                        "the row still cannot be published; fix it and replay it again");
-                    eprintln!("row {row_id:?} still cannot be published: {}", rejection.0);
-                    tally.unpublishable += 1;
-                    continue;
-                }
-            };
+            let Some(event) = plan.admit(&mapping, &tuple, &mut tally) else { continue };
             if let Some(pace) = pace.as_mut() {
                 pace.tick().await;
             }

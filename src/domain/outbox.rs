@@ -202,6 +202,9 @@ pub struct RowMapping {
     /// Why no row of this version of the table can be published, when none can: it lacks a
     /// column the mapping needs that the table has today (it was added later).
     unusable: Option<String>,
+    /// Put before the id in `Nats-Msg-Id`: a replay's rows are messages of their own
+    /// (`crate::domain::seed::replay_id_prefix`); empty otherwise.
+    id_prefix: String,
 }
 
 impl RowMapping {
@@ -243,7 +246,14 @@ impl RowMapping {
             header_columns,
             subject,
             unusable: None,
+            id_prefix: String::new(),
         })
+    }
+
+    /// The same mapping, with `prefix` before every id it reads.
+    pub fn with_id_prefix(mut self, prefix: String) -> Self {
+        self.id_prefix = prefix;
+        self
     }
 
     /// A mapping for a version of the table that lacks a column the mapping needs, written
@@ -265,6 +275,7 @@ impl RowMapping {
                 "the row was written before column {:?} (the {}) was added to {}",
                 missing.column, missing.role, missing.table
             )),
+            id_prefix: String::new(),
         }
     }
 
@@ -280,13 +291,14 @@ impl RowMapping {
                 self.column_names.len()
             )));
         }
-        let id = self.text(tuple, self.id)?.to_owned();
-        if id.is_empty() || id.contains(['\r', '\n']) {
+        let text = self.text(tuple, self.id)?;
+        if text.is_empty() || text.contains(['\r', '\n']) {
             return Err(Rejection(format!(
                 "column {} is not a usable message id",
                 self.name(self.id)
             )));
         }
+        let id = format!("{}{text}", self.id_prefix);
         let mut subject = String::with_capacity(64);
         for part in &self.subject {
             match part {

@@ -18,10 +18,24 @@ pub fn replay_started(id: &str) -> Option<u64> {
     id.strip_prefix('r')?.parse().ok()
 }
 
+/// What a replay puts before a row's id in its `Nats-Msg-Id`: a replayed row is a message
+/// of its own, stored even while JetStream still holds the first one's id in its duplicate
+/// window, and the same in every run of one replay, so a resumed replay stores it once.
+pub fn replay_id_prefix(replay_id: &str) -> String {
+    format!("{REPLAY_ID_PREFIX}{replay_id}:")
+}
+
+const REPLAY_ID_PREFIX: &str = "replay:";
+
 /// The row a message was published from, by its `Nats-Msg-Id`: the id itself, or the id a
-/// dead letter is named after (a letter named by position names no row id).
+/// dead letter or a replay is named after (a letter named by position names no row id).
+/// A replay id has no `:` (`pgoutbox replay` checks it).
 pub fn row_id_of(msg_id: &str) -> &str {
-    msg_id.strip_prefix(DEAD_LETTER_ID_PREFIX).unwrap_or(msg_id)
+    let id = msg_id.strip_prefix(DEAD_LETTER_ID_PREFIX).unwrap_or(msg_id);
+    match id.strip_prefix(REPLAY_ID_PREFIX).and_then(|rest| rest.split_once(':')) {
+        Some((_, row)) => row,
+        None => id,
+    }
 }
 
 #[cfg(test)]
@@ -33,6 +47,15 @@ mod tests {
         assert_eq!(row_id_of("42"), "42");
         assert_eq!(row_id_of("dead-letter:42"), "42");
         assert_eq!(row_id_of("dead-letter:dead-letter:1"), "dead-letter:1");
+    }
+
+    #[test]
+    fn a_replayed_row_and_its_dead_letter_name_the_row() {
+        let msg_id = format!("{}7f0c:1", replay_id_prefix("r1764050000"));
+        assert_eq!(msg_id, "replay:r1764050000:7f0c:1");
+        assert_eq!(row_id_of(&msg_id), "7f0c:1");
+        assert_eq!(row_id_of(&format!("dead-letter:{msg_id}")), "7f0c:1");
+        assert_eq!(row_id_of("replay:"), "replay:", "no replay id: taken as it is");
     }
 
     #[test]

@@ -5,11 +5,10 @@
 use std::time::Duration;
 
 use crate::support::pgoutbox::Pgoutbox;
-use crate::support::stream::{audit, count, jetstream, read_all};
+use crate::support::stream::{audit, count, create_outbox_stream, jetstream, read_all};
 use crate::support::{
     Nats, Postgres, confirmed_flush, eventually, numbered_rows, wait_until_streaming,
 };
-use async_nats::jetstream::stream;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn replay_after_the_dedup_window_stores_nothing_twice() {
@@ -17,14 +16,7 @@ async fn replay_after_the_dedup_window_stores_nothing_twice() {
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let js = jetstream(&nats.url()).await;
-    js.create_stream(stream::Config {
-        name: "OUTBOX".into(),
-        subjects: vec!["outbox.*.*".into(), "outbox.dead_letter".into()],
-        duplicate_window: Duration::from_secs(1),
-        ..Default::default()
-    })
-    .await
-    .expect("create stream with a 1 s duplicate window");
+    create_outbox_stream(&js, Duration::from_secs(1)).await;
 
     let mut app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;

@@ -26,6 +26,19 @@ impl Stored {
     }
 }
 
+/// Creates the stream pgoutbox writes by default (`OUTBOX`) before pgoutbox does, with a
+/// short duplicate window, so that a test need not wait two minutes for ids to expire.
+pub async fn create_outbox_stream(js: &jetstream::Context, duplicate_window: Duration) {
+    js.create_stream(jetstream::stream::Config {
+        name: "OUTBOX".into(),
+        subjects: vec!["outbox.*.*".into(), "outbox.dead_letter".into()],
+        duplicate_window,
+        ..Default::default()
+    })
+    .await
+    .expect("create stream OUTBOX with a short duplicate window");
+}
+
 /// A client of the server (or comma-separated servers) at `nats_url`.
 pub async fn jetstream(nats_url: &str) -> jetstream::Context {
     let servers: Vec<async_nats::ServerAddr> =

@@ -9,14 +9,13 @@
 //! its id after a kill, first lets pgoutbox publish what the killed run handed over before
 //! it reads which rows the stream holds.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tokio_postgres::Client;
 use tokio_postgres::types::PgLsn;
 
-use super::{Plan, Progress, Tally};
+use super::{Plan, Progress, Tally, next_rows};
 use crate::domain::outbox::RowMapping;
 use crate::postgres::pgoutput::{ReplayFrame, ReplayedRow, replay_prefix};
 use crate::postgres::table_snapshot::TableSnapshot;
@@ -109,10 +108,9 @@ pub(super) async fn hand_over(
     client: &Client,
     snapshot: &TableSnapshot,
     plan: &Plan,
-    in_window: HashSet<String>,
     mut progress: Progress<'_>,
 ) -> anyhow::Result<Tally> {
-    let Plan { selection, id, done, total } = plan;
+    let Plan { selection, id, total, .. } = plan;
     prepare_session(client).await?;
     let mut slot = Slot { client, name: &config.slot, inactive_since: None };
     let prefix = replay_prefix(&config.slot);
@@ -133,28 +131,11 @@ pub(super) async fn hand_over(
     let mut handed: std::collections::VecDeque<(u64, u64, u64)> = Default::default();
     let (mut seen, mut handed_rows, mut published, mut done_up_to) = (0u64, 0u64, 0u64, 0u64);
     loop {
-        let batch = rows
-            .recv()
-            .await
-            .context("the table reader stopped early")?
-            .context("reading the rows to replay")?;
+        let batch = next_rows(&mut rows).await?;
         let last_batch = batch.is_empty();
         for tuple in batch {
             seen += 1;
-            let row_id = mapping.row_id(&tuple).map(|id| id.into_owned()).unwrap_or_default();
-            if done.contains(&row_id) {
-                tally.before += 1;
-                continue;
-            }
-            if in_window.contains(&row_id) {
-                tally.duplicates += 1;
-                continue;
-            }
-            if let Err(rejection) = mapping.map(&tuple) {
-                tracing::warn!(id = %row_id, reason = %rejection.0,
-                    "the row still cannot be published; fix it and replay it again");
-                eprintln!("row {row_id:?} still cannot be published: {}", rejection.0);
-                tally.unpublishable += 1;
+            if plan.admit(&mapping, &tuple, &mut tally).is_none() {
                 continue;
             }
             let row = ReplayedRow {

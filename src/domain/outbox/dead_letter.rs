@@ -117,9 +117,14 @@ enum Shape {
 }
 
 impl RowMapping {
-    /// The id column's text, however it reads: tells rows apart, not for publishing.
+    /// The id column's text, however it reads, after the mapping's id prefix: tells rows
+    /// apart, not for publishing.
     pub fn row_id<'t>(&self, tuple: &'t [ColumnValue]) -> Option<Cow<'t, str>> {
-        tuple.get(self.id).and_then(lossy_text)
+        let id = tuple.get(self.id).and_then(lossy_text)?;
+        match self.id_prefix.is_empty() {
+            true => Some(id),
+            false => Some(Cow::Owned(format!("{}{id}", self.id_prefix))),
+        }
     }
 
     /// The dead letter for `tuple` at `position`, refused for `rejection`, on `subject`, no

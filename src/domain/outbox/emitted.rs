@@ -60,6 +60,7 @@ impl RowMapping {
             header_columns,
             subject,
             unusable: None,
+            id_prefix: String::new(),
         }
     }
 

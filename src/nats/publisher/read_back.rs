@@ -30,35 +30,6 @@ impl Publisher {
         subject: Option<&str>,
         only: Option<(&str, &str)>,
     ) -> Result<(HashSet<String>, u64), PublisherError> {
-        let mut ids = HashSet::new();
-        let last = self
-            .read_message_ids(from, subject, only, |id| {
-                ids.insert(row_id_of(id).to_owned());
-            })
-            .await?;
-        Ok((ids, last))
-    }
-
-    /// The `Nats-Msg-Id`s of the messages stored since `seconds` (epoch): those JetStream
-    /// may still answer as duplicates.
-    pub async fn message_ids_since(&self, seconds: f64) -> Result<HashSet<String>, PublisherError> {
-        let mut ids = HashSet::new();
-        self.read_message_ids(ReadFrom::Time(seconds), None, None, |id| {
-            ids.insert(id.to_owned());
-        })
-        .await?;
-        Ok(ids)
-    }
-
-    /// Reads the `Nats-Msg-Id` of each message from `from` to the stream's end, headers
-    /// only, and answers the last sequence read.
-    async fn read_message_ids(
-        &self,
-        from: ReadFrom,
-        subject: Option<&str>,
-        only: Option<(&str, &str)>,
-        mut each: impl FnMut(&str),
-    ) -> Result<u64, PublisherError> {
         use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
         use futures_util::StreamExt;
         let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
@@ -86,7 +57,7 @@ impl Publisher {
         let mut consumer = stream.create_consumer(config).await.map_err(request_error)?;
         let mut left = consumer.info().await.map_err(request_error)?.num_pending;
         let mut messages = consumer.messages().await.map_err(request_error)?;
-        let mut last = 0;
+        let (mut ids, mut last) = (HashSet::new(), 0);
         while left > 0 {
             let message = match messages.next().await {
                 Some(message) => message.map_err(request_error)?,
@@ -102,10 +73,10 @@ impl Publisher {
                 continue;
             }
             if let Some(id) = header(MESSAGE_ID_HEADER) {
-                each(id);
+                ids.insert(row_id_of(id).to_owned());
             }
         }
-        Ok(last.max(end))
+        Ok((ids, last.max(end)))
     }
 
     /// The row ids in the dead letters on `subject` that left the payload out (as each

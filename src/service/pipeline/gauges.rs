@@ -42,6 +42,7 @@ impl Pipeline<'_> {
             let pace = self.memory.paces.seed.record(now, seed.done);
             self.metrics.seed_rows_per_second.set(pace);
         }
+        self.replay_ended();
         let pace = self.memory.paces.replay.record(now, self.memory.paces.replay_done);
         self.metrics.replay_rows_per_second.set(pace);
     }

@@ -11,18 +11,19 @@ use tracing::warn;
 use super::{Pipeline, lsn};
 use crate::domain::outbox::RowMapping;
 use crate::domain::progress::Position;
+use crate::domain::seed::replay_id_prefix;
 use crate::postgres::pgoutput::{DecodingMessage, Relation, ReplayFrame, ReplayedRow};
 use crate::service::error::PipelineError;
 
 /// The replayed rows of one attempt.
 #[derive(Default)]
 pub(super) struct Replays {
-    /// The mapping of the relation the last replayed row carried.
-    mapping: Option<(Relation, Arc<RowMapping>)>,
+    /// The mapping of the relation and replay of the last replayed row.
+    mapping: Option<(Relation, String, Arc<RowMapping>)>,
     /// Replayed rows sent and not yet acknowledged, oldest first.
     awaiting: VecDeque<Awaiting>,
-    /// A replay's end, decoded while its rows still await their acks: (total, total).
-    end: Option<(u64, u64)>,
+    /// A replay's end (its total), decoded while messages were still in flight.
+    end: Option<u64>,
 }
 
 struct Awaiting {
@@ -54,19 +55,19 @@ impl Replays {
         let row = self.awaiting.front().filter(|row| row.position == position)?;
         let progress = (row.index, row.total);
         self.awaiting.pop_front();
-        match self.awaiting.is_empty() {
-            true => self.end.take().or(Some(progress)),
-            false => Some(progress),
-        }
+        Some(progress)
     }
 
+    /// Each replayed row's `Nats-Msg-Id` names its replay (`replay_id_prefix`).
     fn mapping(
         &mut self,
         relation: &Relation,
+        replay_id: &str,
         pipeline: &crate::settings::config::PipelineConfig,
     ) -> Arc<RowMapping> {
-        if let Some((known, mapping)) = &self.mapping
+        if let Some((known, replay, mapping)) = &self.mapping
             && known == relation
+            && replay == replay_id
         {
             return Arc::clone(mapping);
         }
@@ -74,9 +75,10 @@ impl Replays {
         // A row that lacks a column this pgoutbox maps becomes a dead letter, never lost.
         let mapping = Arc::new(
             RowMapping::new(relation, roles, template)
-                .unwrap_or_else(|missing| RowMapping::unusable(relation, roles, &missing)),
+                .unwrap_or_else(|missing| RowMapping::unusable(relation, roles, &missing))
+                .with_id_prefix(replay_id_prefix(replay_id)),
         );
-        self.mapping = Some((relation.clone(), Arc::clone(&mapping)));
+        self.mapping = Some((relation.clone(), replay_id.to_owned(), Arc::clone(&mapping)));
         mapping
     }
 }
@@ -93,10 +95,8 @@ impl Pipeline<'_> {
         let row = match ReplayFrame::decode(&message.content) {
             Ok(ReplayFrame::Row(row)) => row,
             Ok(ReplayFrame::End { total, .. }) => {
-                match self.replays.awaiting.is_empty() {
-                    true => self.replay_progress(total, total),
-                    false => self.replays.end = Some((total, total)),
-                }
+                self.replays.end = Some(total);
+                self.replay_ended();
                 return Ok(());
             }
             Err(err) => {
@@ -108,10 +108,21 @@ impl Pipeline<'_> {
             }
         };
         let position = self.next_position("replayed row outside a transaction")?;
-        let mapping = self.replays.mapping(&row.relation, self.config);
+        let mapping = self.replays.mapping(&row.relation, &row.replay_id, self.config);
         let ReplayedRow { replay_id, index, total, tuple, .. } = row;
         self.replays.awaiting.push_back(Awaiting { position, replay_id, index, total });
         self.on_row(mapping, tuple, position, None).await
+    }
+
+    /// A replay's end counts once every message sent before it is acknowledged: all its
+    /// rows are in the stream then (rows left in `awaiting` were skipped, no ack comes).
+    pub(super) fn replay_ended(&mut self) {
+        if self.protocol.in_flight() == 0
+            && let Some(total) = self.replays.end.take()
+        {
+            self.replays.awaiting.clear();
+            self.replay_progress(total, total);
+        }
     }
 
     /// The replayed rows up to `index` of `total` are in the stream.
@@ -119,5 +130,42 @@ impl Pipeline<'_> {
         self.memory.paces.replay_done = index;
         self.metrics.replay_rows.set(total as f64);
         self.metrics.replay_rows_done.set(index as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(index: u32) -> Position {
+        Position { commit_lsn: 0x100, index }
+    }
+
+    fn awaiting(index: u32) -> Awaiting {
+        let (position, replay_id) = (at(index), "r1".to_owned());
+        Awaiting { position, replay_id, index: u64::from(index) + 1, total: 10 }
+    }
+
+    #[test]
+    fn an_ack_counts_its_row_and_passes_the_rows_skipped_before_it() {
+        let mut replays = Replays::default();
+        replays.awaiting.extend([awaiting(0), awaiting(1), awaiting(2)]);
+        assert!(replays.is_replayed(at(2)));
+        assert_eq!(replays.acknowledged(at(1)), Some((2, 10)));
+        assert!(
+            !replays.is_replayed(at(0)),
+            "a row skipped before an acknowledged one is forgotten"
+        );
+        assert_eq!(replays.acknowledged(at(5)), None, "a row that is no replay counts nothing");
+        assert!(replays.awaiting.is_empty());
+    }
+
+    #[test]
+    fn only_the_row_being_sent_is_marked_with_its_replay() {
+        let mut replays = Replays::default();
+        replays.awaiting.extend([awaiting(0), awaiting(1)]);
+        assert_eq!(replays.id_at(at(1)), Some("r1"));
+        assert_eq!(replays.id_at(at(0)), None);
+        assert_eq!(replays.id_at(at(2)), None);
     }
 }
