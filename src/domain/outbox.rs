@@ -203,7 +203,7 @@ pub struct RowMapping {
     /// column the mapping needs that the table has today (it was added later).
     unusable: Option<String>,
     /// Put before the id in `Nats-Msg-Id`: a replay's rows are messages of their own
-    /// (`crate::domain::seed::replay_id_prefix`); empty otherwise.
+    /// (`replay_id_prefix` in domain/seed.rs); empty otherwise.
     id_prefix: String,
 }
 
