@@ -112,12 +112,14 @@ fn describe() {
             "Rows a seed from the table reads (--recover, --backfill); 0: none runs.",
         ),
         (names::SEED_ROWS_DONE, "Of those, rows published or found in the stream already."),
+        (names::SEED_ROWS_LEFT, "Of those, rows still to read."),
         (names::SEED_ROWS_PER_SECOND, "The seed's rows per second over the last 10 s."),
         (
             names::REPLAY_ROWS,
             "Rows the last pgoutbox replay into this stream hands over through the WAL; 0: none.",
         ),
         (names::REPLAY_ROWS_DONE, "Of those, rows JetStream acknowledged."),
+        (names::REPLAY_ROWS_LEFT, "Of those, rows not acknowledged yet."),
         (names::REPLAY_ROWS_PER_SECOND, "The replay's rows per second over the last 10 s."),
         (
             names::POSTGRES_INFO,
@@ -138,9 +140,11 @@ fn describe() {
         names::STALLED,
         names::SEED_ROWS,
         names::SEED_ROWS_DONE,
+        names::SEED_ROWS_LEFT,
         names::SEED_ROWS_PER_SECOND,
         names::REPLAY_ROWS,
         names::REPLAY_ROWS_DONE,
+        names::REPLAY_ROWS_LEFT,
         names::REPLAY_ROWS_PER_SECOND,
     ] {
         gauge!(name).set(0.0);
@@ -204,9 +208,11 @@ pub struct Metrics {
     pub confirmed_lsn: Gauge,
     pub replication_lag_bytes: Gauge,
     pub seed_rows_done: Gauge,
+    pub seed_rows_left: Gauge,
     pub seed_rows_per_second: Gauge,
     pub replay_rows: Gauge,
     pub replay_rows_done: Gauge,
+    pub replay_rows_left: Gauge,
     pub replay_rows_per_second: Gauge,
     pub replayed_rows_unreadable: Counter,
     pub commit_to_ack: Histogram,
@@ -228,9 +234,11 @@ impl Metrics {
             confirmed_lsn: gauge!(names::CONFIRMED_LSN),
             replication_lag_bytes: gauge!(names::REPLICATION_LAG_BYTES),
             seed_rows_done: gauge!(names::SEED_ROWS_DONE),
+            seed_rows_left: gauge!(names::SEED_ROWS_LEFT),
             seed_rows_per_second: gauge!(names::SEED_ROWS_PER_SECOND),
             replay_rows: gauge!(names::REPLAY_ROWS),
             replay_rows_done: gauge!(names::REPLAY_ROWS_DONE),
+            replay_rows_left: gauge!(names::REPLAY_ROWS_LEFT),
             replay_rows_per_second: gauge!(names::REPLAY_ROWS_PER_SECOND),
             replayed_rows_unreadable: counter!(names::REPLAYED_ROWS_UNREADABLE),
             commit_to_ack: histogram!(names::COMMIT_TO_ACK),
@@ -244,6 +252,7 @@ impl Metrics {
     pub fn seed_rows(total: u64) {
         gauge!(names::SEED_ROWS).set(total as f64);
         gauge!(names::SEED_ROWS_DONE).set(0.0);
+        gauge!(names::SEED_ROWS_LEFT).set(total as f64);
     }
 
     /// A publish that was not acknowledged, by kind (timeout, refused, ...).

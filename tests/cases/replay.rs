@@ -193,4 +193,5 @@ async fn a_replay_into_the_live_stream_survives_kill9_of_itself_and_of_pgoutbox(
     assert_eq!(msg_id, format!("replay:{id}:{}", live[7].header("Nats-Msg-Id").unwrap_or("?")));
     let port = app.http_port();
     assert_eq!(metric(port, "pgoutbox_replay_rows_done "), metric(port, "pgoutbox_replay_rows "));
+    assert_eq!(metric(port, "pgoutbox_replay_rows_left "), Some(0.0));
 }

@@ -25,6 +25,9 @@ use crate::settings::config::Config;
 /// Rows per transaction: large enough to cost few round trips and commits (2,000 replayed
 /// 47,000 rows/s in the benchmark, 500 40,000), small enough that the progress moves.
 const CHUNK: usize = 2_000;
+/// Bytes of frames per transaction, at most, whatever the rows weigh: a chunk is held in
+/// memory until it is committed.
+const CHUNK_BYTES: usize = 8 << 20;
 /// Rows handed over and not yet confirmed, at most: the replay keeps pace with pgoutbox.
 const AHEAD: u64 = 20_000;
 /// How long the slot may have no pgoutbox streaming from it before the replay gives up
@@ -125,7 +128,7 @@ pub(super) async fn hand_over(
     });
     let (mut rows, _reader) = snapshot.read(selection);
     let mut tally = Tally::default();
-    let mut chunk: Vec<Vec<u8>> = Vec::with_capacity(chunk_size);
+    let (mut chunk, mut chunk_bytes): (Vec<Vec<u8>>, usize) = (Vec::new(), 0);
     // Each transaction handed over: where it ends, how many rows it carried, and how many
     // rows of the selection were read up to its last.
     let mut handed: std::collections::VecDeque<(u64, u64, u64)> = Default::default();
@@ -145,10 +148,13 @@ pub(super) async fn hand_over(
                 relation: relation.clone(),
                 tuple,
             };
-            chunk.push(ReplayFrame::Row(row).encode());
-            if chunk.len() < chunk_size {
+            let frame = ReplayFrame::Row(row).encode();
+            chunk_bytes += frame.len();
+            chunk.push(frame);
+            if chunk.len() < chunk_size && chunk_bytes < CHUNK_BYTES {
                 continue;
             }
+            chunk_bytes = 0;
             if let Some(pace) = pace.as_mut() {
                 pace.tick().await;
             }

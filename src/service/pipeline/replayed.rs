@@ -130,6 +130,7 @@ impl Pipeline<'_> {
         self.memory.paces.replay_done = index;
         self.metrics.replay_rows.set(total as f64);
         self.metrics.replay_rows_done.set(index as f64);
+        self.metrics.replay_rows_left.set(total.saturating_sub(index) as f64);
     }
 }
 

@@ -21,6 +21,7 @@ impl Pipeline<'_> {
         if let Some(seed) = self.memory.seed.as_mut() {
             seed.done += 1;
             self.metrics.seed_rows_done.set(seed.done as f64);
+            self.metrics.seed_rows_left.set(seed.total.saturating_sub(seed.done) as f64);
             if seed.holds(mapping.row_id(&tuple).as_deref()) {
                 return Ok(());
             }

@@ -36,10 +36,12 @@ pub const NATS_INFO: &str = "pgoutbox_nats_info";
 /// of them were published or found in the stream already; both 0 when none runs.
 pub const SEED_ROWS: &str = "pgoutbox_seed_rows";
 pub const SEED_ROWS_DONE: &str = "pgoutbox_seed_rows_done";
+pub const SEED_ROWS_LEFT: &str = "pgoutbox_seed_rows_left";
 pub const SEED_ROWS_PER_SECOND: &str = "pgoutbox_seed_rows_per_second";
 /// A replay handed over through the WAL (`pgoutbox replay` into the live stream): the
 /// rows it hands over, how many of them JetStream acknowledged, and the pace.
 pub const REPLAY_ROWS: &str = "pgoutbox_replay_rows";
 pub const REPLAY_ROWS_DONE: &str = "pgoutbox_replay_rows_done";
+pub const REPLAY_ROWS_LEFT: &str = "pgoutbox_replay_rows_left";
 pub const REPLAY_ROWS_PER_SECOND: &str = "pgoutbox_replay_rows_per_second";
 pub const REPLAYED_ROWS_UNREADABLE: &str = "pgoutbox_replayed_rows_unreadable_total";
