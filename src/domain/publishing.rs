@@ -11,18 +11,30 @@
 //! connection, attempt or process wrote either of them. A paused server executes what was
 //! already in its sockets, so a connection pgoutbox gave up on can still write after the
 //! next attempt read the stream's tail, after it published the same rows again, or never.
-//! Each message therefore names its predecessor, not a place:
+//! Each message therefore names its predecessor, and the place it expects it at:
 //! - the first message of an attempt carries `Nats-Expected-Last-Sequence` = the sequence of
 //!   the stream's tail that the attempt read and skipped through (the *anchor*), and
 //!   `Pgoutbox-Chain: anchor`;
 //! - every later one carries `Nats-Expected-Last-Msg-Id` = the `Nats-Msg-Id` of the message
-//!   sent before it.
+//!   sent before it, and `Nats-Expected-Last-Sequence` = the sequence that message takes
+//!   when everything sent before it is stored.
 //!
-//! A sequence guard on every message would name a place computed by each writer on its
-//! own: two attempts that learned of a duplicate at different moments compute different
+//! Either guard alone loses rows. A sequence alone names a place computed by each writer on
+//! its own: two attempts that learned of a duplicate at different moments compute different
 //! places for the same row, and a late write lands in a hole (issue 21's lost rows). An id
-//! guard states the rule itself. The anchor is a sequence because the server forgets the
-//! last message id when it restarts and the tail is older than the duplicate window.
+//! alone is ambiguous once ids repeat: behind a row whose id an older message has (a table
+//! truncated with its sequence restarted), the next row's guard also matches that older
+//! message, and it was stored behind the refused duplicates (issue 28, F1). Both together
+//! hold a message to one place behind one predecessor. The anchor is a sequence only
+//! because the server forgets the last message id when it restarts.
+//!
+//! # The send window
+//! A message answered as a duplicate takes no place, so everything in flight behind it is
+//! refused and the attempt ends. After such an answer the protocol sends one message at a
+//! time ([`Publishing::send_limit`]), growing by one per message stored (doubling each round
+//! trip, as TCP's slow start): alone in flight, a collision's dead letter goes in its place
+//! at once and the attempt goes on, so a run of reused ids costs round trips, not
+//! reconnections.
 //!
 //! # Answers
 //! - stored: in place behind its predecessor;
@@ -37,8 +49,9 @@
 //!     is the stream's last, else refused, which ends the attempt; the next attempt skips the
 //!     duplicate (see [`Duplicates`]) and anchors behind the tail;
 //!   - another row with the same id (a table truncated with its sequence restarted, a
-//!     restored backup): a collision, not a publish. The attempt ends, nothing past the row
-//!     is confirmed, and the caller publishes a dead letter in its place next time;
+//!     restored backup): a collision, not a publish. Alone in flight, the caller publishes
+//!     the row's dead letter in its place at once ([`Outcome::Collision`]); else the attempt
+//!     ends, nothing past the row is confirmed, and the dead letter goes first next time;
 //! - refused or unanswered: end the attempt; nothing past it was confirmed, so the slot
 //!   sends it again.
 //!
@@ -50,7 +63,7 @@
 //! and timeline (a restored volume snapshot): [`TailNotInWal`] ends the attempt, and the
 //! next one skips nothing.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
 use crate::domain::progress::{LsnTracker, Position, Timing};
 use crate::domain::source::TailRow;
@@ -65,22 +78,20 @@ pub const CHAIN_HEADER: &str = "Pgoutbox-Chain";
 pub const CHAIN_ANCHOR: &str = "anchor";
 
 /// What a message is chained to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Guard {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Guard<'a> {
     /// Stored only if the stream's last sequence is this one.
-    LastSequence(u64),
-    /// Stored only if the stream's last message has this `Nats-Msg-Id`.
-    LastMsgId(String),
+    pub last_sequence: u64,
+    /// Stored only if the stream's last message has this `Nats-Msg-Id`; `None` for the
+    /// anchor.
+    pub last_msg_id: Option<&'a str>,
 }
 
-impl Guard {
-    /// How many bytes its header line takes, at most.
+impl Guard<'_> {
+    /// How many bytes its header lines take, at most.
     pub fn header_bytes(&self) -> usize {
-        let value = match self {
-            Guard::LastSequence(_) => 20,
-            Guard::LastMsgId(id) => id.len(),
-        };
-        EXPECTED_LAST_MSG_ID_HEADER.len() + CHAIN_HEADER.len() + CHAIN_ANCHOR.len() + value + 8
+        let id = self.last_msg_id.map_or(CHAIN_HEADER.len() + CHAIN_ANCHOR.len(), str::len);
+        EXPECTED_LAST_SEQUENCE_HEADER.len() + 20 + EXPECTED_LAST_MSG_ID_HEADER.len() + id + 8
     }
 }
 
@@ -110,6 +121,10 @@ pub enum Outcome {
     },
     /// The older message with this id is this very row, stored before: it took no place.
     Replayed,
+    /// The older message with this id is another row's, and nothing else is in flight: the
+    /// caller sends the row's dead letter next, in its place ([`Publishing::on_sent`] takes
+    /// it as the row's message, answered by the letter's answer).
+    Collision,
     /// The message is not known to be stored: the attempt must end.
     EndAttempt,
 }
@@ -147,6 +162,20 @@ impl Duplicates {
     /// Forgets the seed's rows: a new snapshot numbers its rows anew.
     pub fn forget_seed(&mut self) {
         self.0.retain(|position| position.commit_lsn != 0);
+    }
+}
+
+/// What one attempt hands the next.
+#[derive(Debug, Clone)]
+pub struct Carried {
+    pub duplicates: Duplicates,
+    /// The send window: an attempt ended by a duplicate starts the next one at one.
+    pub send_limit: usize,
+}
+
+impl Default for Carried {
+    fn default() -> Carried {
+        Carried { duplicates: Duplicates::default(), send_limit: usize::MAX }
     }
 }
 
@@ -190,14 +219,21 @@ pub struct Publishing {
     /// The tail's row, while the slot has yet to send it again: nothing is confirmed.
     unverified: Option<TailRow>,
     duplicates: Duplicates,
-    /// The guard of the next message sent.
-    next_guard: Guard,
     /// The sequence of the last message known to be in place: the anchor's at first.
     stream_end: u64,
+    /// Its `Nats-Msg-Id`; `None` while that is the anchor.
+    in_place_id: Option<String>,
+    /// The ids of the messages in flight, oldest first.
+    in_flight_ids: VecDeque<String>,
+    /// A collision's dead letter is sent next, in the row's place.
+    replacing: bool,
+    /// How many messages may be in flight (see "The send window").
+    send_limit: usize,
 }
 
 impl Publishing {
-    pub fn new(start: Start, mut duplicates: Duplicates) -> Publishing {
+    pub fn new(start: Start, carried: Carried) -> Publishing {
+        let Carried { mut duplicates, send_limit } = carried;
         duplicates.forget_below(start.lsn);
         // A tail committed before the slot's position is never sent again, and every row
         // that is lies past it: nothing is skipped, nothing to check.
@@ -207,8 +243,11 @@ impl Publishing {
             skip_through: unverified.as_ref().map(|tail| tail.position),
             unverified,
             duplicates,
-            next_guard: Guard::LastSequence(start.stream_sequence),
             stream_end: start.stream_sequence,
+            in_place_id: None,
+            in_flight_ids: VecDeque::new(),
+            replacing: false,
+            send_limit,
         }
     }
 
@@ -232,15 +271,26 @@ impl Publishing {
     }
 
     /// The guard to publish the next message with.
-    pub fn guard(&self) -> &Guard {
-        &self.next_guard
+    pub fn guard(&self) -> Guard<'_> {
+        let previous = self.in_flight_ids.back().or(self.in_place_id.as_ref());
+        Guard {
+            last_sequence: self.stream_end + self.in_flight_ids.len() as u64,
+            last_msg_id: previous.map(String::as_str),
+        }
+    }
+
+    /// How many messages may be in flight now.
+    pub fn send_limit(&self) -> usize {
+        self.send_limit
     }
 
     /// The message with `Nats-Msg-Id` `id` was handed to JetStream with [`Self::guard`];
     /// the next one is chained to it.
     pub fn on_sent(&mut self, id: String) {
-        self.tracker.on_sent();
-        self.next_guard = Guard::LastMsgId(id);
+        if !std::mem::take(&mut self.replacing) {
+            self.tracker.on_sent();
+        }
+        self.in_flight_ids.push_back(id);
     }
 
     /// JetStream's answer to the oldest message in flight.
@@ -248,16 +298,25 @@ impl Publishing {
         let outcome = match answer {
             Answer::Stored { sequence } => {
                 self.stream_end = sequence;
+                self.send_limit = self.send_limit.saturating_add(1);
                 Outcome::Stored
             }
             Answer::Duplicate { sequence } if sequence == self.stream_end + 1 => {
                 self.stream_end = sequence;
                 Outcome::AlreadyInPlace
             }
-            Answer::Duplicate { sequence: 0 } | Answer::NotStored => Outcome::EndAttempt,
+            Answer::Duplicate { sequence: 0 } => {
+                // A replicated stream holds the id staged for a refused publish until the
+                // duplicate window ends (nats-server 2.10, 2.11); a message behind it that
+                // reuses its id and is refused too stages it again, for ever: one at a time.
+                self.send_limit = 1;
+                Outcome::EndAttempt
+            }
+            Answer::NotStored => Outcome::EndAttempt,
             Answer::Duplicate { sequence } => Outcome::CheckDuplicate { sequence },
         };
         if outcome.is_done() {
+            self.in_place_id = self.in_flight_ids.pop_front();
             self.tracker.on_acked();
         }
         outcome
@@ -265,14 +324,23 @@ impl Publishing {
 
     /// After [`Outcome::CheckDuplicate`] for the oldest message, the row at `position`:
     /// whether the older message with its id was written from this very position of this
-    /// source (a replay) or by another row (a collision, which ends the attempt).
+    /// source (a replay, which takes no place) or by another row (a collision).
     pub fn on_duplicate_origin(&mut self, position: Position, same_row: bool) -> Outcome {
-        if !same_row {
+        // Whatever is in flight behind it expects it in place, and is refused.
+        self.send_limit = 1;
+        let alone = self.in_flight_ids.len() == 1;
+        if same_row {
+            self.duplicates.insert(position);
+            self.in_flight_ids.pop_front();
+            self.tracker.on_acked();
+            return Outcome::Replayed;
+        }
+        if !alone {
             return Outcome::EndAttempt;
         }
-        self.duplicates.insert(position);
-        self.tracker.on_acked();
-        Outcome::Replayed
+        self.in_flight_ids.pop_front();
+        self.replacing = true;
+        Outcome::Collision
     }
 
     /// A transaction ended at `end_lsn`.
@@ -318,8 +386,9 @@ impl Publishing {
     }
 
     /// What the next attempt must know, taken when this one ends.
-    pub fn take_duplicates(&mut self) -> Duplicates {
-        std::mem::take(&mut self.duplicates)
+    pub fn take_carried(&mut self) -> Carried {
+        let duplicates = std::mem::take(&mut self.duplicates);
+        Carried { duplicates, send_limit: self.send_limit }
     }
 }
 
@@ -336,17 +405,17 @@ mod tests {
 
     fn start(stream_sequence: u64) -> Publishing {
         let start = Start { lsn: 0, stream_sequence, skip_through: None };
-        Publishing::new(start, Duplicates::default())
+        Publishing::new(start, Carried::default())
     }
 
     #[test]
-    fn the_first_message_is_anchored_by_sequence_and_the_rest_chained_by_id() {
+    fn the_first_message_is_anchored_by_sequence_and_the_rest_chained_by_id_and_sequence() {
         let mut p = start(41);
-        assert_eq!(p.guard(), &Guard::LastSequence(41));
+        assert_eq!(p.guard(), Guard { last_sequence: 41, last_msg_id: None });
         p.on_sent("a".into());
-        assert_eq!(p.guard(), &Guard::LastMsgId("a".into()));
+        assert_eq!(p.guard(), Guard { last_sequence: 42, last_msg_id: Some("a") });
         p.on_sent("b".into());
-        assert_eq!(p.guard(), &Guard::LastMsgId("b".into()));
+        assert_eq!(p.guard(), Guard { last_sequence: 43, last_msg_id: Some("b") });
     }
 
     #[test]
@@ -373,7 +442,7 @@ mod tests {
         assert_eq!(p.on_answer(Answer::NotStored), Outcome::EndAttempt);
         let next = Publishing::new(
             Start { lsn: 5, stream_sequence: 41, skip_through: None },
-            p.take_duplicates(),
+            p.take_carried(),
         );
         let mut next = next;
         assert_eq!(next.on_row(at(5), None), Ok(RowStep::Skip));
@@ -383,15 +452,16 @@ mod tests {
     #[test]
     fn a_collision_is_never_counted_as_published() {
         let mut p = start(41);
+        p.on_sent("z".into());
         p.on_sent("a".into());
         p.on_commit(10, Timing { committed: 0, received: 0 }).unwrap();
         let outcome = p.on_answer(Answer::Duplicate { sequence: 7 });
         assert_eq!(outcome, Outcome::CheckDuplicate { sequence: 7 });
-        assert_eq!(p.on_duplicate_origin(at(5), false), Outcome::EndAttempt);
+        assert_eq!(p.on_duplicate_origin(at(5), false), Outcome::EndAttempt, "z is in flight");
         assert_eq!(p.confirmed(), 0, "confirmed past a row that is not in the stream");
         let next = Publishing::new(
             Start { lsn: 0, stream_sequence: 41, skip_through: None },
-            p.take_duplicates(),
+            p.take_carried(),
         );
         let mut next = next;
         let step = next.on_row(at(5), None);
@@ -413,7 +483,7 @@ mod tests {
 
     fn from_tail(lsn: u64, tail: Position) -> Publishing {
         let skip_through = Some(TailRow { position: tail, msg_id: "t".into() });
-        Publishing::new(Start { lsn, stream_sequence: 9, skip_through }, Duplicates::default())
+        Publishing::new(Start { lsn, stream_sequence: 9, skip_through }, Carried::default())
     }
 
     #[test]
@@ -457,5 +527,45 @@ mod tests {
         let mut p = from_tail(10, Position { commit_lsn: 5, index: 2 });
         assert_eq!(p.on_row(Position { commit_lsn: 12, index: 0 }, None), Ok(RowStep::Publish));
         assert_eq!(p.on_keepalive(20), Ok(()));
+    }
+
+    #[test]
+    fn a_collision_alone_in_flight_is_replaced_by_its_letter_in_place() {
+        let mut p = start(41);
+        p.on_sent("a".into());
+        assert_eq!(p.on_answer(Answer::Stored { sequence: 42 }), Outcome::Stored);
+        p.on_sent("b".into());
+        p.on_commit(10, NO_TIMING).unwrap();
+        assert_eq!(
+            p.on_answer(Answer::Duplicate { sequence: 7 }),
+            Outcome::CheckDuplicate { sequence: 7 }
+        );
+        assert_eq!(p.on_duplicate_origin(at(5), false), Outcome::Collision);
+        assert_eq!(p.send_limit(), 1, "one at a time after a duplicate");
+        assert_eq!(
+            p.guard(),
+            Guard { last_sequence: 42, last_msg_id: Some("a") },
+            "the letter goes where b would have"
+        );
+        p.on_sent("letter-b".into());
+        assert_eq!(p.confirmed(), 0, "confirmed before the letter was stored");
+        assert_eq!(p.on_answer(Answer::Stored { sequence: 43 }), Outcome::Stored);
+        assert_eq!(p.confirmed(), 10);
+        assert_eq!(p.send_limit(), 2, "the window grows by one per message stored");
+        assert_eq!(p.guard(), Guard { last_sequence: 43, last_msg_id: Some("letter-b") });
+    }
+
+    #[test]
+    fn the_send_window_is_carried_to_the_next_attempt() {
+        let mut p = start(41);
+        p.on_sent("a".into());
+        p.on_sent("b".into());
+        p.on_answer(Answer::Duplicate { sequence: 7 });
+        assert_eq!(p.on_duplicate_origin(at(5), false), Outcome::EndAttempt);
+        let next = Publishing::new(
+            Start { lsn: 0, stream_sequence: 41, skip_through: None },
+            p.take_carried(),
+        );
+        assert_eq!(next.send_limit(), 1);
     }
 }

@@ -61,6 +61,13 @@ const MIN_STATUS_GAP: Duration = Duration::from_millis(10);
 /// How long a shutdown waits for acks of messages already sent.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A row as it was decoded, kept while its message is in flight.
+struct SentRow {
+    mapping: Arc<RowMapping>,
+    tuple: Vec<ColumnValue>,
+    position: Position,
+}
+
 struct Transaction {
     commit_lsn: u64,
     next_index: u32,
@@ -102,6 +109,8 @@ pub struct Pipeline<'a> {
     nats_disconnects: tokio::sync::watch::Receiver<u64>,
     /// A decoded row could not be handed to NATS: it waits for the next attempt.
     unsent_row: bool,
+    /// The row of the newest message sent.
+    last_sent: Option<SentRow>,
     /// Acks since `Progress` was last told: the stall detector counts them as progress.
     acks_unrecorded: u64,
     /// Becomes `Some(why)` when the path to Postgres is found dead (see `liveness`).
@@ -138,12 +147,13 @@ impl<'a> Pipeline<'a> {
             stream_sequence: resume.stream_sequence,
             skip_through: resume.skip_through,
         };
-        let protocol = Publishing::new(start, std::mem::take(&mut memory.duplicates));
+        let protocol = Publishing::new(start, std::mem::take(&mut memory.carried));
         let mut nats_disconnects = memory.nats_disconnects.clone();
         nats_disconnects.mark_unchanged();
         Pipeline {
             nats_disconnects,
             unsent_row: false,
+            last_sent: None,
             acks_unrecorded: 0,
             postgres_dead,
             config,
@@ -180,7 +190,7 @@ impl<'a> Pipeline<'a> {
         let result = self.stream(shutdown).await;
         // Best effort: report what is safe, whatever happened.
         let _ = self.send_status(false).await;
-        self.memory.duplicates = self.protocol.take_duplicates();
+        self.memory.carried = self.protocol.take_carried();
         // Messages sent and not acknowledged, or a row that could not even be sent, wait for
         // the next attempt; a lost connection with nothing in flight leaves nothing waiting.
         self.record_progress(self.unsent_row || self.protocol.in_flight() > 0);
@@ -216,8 +226,9 @@ impl<'a> Pipeline<'a> {
                 confirm_armed = true;
             }
             let unsent_room = self.outbound.has_room();
-            let room = unsent_room
-                && self.in_flight.has_room(MAX_IN_FLIGHT, self.config.max_in_flight_bytes);
+            let most = MAX_IN_FLIGHT.min(self.protocol.send_limit());
+            let room =
+                unsent_room && self.in_flight.has_room(most, self.config.max_in_flight_bytes);
             tokio::select! {
                 biased;
                 interruption = interruptions.next() => match interruption {
@@ -415,36 +426,33 @@ impl<'a> Pipeline<'a> {
             Err(err) => return Err(self.tail_not_in_wal(err)),
         }
         let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
-            Some(refused) => refused,
+            Some(refused) => Some(refused),
             None => match mapping.map(&tuple) {
                 Ok(event) => match self.dispatch(event, position) {
                     Ok(()) => {
                         self.memory.published += 1;
-                        return Ok(());
+                        None
                     }
                     Err(err) => match refused_for_itself(&err) {
-                        Some(why) => Rejection(why),
+                        Some(why) => Some(Rejection(why)),
                         None => {
                             self.unsent_row = true;
                             return Err(PipelineError::Nats(NatsFailure::unacknowledged(&err)));
                         }
                     },
                 },
-                Err(reason) => reason,
+                Err(reason) => Some(reason),
             },
         };
-        let subject = &self.config.dead_letter_subject;
-        // The guard repeats the previous message's id, which may be long.
-        let budget = self.letter_budget.saturating_sub(self.protocol.guard().header_bytes());
-        let mut letter = mapping.dead_letter(&tuple, position, &reason, subject, budget);
-        if self.memory.ids_taken.contains(&position) {
-            letter = letter.named_by_position(position);
-            if let Some(id) = letter.row_id.clone() {
-                // The table holds the only copy of this event: retention keeps it.
-                self.memory.kept_rows.keep(id);
-            }
+        let row = SentRow { mapping, tuple, position };
+        if let Some(reason) = reason {
+            self.publish_dead_letter(&row, &reason).await?;
         }
-        self.publish_dead_letter(letter, position).await
+        // Kept while it is the newest in flight: a collision answered for it alone puts its
+        // dead letter in its place (`Outcome::Collision`). Replacing the last one costs no
+        // more than dropping it here would.
+        self.last_sent = Some(row);
+        Ok(())
     }
 
     /// Ends the attempt: the stream's tail is from another history of this database, and

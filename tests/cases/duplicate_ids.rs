@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use crate::support::pgoutbox::Pgoutbox;
 use crate::support::stream::{count, jetstream, read_all};
-use crate::support::{Nats, Postgres, eventually, metric, numbered_rows, wait_until_streaming};
+use crate::support::{
+    Lcg, Nats, Postgres, eventually, metric, numbered_rows, wait_until_streaming,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn repeated_ids_in_a_big_transaction_become_dead_letters_in_place() {
@@ -86,5 +88,154 @@ async fn ids_reused_after_a_truncate_become_dead_letters_not_lost_events() {
     for (n, message) in stored.iter().enumerate().skip(10) {
         assert_eq!(message.subject, "outbox.dead_letter", "row {n}:\n{}", app.log());
         assert_eq!(message.json()["row"]["aggregate_id"], n.to_string(), "in commit order");
+    }
+}
+
+/// Issue 28, F1: more rows after the truncate than before it. Row 11 was chained to the id
+/// `10`, which the old tail also has, so it was stored behind the ten refused duplicates
+/// and the next attempt skipped through row 20: the stream held 20 of 30 events.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reused_id_at_the_tail_lets_no_later_row_pass_it() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(
+        "CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_type text, aggregate_id text, \
+             event_type text, payload jsonb, headers jsonb, created_at timestamptz DEFAULT now())",
+    );
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 10, 10));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "the first 10 rows stored", || async {
+        (count(&js, "OUTBOX").await == 10).then_some(())
+    })
+    .await;
+    pg.psql("TRUNCATE outbox RESTART IDENTITY");
+    pg.psql(&numbered_rows(10, 30, 20));
+    pg.psql(&numbered_rows(30, 31, 1));
+    eventually(Duration::from_secs(60), "31 messages stored", || async {
+        (count(&js, "OUTBOX").await >= 31).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let log = app.log();
+    assert_eq!(stored.len(), 31, "events lost or doubled:\n{log}");
+    for (n, message) in stored.iter().enumerate().skip(10) {
+        let (subject, n_field) = match n {
+            10..20 => ("outbox.dead_letter", message.json()["row"]["aggregate_id"].clone()),
+            _ => ("outbox.order.created", message.json()["n"].to_string().into()),
+        };
+        assert_eq!(message.subject, subject, "row {n}:\n{log}");
+        assert_eq!(n_field, n.to_string(), "row {n} in commit order:\n{log}");
+    }
+    let port = app.http_port();
+    assert_eq!(metric(port, "pgoutbox_dead_letters_total "), Some(10.0), "{log}");
+}
+
+/// F1 with text ids: `a` stored, then one transaction deletes `a` and inserts `a` and `b`.
+/// The new `a` is a dead letter in its place and `b` is stored behind it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deleted_and_reinserted_id_becomes_a_dead_letter_before_the_next_row() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(
+        "CREATE TABLE outbox (id text PRIMARY KEY, aggregate_type text, aggregate_id text, \
+             event_type text, payload jsonb, headers jsonb, created_at timestamptz DEFAULT now())",
+    );
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    let insert = |id: &str, n: u32| {
+        format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('{id}', 'order', '{n}', 'created', '{{\"n\": {n}}}');"
+        )
+    };
+    pg.psql(&insert("a", 0));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "a stored", || async {
+        (count(&js, "OUTBOX").await == 1).then_some(())
+    })
+    .await;
+    pg.psql(&format!(
+        "BEGIN; DELETE FROM outbox WHERE id = 'a'; {} {} COMMIT;",
+        insert("a", 1),
+        insert("b", 2)
+    ));
+    eventually(Duration::from_secs(30), "3 messages stored", || async {
+        (count(&js, "OUTBOX").await >= 3).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let log = app.log();
+    assert_eq!(stored.len(), 3, "{log}");
+    assert_eq!(stored[1].subject, "outbox.dead_letter", "the new a:\n{log}");
+    assert_eq!(stored[1].json()["row"]["aggregate_id"], "1", "{log}");
+    assert_eq!(stored[2].subject, "outbox.order.created", "{log}");
+    assert_eq!(stored[2].json()["n"], 2, "{log}");
+}
+
+/// F1 as a class: reused and fresh ids mixed at random in transactions of random sizes.
+/// Every row is in the stream once, in commit order: a fresh id as its message, a reused
+/// one as its dead letter. Before, dozens were lost per run, fresh ones among them.
+#[tokio::test(flavor = "multi_thread")]
+async fn reused_and_fresh_ids_mixed_at_random_each_arrive_once_in_order() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(
+        "CREATE TABLE outbox (id text, aggregate_type text, aggregate_id text, \
+             event_type text, payload jsonb, headers jsonb, created_at timestamptz DEFAULT now())",
+    );
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    let js = jetstream(&nats.url()).await;
+    let row = |id: &str, n: usize| {
+        format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('{id}', 'order', '{n}', 'created', '{{\"n\": {n}}}');"
+        )
+    };
+    const OLD: usize = 30;
+    pg.psql(&(0..OLD).map(|n| row(&format!("k{n}"), n)).collect::<String>());
+    eventually(Duration::from_secs(20), "the first rows stored", || async {
+        (count(&js, "OUTBOX").await == OLD as u64).then_some(())
+    })
+    .await;
+    let mut random = Lcg(28);
+    let mut sql = String::new();
+    let mut reused = Vec::new();
+    // Ids in the order they were used: a reuse picks one of the last five, so that it is
+    // often the id of the stream's last message, which is where a chain by id is ambiguous.
+    let mut used: Vec<String> = (0..OLD).map(|n| format!("k{n}")).collect();
+    let mut n = OLD;
+    while n < OLD + 200 {
+        sql.push_str("BEGIN;");
+        for _ in 0..random.between(1, 12) {
+            let reuse = random.between(0, 3) == 0;
+            reused.push(reuse);
+            let id = match reuse {
+                true => used[used.len() - random.between(1, 6) as usize].clone(),
+                false => format!("f{n}"),
+            };
+            used.push(id.clone());
+            sql.push_str(&row(&id, n));
+            n += 1;
+        }
+        sql.push_str("COMMIT;");
+    }
+    pg.psql(&sql);
+    eventually(Duration::from_secs(90), "every row or its dead letter stored", || async {
+        (count(&js, "OUTBOX").await >= n as u64).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let log = app.log();
+    assert_eq!(stored.len(), n, "events lost or doubled:\n{log}");
+    for (i, message) in stored.iter().enumerate().skip(OLD) {
+        let (subject, field) = match reused[i - OLD] {
+            true => ("outbox.dead_letter", message.json()["row"]["aggregate_id"].clone()),
+            false => ("outbox.order.created", message.json()["n"].to_string().into()),
+        };
+        assert_eq!(message.subject, subject, "row {i}:\n{log}");
+        assert_eq!(field, i.to_string(), "row {i} in commit order:\n{log}");
     }
 }

@@ -10,9 +10,15 @@
 //! checks the expected sequence before the duplicate window; 2.10 on an R3 stream stages a
 //! message's id at proposal, so an id refused at apply answers "duplicate, sequence 0".
 //!
-//! It asserts: no row is lost or stored twice, rows are stored in commit order, and no LSN
-//! is confirmed past a row the stream does not hold. Exhaustive over small cases, random
-//! over larger ones.
+//! Rows may reuse ids: each other's, or those of messages the stream held before the run
+//! (a table truncated with its sequence restarted). Such a row is a collision, and its dead
+//! letter, named by position, takes its place; unless the duplicate window forgot the
+//! older id first, and the row is stored as itself.
+//!
+//! It asserts: no row is lost or stored twice (as itself or as its letter), rows are stored
+//! in commit order, a row with an id of its own is never a letter, and no LSN is confirmed
+//! past a row the stream does not hold. Exhaustive over small cases, random over larger
+//! ones.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
@@ -21,11 +27,12 @@ use std::hash::{Hash, Hasher};
 use proptest::prelude::*;
 
 use super::*;
+use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
 
 mod jetstream;
 mod search;
 
-use jetstream::{Checks, JetStream, Write, id_of};
+use jetstream::{Checks, JetStream, Message, Write, Written};
 use search::{explore, play};
 
 #[derive(Debug, Clone, Default)]
@@ -41,7 +48,7 @@ struct Attempt {
     /// The next decoding event of the slot, from the attempt's start.
     next_event: usize,
     events: Vec<Decoded>,
-    in_flight: VecDeque<usize>,
+    in_flight: VecDeque<Message>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -63,19 +70,25 @@ struct Faults {
 struct World {
     /// The transaction each row belongs to; rows are numbered in commit order.
     transaction_of: Vec<usize>,
+    /// Each row's id, and those of the messages the stream held before (same numbering).
+    ids: Vec<usize>,
+    old_ids: Vec<usize>,
     window_size: usize,
     jetstream: JetStream,
     connections: Vec<Connection>,
     attempt: Attempt,
     slot_confirmed: u64,
     faults: Faults,
-    /// What the process remembers across attempts (lost when it is killed).
-    memory: Option<Duplicates>,
+    /// What the process remembers across attempts (lost when it is killed): what the
+    /// protocol carries, and the rows whose letter goes in their place.
+    memory: Option<(Carried, Vec<usize>)>,
     /// Attempts ended while an id was staged: retrying outlasts the duplicate window, so
     /// after two the staged ids are gone (a fair scheduler: time passes).
     ended_while_staged: u8,
     /// Drive the protocol pgoutbox had before the id chain instead (see [`Legacy`]).
     legacy: Option<Legacy>,
+    /// Leave the sequence out of every guard but the anchor's: the protocol before issue 28.
+    ids_only: bool,
 }
 
 /// The publish protocol up to 2026-11, transcribed to show that the model check catches
@@ -108,6 +121,11 @@ impl Step {
     }
 }
 
+/// The message id of a row, or of an old message, with the id number `id`.
+fn id_of(id: usize) -> String {
+    format!("id-{id}")
+}
+
 fn commit_lsn(transaction: usize) -> u64 {
     10 * (transaction as u64 + 1)
 }
@@ -123,10 +141,28 @@ impl World {
         checks: Checks,
         faults: Faults,
     ) -> World {
-        let jetstream =
+        let ids = (0..transaction_of.len()).collect();
+        World::with_ids(transaction_of, ids, &[], window_size, checks, faults)
+    }
+
+    /// Rows with the ids `ids`, behind messages the stream holds already with the ids `old`.
+    fn with_ids(
+        transaction_of: Vec<usize>,
+        ids: Vec<usize>,
+        old: &[usize],
+        window_size: usize,
+        checks: Checks,
+        faults: Faults,
+    ) -> World {
+        let mut jetstream =
             JetStream { checks, stored: Vec::new(), last_id: None, window: HashMap::new() };
+        for (i, &id) in old.iter().enumerate() {
+            jetstream.store(Message::Old(i), id_of(id));
+        }
         let mut world = World {
             transaction_of,
+            ids,
+            old_ids: old.to_vec(),
             window_size,
             jetstream,
             connections: Vec::new(),
@@ -134,7 +170,7 @@ impl World {
                 connection: 0,
                 protocol: Publishing::new(
                     Start { lsn: 0, stream_sequence: 0, skip_through: None },
-                    Duplicates::default(),
+                    Carried::default(),
                 ),
                 next_event: 0,
                 events: Vec::new(),
@@ -142,9 +178,10 @@ impl World {
             },
             slot_confirmed: 0,
             faults,
-            memory: Some(Duplicates::default()),
+            memory: Some((Carried::default(), Vec::new())),
             ended_while_staged: 0,
             legacy: None,
+            ids_only: false,
         };
         world.start_attempt();
         world
@@ -156,20 +193,53 @@ impl World {
         Position { commit_lsn: commit_lsn(transaction), index: (row - first) as u32 }
     }
 
+    /// The message a row is sent as: its letter once a collision was found.
+    fn message_of(&self, row: usize) -> Message {
+        match &self.memory {
+            Some((_, letters)) if letters.contains(&row) => Message::Letter(row),
+            _ => Message::Row(row),
+        }
+    }
+
+    fn id_of_message(&self, message: Message) -> String {
+        match message {
+            Message::Row(row) => id_of(self.ids[row]),
+            // Named by position, as `DeadLetter::named_by_position` names it.
+            Message::Letter(row) => format!("{DEAD_LETTER_ID_PREFIX}{}", self.position(row)),
+            Message::Old(_) => unreachable!("never sent"),
+        }
+    }
+
+    /// Sends `message` with the protocol's guard.
+    fn send(&mut self, message: Message) {
+        let id = self.id_of_message(message);
+        let mut guard = Written::from(self.attempt.protocol.guard());
+        if self.ids_only && guard.last_msg_id.is_some() {
+            guard.last_sequence = None;
+        }
+        if let Some(legacy) = self.legacy.as_mut() {
+            guard = Written { last_sequence: Some(legacy.expected), last_msg_id: None };
+            legacy.expected += 1;
+        }
+        self.current().to_server.push_back(Write { message, id: id.clone(), guard });
+        self.attempt.protocol.on_sent(id);
+        self.attempt.in_flight.push_back(message);
+    }
+
     /// A new attempt: a new connection, the stream's tail read, the slot read from its
     /// confirmed position.
     fn start_attempt(&mut self) {
-        let skip_through = self
-            .jetstream
-            .stored
-            .last()
-            .map(|&row| TailRow { position: self.position(row), msg_id: id_of(row) });
+        let skip_through = self.jetstream.stored.last().and_then(|&message| {
+            let row = message.row()?;
+            Some(TailRow { position: self.position(row), msg_id: self.id_of_message(message) })
+        });
         let start = Start {
             lsn: self.slot_confirmed,
             stream_sequence: self.jetstream.stored.len() as u64,
             skip_through,
         };
-        let duplicates = self.memory.take().unwrap_or_default();
+        let (carried, letters) = self.memory.take().unwrap_or_default();
+        self.memory = Some((Carried::default(), letters));
         if let Some(legacy) = self.legacy.as_mut() {
             *legacy = Legacy { expected: start.stream_sequence, resend_left: 0 };
         }
@@ -186,7 +256,7 @@ impl World {
         self.connections.push(Connection::default());
         self.attempt = Attempt {
             connection: self.connections.len() - 1,
-            protocol: Publishing::new(start, duplicates),
+            protocol: Publishing::new(start, carried),
             next_event: 0,
             events,
             in_flight: VecDeque::new(),
@@ -196,8 +266,9 @@ impl World {
     /// The attempt ends; what it learned is kept unless the process dies.
     fn end_attempt(&mut self, crashed: bool) {
         self.confirm();
-        let duplicates = self.attempt.protocol.take_duplicates();
-        self.memory = (!crashed).then_some(duplicates);
+        let carried = self.attempt.protocol.take_carried();
+        let letters = self.memory.take().map(|(_, letters)| letters).unwrap_or_default();
+        self.memory = (!crashed).then_some((carried, letters));
         if self.jetstream.window.values().any(|&sequence| sequence == 0) {
             self.ended_while_staged += 1;
             if self.ended_while_staged == 2 {
@@ -219,7 +290,8 @@ impl World {
         if !current.to_client.is_empty() {
             steps.push(Step::Receive);
         }
-        if attempt.next_event < attempt.events.len() && attempt.in_flight.len() < self.window_size {
+        let window = self.window_size.min(attempt.protocol.send_limit());
+        if attempt.next_event < attempt.events.len() && attempt.in_flight.len() < window {
             steps.push(Step::Decode);
         }
         for (i, connection) in self.connections.iter().enumerate() {
@@ -256,16 +328,10 @@ impl World {
                     Decoded::Row(row) => {
                         let position = self.position(row);
                         // One history: the tail's row is always where the tail says.
-                        let step = self.attempt.protocol.on_row(position, Some(&id_of(row)));
+                        let id = id_of(self.ids[row]);
+                        let step = self.attempt.protocol.on_row(position, Some(&id));
                         if step.map_err(|err| err.to_string())? == RowStep::Publish {
-                            let mut guard = self.attempt.protocol.guard().clone();
-                            if let Some(legacy) = self.legacy.as_mut() {
-                                guard = Guard::LastSequence(legacy.expected);
-                                legacy.expected += 1;
-                            }
-                            self.current().to_server.push_back(Write { row, guard });
-                            self.attempt.protocol.on_sent(id_of(row));
-                            self.attempt.in_flight.push_back(row);
+                            self.send(self.message_of(row));
                         }
                     }
                     Decoded::Commit(end) => {
@@ -276,8 +342,9 @@ impl World {
             }
             Step::Receive => {
                 let answer = self.current().to_client.pop_front().ok_or("no answer")?;
-                let row =
+                let sent =
                     self.attempt.in_flight.pop_front().ok_or("an answer with nothing sent")?;
+                let row = sent.row().ok_or("an old message in flight")?;
                 let position = self.position(row);
                 if let Some(legacy) = self.legacy.as_mut() {
                     if legacy.resend_left > 0 {
@@ -287,10 +354,12 @@ impl World {
                             self.end_attempt(false);
                             return self.check_stream();
                         }
-                        let guard = Guard::LastSequence(legacy.expected);
+                        let guard =
+                            Written { last_sequence: Some(legacy.expected), last_msg_id: None };
                         legacy.expected += 1;
-                        self.attempt.in_flight.push_back(row);
-                        self.current().to_server.push_back(Write { row, guard });
+                        self.attempt.in_flight.push_back(sent);
+                        let id = self.id_of_message(sent);
+                        self.current().to_server.push_back(Write { message: sent, id, guard });
                         return self.check_stream();
                     }
                     if let Answer::Duplicate { .. } = answer {
@@ -305,13 +374,18 @@ impl World {
                 };
                 let mut outcome = self.attempt.protocol.on_answer(answer);
                 if let Outcome::CheckDuplicate { sequence } = outcome {
-                    // Ids are unique here: the older message is this row, stored before.
+                    // The older message's headers say whether it is this row, stored before.
                     let index = usize::try_from(sequence).ok().and_then(|s| s.checked_sub(1));
-                    let same_row = index.and_then(|i| self.jetstream.stored.get(i)) == Some(&row);
+                    let origin = index.and_then(|i| self.jetstream.stored.get(i));
+                    let same_row = origin == Some(&sent);
+                    if !same_row && let Some((_, letters)) = self.memory.as_mut() {
+                        letters.push(row);
+                    }
                     outcome = self.attempt.protocol.on_duplicate_origin(position, same_row);
                 }
                 match outcome {
                     Outcome::EndAttempt => self.end_attempt(false),
+                    Outcome::Collision => self.send(Message::Letter(row)),
                     _ => self.confirm(),
                 }
             }
@@ -348,16 +422,31 @@ impl World {
         self.slot_confirmed = self.slot_confirmed.max(self.attempt.protocol.confirmed());
     }
 
-    /// Always: each row at most once, in commit order, and every confirmed row stored.
+    /// The rows the stream holds, as themselves or as their letters, in stream order.
+    fn rows_stored(&self) -> Vec<usize> {
+        self.jetstream.stored.iter().filter_map(|message| message.row()).collect()
+    }
+
+    /// Always: each row at most once, in commit order, a row with an id of its own never a
+    /// letter, and every confirmed row stored.
     fn check_stream(&self) -> Result<(), Broken> {
-        let stored = &self.jetstream.stored;
+        let stored = self.rows_stored();
+        let all = &self.jetstream.stored;
         if stored.windows(2).any(|pair| pair[0] >= pair[1]) {
-            return Err(Broken::from(format!("stored twice or out of order: {stored:?}")));
+            return Err(Broken::from(format!("stored twice or out of order: {all:?}")));
+        }
+        for message in all {
+            if let Message::Letter(row) = *message
+                && self.ids.iter().filter(|&&id| id == self.ids[row]).count() == 1
+                && !self.old_ids.contains(&self.ids[row])
+            {
+                return Err(Broken::from(format!("row {row} has its own id: {all:?}")));
+            }
         }
         for (row, &transaction) in self.transaction_of.iter().enumerate() {
             if end_lsn(transaction) <= self.slot_confirmed && !stored.contains(&row) {
                 return Err(Broken::from(format!(
-                    "confirmed {} past row {row}, which is not stored: {stored:?}",
+                    "confirmed {} past row {row}, which is not stored: {all:?}",
                     self.slot_confirmed
                 )));
             }
@@ -368,7 +457,7 @@ impl World {
     /// At the end: every row stored, none twice, in order.
     fn check_done(&self) -> Result<(), Broken> {
         let all: Vec<usize> = (0..self.transaction_of.len()).collect();
-        match self.jetstream.stored == all {
+        match self.rows_stored() == all {
             true => Ok(()),
             false => Err(Broken::from(format!("the stream holds {:?}", self.jetstream.stored))),
         }
@@ -432,6 +521,41 @@ fn the_model_check_finds_the_loss_of_the_sequence_chain() {
     assert!(why.contains("which is not stored") || why.contains("the stream holds"), "{why}");
 }
 
+/// A row that reuses the tail's id, with rows behind it in flight (issue 28, F1): the id
+/// guard alone let the next row be stored behind the refused duplicate.
+#[test]
+fn a_reused_tail_id_lets_no_later_row_pass_it() {
+    let faults = Faults { give_ups: 1, crashes: 0, server_restarts: 0, window_expiries: 1 };
+    for checks in ALL_CHECKS {
+        let world = World::with_ids(vec![0, 0, 1], vec![7, 1, 2], &[7], 3, checks, faults);
+        explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
+    }
+}
+
+/// Rows that reuse each other's ids and an old message's, with late writes and give-ups.
+#[test]
+fn every_interleaving_of_reused_ids_keeps_every_row() {
+    let faults = Faults { give_ups: 2, crashes: 0, server_restarts: 0, window_expiries: 0 };
+    for checks in ALL_CHECKS {
+        let world = World::with_ids(vec![0, 1, 1], vec![5, 5, 6], &[6], 2, checks, faults);
+        explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
+    }
+}
+
+/// The id chain alone, as before issue 28: the model check finds F1's loss.
+#[test]
+fn the_model_check_finds_the_loss_of_the_id_chain_alone() {
+    let faults = Faults { give_ups: 0, crashes: 0, server_restarts: 0, window_expiries: 0 };
+    let mut world =
+        World::with_ids(vec![0, 0, 1], vec![7, 1, 2], &[7], 3, Checks::DedupeFirst, faults);
+    world.ids_only = true;
+    let Err(Broken(why)) = explore(world, 2_000_000) else {
+        panic!("the id chain alone passed the model check");
+    };
+    eprintln!("{why}");
+    assert!(why.contains("the stream holds [Old(0), Row(1), Row(2)]"), "{why}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(300))]
 
@@ -451,6 +575,27 @@ proptest! {
             sizes.iter().enumerate().flat_map(|(t, &n)| std::iter::repeat_n(t, n)).collect();
         let faults = Faults { give_ups, crashes, server_restarts, window_expiries };
         let world = World::new(transaction_of, window_size, checks, faults);
+        prop_assert_eq!(play(world, &choices), Ok(()));
+    }
+
+    /// The same with ids drawn from a few, so that rows reuse each other's and old ones.
+    #[test]
+    fn random_runs_with_reused_ids_keep_every_row(
+        rows in proptest::collection::vec((0usize..4, 0usize..5), 1..10),
+        old in proptest::collection::vec(0usize..5, 0..3),
+        window_size in 1usize..6,
+        checks in prop::sample::select(ALL_CHECKS.to_vec()),
+        give_ups in 0u8..4,
+        crashes in 0u8..2,
+        server_restarts in 0u8..2,
+        window_expiries in 0u8..2,
+        choices in proptest::collection::vec(any::<u8>(), 0..400),
+    ) {
+        let mut transaction_of: Vec<usize> = rows.iter().map(|&(t, _)| t).collect();
+        transaction_of.sort();
+        let ids = rows.iter().map(|&(_, id)| id).collect();
+        let faults = Faults { give_ups, crashes, server_restarts, window_expiries };
+        let world = World::with_ids(transaction_of, ids, &old, window_size, checks, faults);
         prop_assert_eq!(play(world, &choices), Ok(()));
     }
 }

@@ -53,6 +53,7 @@ impl Pipeline<'_> {
                     .into(),
                 });
             }
+            Outcome::Collision => return self.collided(done.position).await,
             Outcome::Replayed => {
                 debug!(position = %done.position, "stored by an earlier run; not stored again");
                 self.metrics.duplicates.increment(1);
@@ -122,6 +123,20 @@ impl Pipeline<'_> {
             self.memory.ids_taken.insert(position);
         }
         Ok(same_row)
+    }
+
+    /// The row at `position` collided alone in flight: its dead letter goes in its place now,
+    /// with the reason `on_duplicate` remembered, and the attempt goes on.
+    async fn collided(&mut self, position: Position) -> Result<(), PipelineError> {
+        let row = self.last_sent.take().filter(|row| row.position == position);
+        let reason = self.memory.refused.get(&position).cloned();
+        let (Some(row), Some(reason)) = (row, reason) else {
+            return Err(PipelineError::Protocol("a collision's row was not kept"));
+        };
+        self.memory.published = self.memory.published.saturating_sub(1);
+        self.publish_dead_letter(&row, &reason).await?;
+        self.last_sent = Some(row);
+        Ok(())
     }
 
     /// A refusal of the newest ack (see [`Window::refused_newest`]) or an ack overdue for

@@ -6,7 +6,7 @@ use crate::domain::outbox::RefusedRows;
 use std::collections::HashSet;
 
 use crate::domain::progress::Position;
-use crate::domain::publishing::Duplicates;
+use crate::domain::publishing::Carried;
 use crate::domain::source::{Source, TailRow};
 use crate::domain::stall::Progress;
 use crate::domain::throughput::Throughput;
@@ -19,8 +19,9 @@ pub struct Memory {
     pub progress: Arc<Progress>,
     /// Counts lost NATS connections (see `commands::connect_nats_watched`).
     pub nats_disconnects: tokio::sync::watch::Receiver<u64>,
-    /// Rows answered as duplicates of older messages: the next attempt skips them.
-    pub duplicates: Duplicates,
+    /// Rows answered as duplicates of older messages, which the next attempt skips, and
+    /// the send window it starts with.
+    pub carried: Carried,
     /// A stream tail whose row the slot went past without sending: written from another
     /// history of the database, so no attempt skips by it.
     pub tail_not_in_wal: Option<TailRow>,
@@ -59,7 +60,7 @@ impl Memory {
         Memory {
             progress,
             nats_disconnects,
-            duplicates: Duplicates::default(),
+            carried: Carried::default(),
             tail_not_in_wal: None,
             refused: RefusedRows::default(),
             ids_taken: HashSet::new(),
@@ -76,7 +77,7 @@ impl Memory {
     /// A new seed begins: what was remembered of an earlier snapshot's rows, by their
     /// place in it, names other rows now.
     pub fn forget_seed_rows(&mut self) {
-        self.duplicates.forget_seed();
+        self.carried.duplicates.forget_seed();
         self.refused.forget_seed();
         self.ids_taken.retain(|position| position.commit_lsn != 0);
     }

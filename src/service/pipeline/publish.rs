@@ -4,11 +4,11 @@
 use async_nats::jetstream::context::PublishError;
 use tracing::warn;
 
-use super::Pipeline;
+use super::{Pipeline, SentRow};
 use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{
-    CHAIN_ANCHOR, CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER, EXPECTED_LAST_SEQUENCE_HEADER, Guard,
+    CHAIN_ANCHOR, CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER, EXPECTED_LAST_SEQUENCE_HEADER,
 };
 use crate::domain::seed::REPLAY_HEADER;
 use crate::domain::source::SOURCE_HEADER;
@@ -17,24 +17,36 @@ use crate::nats::wire::HeaderBlock;
 use crate::service::error::{NatsFailure, PipelineError};
 
 impl Pipeline<'_> {
-    /// Publishes a row's dead letter in its place. It was built to fit, so only a transient
-    /// error can keep it from being sent; that one is retried like any other.
+    /// Publishes a row's dead letter in its place, for `reason`. It is built to fit, so only
+    /// a transient error can keep it from being sent; that one is retried like any other.
+    /// A row whose id an older message has gets a letter named by its position.
     pub(super) async fn publish_dead_letter(
         &mut self,
-        letter: DeadLetter,
-        position: Position,
+        row: &SentRow,
+        reason: &Rejection,
     ) -> Result<(), PipelineError> {
+        let SentRow { mapping, tuple, position } = row;
+        let position = *position;
+        let subject = &self.config.dead_letter_subject;
+        // The guard repeats the previous message's id, which may be long.
+        let budget = self.letter_budget.saturating_sub(self.protocol.guard().header_bytes());
+        let mut letter = mapping.dead_letter(tuple, position, reason, subject, budget);
+        if self.memory.ids_taken.contains(&position) {
+            letter = letter.named_by_position(position);
+            if let Some(id) = letter.row_id.clone() {
+                // The table holds the only copy of this event: retention keeps it.
+                self.memory.kept_rows.keep(id);
+            }
+        }
         let DeadLetter { event, reason, payload_omitted, row_id } = letter;
         warn!(position = %position, id = %event.id, reason = %reason, payload_omitted,
             subject = %event.subject, "row sent to the dead-letter subject");
         if let Err(err) = self.dispatch(event, position) {
-            {
-                self.unsent_row = true;
-                return Err(match refused_for_itself(&err) {
-                    Some(why) => PipelineError::DeadLetter(why),
-                    None => PipelineError::Nats(NatsFailure::unacknowledged(&err)),
-                });
-            }
+            self.unsent_row = true;
+            return Err(match refused_for_itself(&err) {
+                Some(why) => PipelineError::DeadLetter(why),
+                None => PipelineError::Nats(NatsFailure::unacknowledged(&err)),
+            });
         }
         if payload_omitted && let Some(id) = row_id {
             // Kept before its ack can move `published_up_to` past it.
@@ -80,12 +92,10 @@ impl Pipeline<'_> {
         let seed = self.prelude.as_ref();
         let replay = self.replays.id_at(position);
         let header_block = |block: &mut HeaderBlock<'_>| {
-            match guard {
-                Guard::LastSequence(sequence) => {
-                    block.add_display(EXPECTED_LAST_SEQUENCE_HEADER, sequence);
-                    block.add(CHAIN_HEADER, CHAIN_ANCHOR);
-                }
-                Guard::LastMsgId(previous) => block.add(EXPECTED_LAST_MSG_ID_HEADER, previous),
+            block.add_display(EXPECTED_LAST_SEQUENCE_HEADER, guard.last_sequence);
+            match guard.last_msg_id {
+                None => block.add(CHAIN_HEADER, CHAIN_ANCHOR),
+                Some(previous) => block.add(EXPECTED_LAST_MSG_ID_HEADER, previous),
             }
             block.add_display(POSITION_HEADER, position);
             block.add(SOURCE_HEADER, source);

@@ -56,7 +56,12 @@ pub(super) fn play(mut world: World, choices: &[u8]) -> Result<(), Broken> {
         trace.push(step);
         world.apply(step).map_err(|Broken(err)| Broken(format!("{err} after {trace:?}")))?;
         if trace.len() > 10_000 {
-            return Err(Broken::from(format!("no end in sight after {} steps", trace.len())));
+            let last = &trace[trace.len() - 40..];
+            return Err(Broken::from(format!(
+                "no end in sight after {} steps, the last {last:?} in {:?}",
+                trace.len(),
+                world.jetstream
+            )));
         }
     }
 }
