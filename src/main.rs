@@ -32,6 +32,10 @@ fn main() -> ExitCode {
     let result = runtime.block_on(dispatch(cli));
     match result {
         Ok(code) => code,
+        Err(err) if err.downcast_ref::<commands::replay::NothingSelected>().is_some() => {
+            eprintln!("{err}");
+            ExitCode::from(commands::replay::NothingSelected::EXIT_CODE)
+        }
         Err(err) => {
             // Once: as a JSON log line for a log pipeline, else as one plain line.
             match log_format {
