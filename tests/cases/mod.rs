@@ -43,6 +43,7 @@ mod short_wal_sender_timeout;
 mod sigterm_drains_then_exits_zero;
 mod stall_detector;
 mod standby_decoding;
+mod status_tells_the_truth_about_nats;
 mod streams_inserts_end_to_end;
 mod survives_nats_cluster_faults;
 mod survives_nats_network_faults;
