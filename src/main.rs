@@ -32,6 +32,10 @@ fn main() -> ExitCode {
     let result = runtime.block_on(dispatch(cli));
     match result {
         Ok(code) => code,
+        Err(err) if err.downcast_ref::<commands::replay::NothingSelected>().is_some() => {
+            eprintln!("{err}");
+            ExitCode::from(commands::replay::NothingSelected::EXIT_CODE)
+        }
         Err(err) => {
             // Once: as a JSON log line for a log pipeline, else as one plain line.
             match log_format {
@@ -46,8 +50,14 @@ fn main() -> ExitCode {
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = Config::from_args(&cli.common, &ProcessEnv)?;
     match cli.command {
-        Command::Run(args) => commands::run::run(&config, &args).await?,
-        Command::Setup(args) => commands::setup::run(&config, &args).await?,
+        Command::Run(args) => {
+            let config = config.with_stream_replicas(args.slot.stream_replicas);
+            commands::run::run(&config, &args).await?
+        }
+        Command::Setup(args) => {
+            let config = config.with_stream_replicas(args.stream_replicas);
+            commands::setup::run(&config, &args).await?
+        }
         Command::Teardown { yes } => commands::teardown::run(&config, yes).await?,
         Command::Replay(args) => commands::replay::run(&config, &args).await?,
         Command::Status(args) => {

@@ -138,12 +138,21 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     )
     .await?;
     let total = snapshot.count(&selection).await?;
+    if total == 0 {
+        let ids = snapshot.some_ids(3).await?;
+        snapshot.close().await;
+        return Err(NothingSelected(nothing_selected(&config.table, &selection, &ids)).into());
+    }
     // A replay id made here says when it began; one chosen by hand means reading it all.
     let from = replay_started(&id).map_or(ReadFrom::Start, |s| ReadFrom::Time(s as f64 - 60.0));
-    let (done, _) = publisher
-        .row_ids(from, None, Some((REPLAY_HEADER, &id)))
-        .await
-        .context("reading what this replay stored already")?;
+    // Only a replay resumed by hand (`--replay-id`) can have stored anything already.
+    let (done, _) = match args.replay_id {
+        Some(_) => publisher
+            .row_ids(from, None, Some((REPLAY_HEADER, &id)))
+            .await
+            .context("reading what this replay stored already")?,
+        None => Default::default(),
+    };
     eprintln!(
         "replay {id}: {total} rows selected ({}), {} stored by this replay before; {}; resume \
          with --replay-id {id}",
@@ -265,9 +274,60 @@ async fn route(
     }
 }
 
+/// `r<epoch seconds>-<16 hex digits>`: when it began (`replay_started` reads it) and 64
+/// bits no other replay shares, even one started in the same second on another host. The
+/// bits hash the time in nanoseconds, the process id and a counter with std's `RandomState`,
+/// whose keys come from the operating system's randomness.
 fn new_replay_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-    format!("r{}", now.as_secs())
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(now.as_nanos());
+    hasher.write_u32(std::process::id());
+    hasher.write_u64(MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    format!("r{}-{:016x}", now.as_secs(), hasher.finish())
+}
+
+/// A replay whose selection matched no row of the table: `main` exits with
+/// [`NothingSelected::EXIT_CODE`], so a script tells it from a failure (exit 1).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NothingSelected(String);
+
+impl NothingSelected {
+    pub const EXIT_CODE: u8 = 3;
+}
+
+/// One line: what was asked, and how the table's ids look (`ids`, a few of them).
+fn nothing_selected(
+    table: &impl std::fmt::Display,
+    selection: &Selection,
+    ids: &[String],
+) -> String {
+    let asked = match selection {
+        Selection::Ids(asked) if asked.is_empty() => {
+            return format!("replay: no dead letter in the stream names a row of {table}");
+        }
+        Selection::Ids(asked) => {
+            let mut shown: Vec<&str> = asked.iter().take(5).map(String::as_str).collect();
+            if asked.len() > shown.len() {
+                shown.push("…");
+            }
+            format!("has id {}", shown.join(" or "))
+        }
+        Selection::Created { from, to } => format!(
+            "was created in [{}, {})",
+            from.as_deref().unwrap_or("-infinity"),
+            to.as_deref().unwrap_or("infinity")
+        ),
+        Selection::Since(_) => "is selected".to_owned(),
+    };
+    let looks = match ids {
+        [] => format!("{table} is empty"),
+        ids => format!("its ids look like {}", ids.join(", ")),
+    };
+    format!("replay: no row of {table} {asked}; {looks}")
 }
 
 /// What one run of a replay publishes.

@@ -61,10 +61,10 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         ),
         None => {
             let addr = telemetry::DEFAULT_HTTP_ADDR;
-            match telemetry::serve(addr.into(), prometheus, readiness.clone(), &mut tasks).await {
+            match telemetry::serve(addr, prometheus, readiness.clone(), &mut tasks).await {
                 Ok(bound) => Some(bound),
                 Err(err) => {
-                    warn!(%err, "no HTTP endpoints: the default {addr:?} is taken; set --http-addr");
+                    warn!(%err, "no HTTP endpoints: the default {addr} is taken; set --http-addr");
                     None
                 }
             }

@@ -1,7 +1,8 @@
 //! `pgoutbox status [--json]`: what an operator alerts on.
 //!
 //! Exit codes: 0 healthy; 1 warning (slot inactive, lag above `--max-lag-bytes`, the
-//! running pgoutbox stalled); 2 critical (slot missing or lost, database unreachable).
+//! running pgoutbox stalled); 2 critical (slot missing or lost, database unreachable, NATS
+//! unreachable, the stream missing or not this source's: `status/nats.rs`).
 //!
 //! The slot comes from Postgres and the stream from NATS; the age of the last confirmation
 //! is known only to the running process, so it is read from its `/metrics`.
@@ -13,13 +14,14 @@ use anyhow::Context;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::nats::publisher::{Publisher, ReplayRecord};
+use crate::nats::publisher::ReplayRecord;
 use crate::postgres::admin::{self, SlotState, WalStatus};
 use crate::service::telemetry;
 use crate::service::telemetry::names;
 use crate::settings::cli::StatusArgs;
 use crate::settings::config::Config;
 
+mod nats;
 mod watch;
 
 /// The health verdict, which is also the exit code.
@@ -86,8 +88,8 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                     let name = s.holder_application_name.as_deref()?;
                     telemetry::advertised_http_addr(name, s.holder_client_addr.as_deref())
                 });
-                let default = SocketAddr::from(telemetry::DEFAULT_HTTP_ADDR);
-                let process = process_report(http_addr.or(advertised).unwrap_or(default)).await;
+                let addr = http_addr.or(advertised).unwrap_or(telemetry::DEFAULT_HTTP_ADDR);
+                let process = process_report(addr).await;
                 if process["stalled"] == json!(true) {
                     problems.push(format!(
                         "pgoutbox is stalled: no ack and nothing confirmed while messages wait \
@@ -96,12 +98,14 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                     ));
                     health = health.max(Health::Warning);
                 }
-                report["problems"] = json!(problems);
                 report["postgres"] = postgres_report(&client).await;
-                let (nats, stream, replay) = nats_and_stream_report(config).await;
-                report["nats"] = nats;
-                report["stream"] = stream;
-                if let Some(replay) = replay {
+                let nats = nats::report(config, state.is_some() || seed.is_some()).await;
+                health = health.max(nats.health);
+                problems.extend(nats.problems);
+                report["problems"] = json!(problems);
+                report["nats"] = nats.nats;
+                report["stream"] = nats.stream;
+                if let Some(replay) = nats.replay {
                     report["replay"] = replay;
                 }
                 report["pgoutbox"] = process;
@@ -169,47 +173,6 @@ async fn postgres_report(client: &tokio_postgres::Client) -> serde_json::Value {
         }
         (Err(err), _) | (_, Err(err)) => json!({ "error": err.to_string() }),
     }
-}
-
-/// The nats-server's version and whether JetStream answered, the stream's figures, or why
-/// they could not be read, and the last `pgoutbox replay` into the stream; never fails the
-/// command.
-async fn nats_and_stream_report(
-    config: &Config,
-) -> (serde_json::Value, serde_json::Value, Option<serde_json::Value>) {
-    let (mut server, mut replay) = (None, None);
-    let read = async {
-        let client = crate::nats::connect::connect_nats(&config.nats).await?;
-        let info = client.server_info();
-        server = Some(json!({
-            "version": info.version,
-            "server_name": info.server_name,
-            "supported": crate::nats::server_version::unsupported(&info.version).is_none(),
-            "jetstream_answered": false,
-        }));
-        let publisher = Publisher::new(client, &config.stream, Duration::from_secs(2));
-        let info = publisher.stream_info().await?;
-        let dead_letters = publisher.count_on_subject(&config.pipeline.dead_letter_subject).await?;
-        replay = publisher.last_replay().await.ok().flatten().map(replay_report);
-        anyhow::Ok(json!({
-            "dead_letters": dead_letters,
-            "name": config.stream,
-            "messages": info.state.messages,
-            "bytes": info.state.bytes,
-            "last_sequence": info.state.last_sequence,
-            "duplicate_window_seconds": info.config.duplicate_window.as_secs_f64(),
-        }))
-    };
-    let stream = match tokio::time::timeout(Duration::from_secs(5), read).await {
-        Ok(Ok(report)) => report,
-        Ok(Err(err)) => json!({ "name": config.stream, "error": format!("{err:#}") }),
-        Err(_) => json!({ "name": config.stream, "error": "NATS did not answer within 5 s" }),
-    };
-    let mut nats = server.unwrap_or_else(|| json!({ "error": "not connected" }));
-    if stream.get("error").is_none() {
-        nats["jetstream_answered"] = json!(true);
-    }
-    (nats, stream, replay)
 }
 
 /// The last replay into the stream: running, finished, or stopped (killed, or waiting to be

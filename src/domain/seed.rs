@@ -12,10 +12,12 @@ pub const SEED_SINCE_HEADER: &str = "Pgoutbox-Seed-Since";
 /// was cut short finds what it stored already.
 pub const REPLAY_HEADER: &str = "Pgoutbox-Replay";
 
-/// The time a replay id made by `pgoutbox replay` (`r<epoch seconds>`) was made; `None`
-/// for an id chosen by hand.
+/// The time a replay id made by `pgoutbox replay` (`r<epoch seconds>-<random>`, or
+/// `r<epoch seconds>` before) was made; `None` for an id chosen by hand.
 pub fn replay_started(id: &str) -> Option<u64> {
-    id.strip_prefix('r')?.parse().ok()
+    let made = id.strip_prefix('r')?;
+    let seconds = made.split_once('-').map_or(made, |(seconds, _)| seconds);
+    seconds.parse().ok()
 }
 
 /// What a replay puts before a row's id in its `Nats-Msg-Id`: a replayed row is a message
@@ -61,6 +63,7 @@ mod tests {
     #[test]
     fn a_made_replay_id_says_when_it_began() {
         assert_eq!(replay_started("r1764050000"), Some(1_764_050_000));
+        assert_eq!(replay_started("r1764050000-0f3a9c2b7d4e5a61"), Some(1_764_050_000));
         assert_eq!(replay_started("nightly"), None);
         assert_eq!(replay_started("r12x"), None);
     }

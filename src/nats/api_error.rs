@@ -50,6 +50,11 @@ pub fn is_final_answer(err: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// JetStream answered that the stream asked for does not exist (API code 10059).
+pub fn is_stream_not_found(err: &GetStreamError) -> bool {
+    matches!(err.kind(), GetStreamErrorKind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND)
+}
+
 #[cfg(test)]
 mod tests {
     use async_nats::jetstream::context::{

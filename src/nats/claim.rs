@@ -15,7 +15,7 @@ use async_nats::jetstream::{self};
 use bytes::Bytes;
 
 use crate::domain::source::Source;
-use crate::nats::api_error::is_final_answer;
+use crate::nats::api_error::{is_final_answer, is_stream_not_found};
 
 /// The bucket holding one key per stream, valued with its writer ([`Source::writer`]). It is
 /// laid out as a JetStream key-value bucket (stream `KV_<bucket>`, subjects
@@ -96,24 +96,7 @@ impl Claims {
     /// The claim, and the sequence of the key's last record (0 when it has none), which a
     /// new claim must expect.
     async fn read(&self, stream: &str, ours: &Source) -> Result<(Claim, u64), ClaimError> {
-        let bucket = self.stream().await?;
-        let message = match bucket.get_last_raw_message_by_subject(&subject(stream)).await {
-            Ok(message) => message,
-            Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
-                return Ok((Claim::Free, 0));
-            }
-            Err(err) => return Err(ClaimError::from(err)),
-        };
-        // `nats kv del` or `purge` releases the claim: the key's record is then a marker.
-        let released = message.headers.get(KV_OPERATION).is_some();
-        let claim = if released {
-            Claim::Free
-        } else if *message.payload == *ours.writer().as_bytes() {
-            Claim::Ours { new: false }
-        } else {
-            Claim::Theirs(String::from_utf8_lossy(&message.payload).into_owned())
-        };
-        Ok((claim, message.sequence))
+        read(&self.stream().await?, stream, ours).await
     }
 
     /// Claims `stream` for `ours` unless another source holds it. Atomic: of two sources
@@ -152,6 +135,45 @@ impl Claims {
         self.js.publish_with_headers(subject(stream), headers, value).await?.await?;
         Ok(())
     }
+}
+
+/// Who writes `stream`, as seen from `ours`, read without creating anything: for `status`,
+/// which must not change what it looks at. No bucket means nobody claimed any stream.
+pub async fn holder_if_any(
+    js: &jetstream::Context,
+    stream: &str,
+    ours: &Source,
+) -> Result<Claim, ClaimError> {
+    match js.get_stream(format!("KV_{BUCKET}")).await {
+        Ok(bucket) => Ok(read(&bucket, stream, ours).await?.0),
+        Err(err) if is_stream_not_found(&err) => Ok(Claim::Free),
+        Err(err) => Err(ClaimError::from(err)),
+    }
+}
+
+/// The claim in `bucket`, and the sequence of the key's last record (0 when it has none).
+async fn read(
+    bucket: &stream::Stream,
+    stream: &str,
+    ours: &Source,
+) -> Result<(Claim, u64), ClaimError> {
+    let message = match bucket.get_last_raw_message_by_subject(&subject(stream)).await {
+        Ok(message) => message,
+        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {
+            return Ok((Claim::Free, 0));
+        }
+        Err(err) => return Err(ClaimError::from(err)),
+    };
+    // `nats kv del` or `purge` releases the claim: the key's record is then a marker.
+    let released = message.headers.get(KV_OPERATION).is_some();
+    let claim = if released {
+        Claim::Free
+    } else if *message.payload == *ours.writer().as_bytes() {
+        Claim::Ours { new: false }
+    } else {
+        Claim::Theirs(String::from_utf8_lossy(&message.payload).into_owned())
+    };
+    Ok((claim, message.sequence))
 }
 
 fn subject(stream: &str) -> String {

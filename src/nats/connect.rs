@@ -67,7 +67,9 @@ pub async fn connect_nats_watched(
         })
         .connect(settings.servers.as_slice())
         .await
-        .with_context(|| format!("connecting to NATS at {}", settings.describe()))
+        // async-nats writes an error's source into its text and returns it as `source()`
+        // too, so `{:#}` would print it twice: the text alone says it once.
+        .map_err(|err| anyhow::anyhow!("connecting to NATS at {}: {err}", settings.describe()))
 }
 
 /// Connect options carrying the configured NATS authentication and TLS.

@@ -14,7 +14,7 @@ use crate::domain::progress::Position;
 use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
 use crate::domain::seed::SEED_SINCE_HEADER;
 use crate::domain::source::{SOURCE_HEADER, TailOrigin};
-use crate::nats::api_error::is_final_answer;
+use crate::nats::api_error::{is_final_answer, is_stream_not_found};
 use crate::nats::handshake::{Dialer, OpenError};
 use crate::nats::outbound::{self, Acks, Outbound};
 
@@ -215,10 +215,15 @@ impl Publisher {
         Ok(total)
     }
 
-    /// The stream's message count, bytes, last sequence and dedup window, for `status`.
-    pub async fn stream_info(&self) -> Result<stream::Info, PublisherError> {
-        let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
-        stream.info().await.cloned().map_err(request_error)
+    /// The stream's message count, bytes, last sequence and dedup window, for `status`;
+    /// `None` when JetStream answered that the stream does not exist.
+    pub async fn stream_info(&self) -> Result<Option<stream::Info>, PublisherError> {
+        let mut stream = match self.js.get_stream(&self.stream).await {
+            Ok(stream) => stream,
+            Err(err) if is_stream_not_found(&err) => return Ok(None),
+            Err(err) => return Err(request_error(err)),
+        };
+        stream.info().await.cloned().map(Some).map_err(request_error)
     }
 }
 
@@ -286,14 +291,6 @@ fn is_no_message(err: &stream::RawMessageError) -> bool {
         }
         _ => false,
     }
-}
-
-fn is_stream_not_found(err: &jetstream::context::GetStreamError) -> bool {
-    matches!(
-        err.kind(),
-        jetstream::context::GetStreamErrorKind::JetStream(e)
-            if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
-    )
 }
 
 /// Sorts a failed JetStream request by its kind and API error code, never its words.

@@ -175,6 +175,14 @@ impl TableSnapshot {
         Ok(count.max(0) as u64)
     }
 
+    /// Up to `limit` ids of the table, whichever come first: how its ids look, for a
+    /// selection that matched none.
+    pub async fn some_ids(&self, limit: i64) -> Result<Vec<String>, tokio_postgres::Error> {
+        let sql = format!("SELECT {}::text FROM {} LIMIT $1", self.id, self.table);
+        let rows = self.client.query(&sql, &[&limit]).await?;
+        Ok(rows.iter().filter_map(|row| row.get::<_, Option<String>>(0)).collect())
+    }
+
     fn filter(&self, selection: &Selection) -> String {
         match selection {
             Selection::Since(None) => String::new(),

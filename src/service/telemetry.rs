@@ -20,7 +20,9 @@ use crate::domain::stall::{Progress, StallDetector};
 use crate::service::error::NatsFailureKind;
 
 /// Where `/metrics`, `/healthz` and `/readyz` are served unless `--http-addr` says otherwise.
-pub const DEFAULT_HTTP_ADDR: ([u8; 4], u16) = ([127, 0, 0, 1], 9717);
+/// A `SocketAddr`, so it prints as `127.0.0.1:9717`.
+pub const DEFAULT_HTTP_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9717);
 
 /// The replication connection's `application_name` names where its process serves HTTP,
 /// e.g. `pgoutbox@127.0.0.1:9717`: `status` finds the slot holder's `/metrics` through

@@ -27,11 +27,15 @@ pub enum Command {
     Run(RunArgs),
     /// Create the publication, the replication slot and the stream (idempotent).
     Setup(SlotArgs),
-    /// Show the slot's position and lag; exit 0 healthy, 1 warning, 2 critical.
+    /// Show the slot's position and lag, and the stream; exit 0 healthy, 1 warning, 2
+    /// critical (slot missing or lost, database or NATS unreachable, the stream missing or
+    /// not this source's).
     Status(StatusArgs),
     /// Publish chosen rows of the outbox table again: by id, by created-at time, or the
     /// rows of the stream's dead letters once fixed in the table; through the running
-    /// pgoutbox when one streams into the stream; resumable.
+    /// pgoutbox when one streams into the stream; resumable with --replay-id. Exits 0 when
+    /// done, 3 when no row of the table is selected (saying how its ids look), 1 on an
+    /// error.
     Replay(ReplayArgs),
     /// Drop the replication slot and the publication (the stream is kept).
     Teardown {
@@ -83,7 +87,7 @@ pub struct StatusArgs {
     /// Where the running pgoutbox serves /metrics, read for the age of its last
     /// confirmation and whether it is stalled [default: the address the slot's holder
     /// advertises in its application_name, else 127.0.0.1:9717]
-    #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_HTTP_ADDR")]
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_HTTP_ADDR")]
     pub http_addr: Option<std::net::SocketAddr>,
 }
 
@@ -136,15 +140,18 @@ pub struct SlotArgs {
     /// dropped or lost): events committed in between are not recovered.
     #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_RECREATE_SLOT")]
     pub recreate_slot: bool,
+    /// Replicas of the stream when pgoutbox creates it (an existing stream is never changed)
+    #[arg(help_heading = NATS, long, env = "PGOUTBOX_STREAM_REPLICAS", default_value_t = 1)]
+    pub stream_replicas: usize,
     /// PostgreSQL 17+: make the slot a failover slot, synchronised to standbys that set
     /// sync_replication_slots, so streaming goes on from a promoted standby; turned on for
     /// an existing slot (see docs/operations.md, failover)
-    #[arg(long, env = "PGOUTBOX_FAILOVER")]
+    #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_FAILOVER")]
     pub failover: bool,
     /// PostgreSQL 16+: the database URL names a physical standby on purpose; keep the slot
     /// there and decode on it (needs hot_standby_feedback and the publication, made on the
     /// primary; see docs/operations.md, streaming from a standby)
-    #[arg(long, env = "PGOUTBOX_FROM_STANDBY", conflicts_with = "failover")]
+    #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_FROM_STANDBY", conflicts_with = "failover")]
     pub from_standby: bool,
 }
 
@@ -191,9 +198,6 @@ pub struct CommonArgs {
     /// Publication name.
     #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_PUBLICATION", default_value = "pgoutbox")]
     pub publication: String,
-    /// Replicas of the stream when pgoutbox creates it (an existing stream is never changed)
-    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_STREAM_REPLICAS", default_value_t = 1)]
-    pub stream_replicas: usize,
     /// JetStream stream name.
     #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_STREAM", default_value = "OUTBOX")]
     pub stream: String,

@@ -24,6 +24,8 @@ pub struct Config {
     pub slot: String,
     pub publication: String,
     pub stream: String,
+    /// Replicas of a stream pgoutbox creates: `run` and `setup` take `--stream-replicas`
+    /// ([`Config::with_stream_replicas`]); `replay` creates a missing stream with one.
     pub stream_replicas: usize,
     pub pipeline: PipelineConfig,
 }
@@ -129,8 +131,14 @@ impl Config {
             slot: args.slot.clone(),
             publication: args.publication.clone(),
             stream: args.stream.clone(),
-            stream_replicas: args.stream_replicas.max(1),
+            stream_replicas: 1,
         })
+    }
+
+    /// The replicas `run` and `setup` give a stream they create (at least one).
+    pub fn with_stream_replicas(mut self, replicas: usize) -> Self {
+        self.stream_replicas = replicas.max(1);
+        self
     }
 
     /// The subjects the stream must cover: the template's wildcard and the dead-letter subject.

@@ -254,3 +254,28 @@ async fn json_logs_are_one_object_per_line() {
     }
     assert!(log.contains("\"message\":\"streaming\""), "{log}");
 }
+
+/// Each subcommand's `--help` offers its own flags only, under their headings.
+#[test]
+fn help_offers_each_command_its_own_flags_under_headings() {
+    let help = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
+        let output = cmd.args(args).arg("--help").output().expect("--help runs");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let replay = help(&["replay"]);
+    assert!(!replay.contains("--stream-replicas"), "{replay}");
+    for command in ["run", "setup"] {
+        assert!(help(&[command]).contains("--stream-replicas"), "{command} lost it");
+    }
+    // --failover and --from-standby are Postgres settings, listed under that heading.
+    let run = help(&["run"]);
+    let postgres = run.split("\nPostgres:\n").nth(1).unwrap_or_default();
+    let postgres = postgres.split("\n\n").next().unwrap_or_default();
+    for flag in ["--failover", "--from-standby", "--recreate-slot"] {
+        assert!(postgres.contains(flag), "{flag} not under Postgres:\n{run}");
+    }
+    let options = run.split("\nOptions:\n").nth(1).unwrap_or_default();
+    let options = options.split("\n\n").next().unwrap_or_default();
+    assert!(!options.contains("--failover"), "{run}");
+}

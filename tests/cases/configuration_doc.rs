@@ -33,6 +33,7 @@ fn render() -> String {
         ("pgoutbox run", &["run"][..]),
         ("pgoutbox setup", &["setup"][..]),
         ("pgoutbox status", &["status"][..]),
+        ("pgoutbox replay", &["replay"][..]),
         ("pgoutbox teardown", &["teardown"][..]),
     ] {
         doc.push_str(&format!("\n## `{title}`\n\n```text\n{}```\n", help(args)));

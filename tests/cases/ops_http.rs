@@ -134,3 +134,22 @@ async fn metrics_have_help_build_info_process_metrics_and_counters_at_zero() {
         assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
     }
 }
+
+/// With the default HTTP address taken, pgoutbox streams without HTTP and says which
+/// address, written as an address (`127.0.0.1:9717`), not as a tuple.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_taken_default_address_is_named_as_an_address() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    // Held here, or by someone else: taken either way.
+    let _held = std::net::TcpListener::bind("127.0.0.1:9717");
+    let mut cmd = crate::support::pgoutbox::command(&pg, &nats);
+    cmd.env_remove("PGOUTBOX_HTTP_ADDR").arg("run");
+    let app = Pgoutbox::spawn(cmd);
+    let line = eventually(Duration::from_secs(20), "the warning", || async {
+        app.log().lines().find(|l| l.contains("no HTTP endpoints")).map(str::to_owned)
+    })
+    .await;
+    assert!(line.contains("the default 127.0.0.1:9717 is taken"), "{line}");
+}
