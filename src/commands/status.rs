@@ -15,6 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::nats::publisher::{Publisher, ReplayRecord};
 use crate::postgres::admin::{self, SlotState, WalStatus};
+use crate::postgres::replay_table::{self, PUBLIC_MAY_EMIT};
 use crate::service::telemetry;
 use crate::service::telemetry::names;
 use crate::settings::cli::StatusArgs;
@@ -98,6 +99,12 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                 }
                 report["problems"] = json!(problems);
                 report["postgres"] = postgres_report(&client).await;
+                let public_may_emit = replay_table::public_may_emit(&client).await.ok();
+                if public_may_emit == Some(true) {
+                    static WARNED: std::sync::Once = std::sync::Once::new();
+                    WARNED.call_once(|| tracing::warn!("{PUBLIC_MAY_EMIT}"));
+                }
+                report["postgres"]["public_may_emit_message"] = json!(public_may_emit);
                 let (nats, stream, replay) = nats_and_stream_report(config).await;
                 report["nats"] = nats;
                 report["stream"] = stream;
