@@ -228,13 +228,13 @@ impl Pipeline<'_> {
             return None;
         }
         Some(format!(
-            "a replayed row describes relation {}.{} (OID {}, columns {}), not the outbox \
-             table {name} (OID {}, columns {}): not published",
+            "a replayed row describes relation {}.{}, not the outbox table {name}: not \
+             published (OID {} for {}; columns {} for {})",
             relation.namespace,
             relation.name,
             relation.rel_id,
-            columns.join(","),
             table.oid,
+            columns.join(","),
             table.columns.join(","),
         ))
     }
