@@ -48,8 +48,12 @@ pub async fn ensure(
     };
     let (exists, published) = state(client, publication, &replay).await?;
     if !exists {
-        let sql =
-            format!("CREATE TABLE IF NOT EXISTS {} ({REPLAY_TABLE_COLUMNS})", replay.quoted());
+        // Its deletes need no key in a publication that publishes deletes too.
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {0} ({REPLAY_TABLE_COLUMNS}); \
+             ALTER TABLE {0} REPLICA IDENTITY FULL",
+            replay.quoted()
+        );
         client.batch_execute(&sql).await.map_err(|err| failed("created", err))?;
     }
     if !published {
