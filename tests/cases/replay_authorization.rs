@@ -1,8 +1,8 @@
 //! Who may hand pgoutbox an event is decided by PostgreSQL's privileges (issue 28, F2 and
 //! F4): a role with LOGIN only cannot forge a replayed row with `pg_logical_emit_message`,
 //! even with emitted events off; a role without the grant on the replay table cannot
-//! replay; a granted role's frame for another relation becomes a dead letter, never a
-//! message on the subject it chose; and a replay while pgoutbox is down waits for it instead
+//! replay; a granted role's frame for another relation, of an unknown version or with a
+//! bad replay id becomes a dead letter, never a message on the subject it chose; and a replay while pgoutbox is down waits for it instead
 //! of writing beside it, so a restart past the duplicate window stores every row once.
 
 use std::time::Duration;
@@ -17,12 +17,17 @@ use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_strea
 /// relation `schema.table` (OID `rel_id`) with the outbox table's columns, on the subject
 /// `outbox.forge.hacked`.
 fn forged_frame(rel_id: u32, schema: &str, table: &str) -> String {
+    frame(1, "forged", rel_id, schema, table)
+}
+
+/// A frame of `version`, for replay `replay_id`, as [`forged_frame`] describes.
+fn frame(version: u8, replay_id: &str, rel_id: u32, schema: &str, table: &str) -> String {
     fn cstr(out: &mut Vec<u8>, s: &str) {
         out.extend_from_slice(s.as_bytes());
         out.push(0);
     }
-    let mut out = vec![1, b'R'];
-    cstr(&mut out, "forged");
+    let mut out = vec![version, b'R'];
+    cstr(&mut out, replay_id);
     out.extend_from_slice(&1u64.to_be_bytes());
     out.extend_from_slice(&1u64.to_be_bytes());
     out.extend_from_slice(&rel_id.to_be_bytes());
@@ -120,7 +125,7 @@ async fn a_role_without_the_grant_cannot_replay_and_is_told_how() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_granted_frame_for_another_relation_is_a_dead_letter_not_a_message() {
+async fn a_granted_frame_for_another_relation_or_version_is_a_dead_letter_not_a_message() {
     let pg = Postgres::start();
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
@@ -128,18 +133,32 @@ async fn a_granted_frame_for_another_relation_is_a_dead_letter_not_a_message() {
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
     pg.psql("GRANT INSERT, SELECT, DELETE ON outbox_replay TO replayer");
-    let rel_id = pg.psql("SELECT 'public.evil'::regclass::oid");
-    let frame = forged_frame(rel_id.parse().unwrap_or(0), "public", "evil");
-    pg.psql(&format!(
-        "SET ROLE replayer; \
-         INSERT INTO outbox_replay (slot, replay_id, row_index, total, frame) \
-         VALUES ('pgoutbox', 'forged', 1, 1, {frame})"
-    ));
-    let stored = stored_after_a_legit_row(&pg, &nats, 2).await;
+    let evil: u32 = pg.psql("SELECT 'public.evil'::regclass::oid").parse().unwrap_or(0);
+    let outbox: u32 = pg.psql("SELECT 'public.outbox'::regclass::oid").parse().unwrap_or(0);
+    // Another relation; a newer format; a replay id that would misread as a row id.
+    let frames = [
+        forged_frame(evil, "public", "evil"),
+        frame(2, "forged", outbox, "public", "outbox"),
+        frame(1, "a:b", outbox, "public", "outbox"),
+    ];
+    for frame in &frames {
+        pg.psql(&format!(
+            "SET ROLE replayer; \
+             INSERT INTO outbox_replay (slot, replay_id, row_index, total, frame) \
+             VALUES ('pgoutbox', 'forged', 1, 1, {frame})"
+        ));
+    }
+    let stored = stored_after_a_legit_row(&pg, &nats, 4).await;
     let subjects: Vec<&str> = stored.iter().map(|m| m.subject.as_str()).collect();
-    assert_eq!(subjects, ["outbox.dead_letter", "outbox.order.created"], "{}", app.log());
-    let reason = stored[0].header("Pgoutbox-Dead-Letter-Reason").unwrap_or_default();
-    assert!(reason.contains("public.evil") && reason.contains("not the outbox table"), "{reason}");
+    let letter = "outbox.dead_letter";
+    assert_eq!(subjects, [letter, letter, letter, "outbox.order.created"], "{}", app.log());
+    let reasons: Vec<&str> = stored[..3]
+        .iter()
+        .map(|m| m.header("Pgoutbox-Dead-Letter-Reason").unwrap_or_default())
+        .collect();
+    assert!(reasons[0].contains("public.evil") && reasons[0].contains("not the outbox table"));
+    assert!(reasons[1].contains("version 2"), "{reasons:?}");
+    assert!(reasons[2].contains("\"a:b\""), "{reasons:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

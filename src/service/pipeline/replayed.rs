@@ -321,6 +321,45 @@ mod tests {
     }
 
     #[test]
+    fn two_rows_of_one_replay_that_share_an_id_get_two_message_ids() {
+        use crate::domain::outbox::{ColumnRoles, SubjectTemplate};
+        use crate::postgres::pgoutput::Column;
+        let column =
+            |name: &str| Column { flags: 0, name: name.into(), type_oid: 25, type_modifier: -1 };
+        let relation = Relation {
+            rel_id: 1,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: ["id", "aggregate_type", "event_type", "payload"].map(column).to_vec(),
+        };
+        let template: SubjectTemplate = "outbox.{aggregate_type}.{event_type}".parse().unwrap();
+        let config = crate::settings::config::PipelineConfig {
+            table: None,
+            roles: ColumnRoles::default(),
+            template,
+            dead_letter_subject: "outbox.dead_letter".into(),
+            max_in_flight_bytes: 1 << 20,
+            message_prefix: None,
+        };
+        let text = |s: &'static str| ColumnValue::Text(Bytes::from_static(s.as_bytes()));
+        let tuple = vec![text("7"), text("order"), text("created"), text("{}")];
+        let row = |index| ReplayedRow {
+            replay_id: "r1".into(),
+            index,
+            total: 2,
+            relation: relation.clone(),
+            tuple: tuple.clone(),
+        };
+        let mut replays = Replays::default();
+        let ids: Vec<String> = [row(1), row(2)]
+            .iter()
+            .map(|row| replays.mapping(row, &config).map(&row.tuple).unwrap().id)
+            .collect();
+        assert_eq!(ids, ["replay:r1/1:7", "replay:r1/2:7"]);
+    }
+
+    #[test]
     fn a_bytea_reads_in_either_output_format() {
         assert_eq!(bytea(b"\\x00ff10").as_deref(), Some(&[0u8, 0xff, 0x10][..]));
         assert_eq!(bytea(b"a\\\\b\\001").as_deref(), Some(&b"a\\b\x01"[..]));
