@@ -11,7 +11,7 @@ use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::stream::{
     assert_once_in_order, count, create_outbox_stream, jetstream, read_all,
 };
-use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+use crate::support::{Nats, Postgres, eventually, metric, numbered_rows, wait_until_streaming};
 
 /// A replay frame (`postgres::pgoutput::replayed`, version 1) made by hand: a row of
 /// relation `schema.table` (OID `rel_id`) with the outbox table's columns, on the subject
@@ -159,6 +159,8 @@ async fn a_granted_frame_for_another_relation_or_version_is_a_dead_letter_not_a_
     assert!(reasons[0].contains("public.evil") && reasons[0].contains("not the outbox table"));
     assert!(reasons[1].contains("version 2"), "{reasons:?}");
     assert!(reasons[2].contains("\"a:b\""), "{reasons:?}");
+    let refused = metric(app.http_port(), "pgoutbox_replayed_rows_unreadable_total ");
+    assert_eq!(refused, Some(3.0));
 }
 
 #[tokio::test(flavor = "multi_thread")]

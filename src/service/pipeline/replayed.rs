@@ -175,6 +175,7 @@ impl Pipeline<'_> {
             None => self.replays.mapping(&row, self.config),
             Some(why) => {
                 warn!(%position, reason = %why, "a replayed row is published as a dead letter");
+                self.metrics.replayed_rows_unreadable.increment(1);
                 let prefix = replay_id_prefix(&row.replay_id, row.index);
                 let mapping = RowMapping::refusing(&row.relation, &self.config.roles, why);
                 Arc::new(mapping.with_id_prefix(prefix))
