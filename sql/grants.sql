@@ -6,6 +6,18 @@
 CREATE ROLE pgoutbox LOGIN REPLICATION PASSWORD :password;
 GRANT USAGE ON SCHEMA public TO pgoutbox;
 GRANT SELECT ON public.outbox TO pgoutbox;
-CREATE PUBLICATION pgoutbox FOR TABLE public.outbox WITH (publish = 'insert');
+-- The replay table `pgoutbox replay` hands rows over through (docs/operations.md,
+-- "Publishing rows again"), in the same publication; `pgoutbox setup` makes the same one
+-- when its role may create it.
+CREATE TABLE public.outbox_replay (
+  slot text NOT NULL, replay_id text NOT NULL, row_index bigint NOT NULL,
+  total bigint NOT NULL, frame bytea NOT NULL, handed_at timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE public.outbox_replay REPLICA IDENTITY FULL;
+CREATE PUBLICATION pgoutbox FOR TABLE public.outbox, public.outbox_replay
+  WITH (publish = 'insert');
+-- Let a role replay rows into the live stream (it also needs REPLICATION and SELECT on
+-- the outbox table):
+-- GRANT INSERT, SELECT, DELETE ON public.outbox_replay TO replayer;
 -- Only with `pgoutbox run --retention`: let it delete published rows.
 -- GRANT DELETE ON public.outbox TO pgoutbox;

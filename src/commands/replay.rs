@@ -1,20 +1,21 @@
 //! `pgoutbox replay`: publishes chosen rows of the outbox table again, read from the table
 //! in one snapshot, in the seed's order (`postgres::table_snapshot`), each as the row's
 //! message (subject, headers) plus `Pgoutbox-Replay: <id>`, under a `Nats-Msg-Id` of its
-//! own, `replay:<id>:<row id>` (`domain::seed::replay_id_prefix`): JetStream stores it even
-//! while the row's first message is in its duplicate window.
+//! own, `replay:<id>/<index>:<row id>` (`domain::seed::replay_id_prefix`): JetStream stores
+//! it even while the row's first message is in its duplicate window.
 //!
 //! A replay is resumable: each message carries the replay's id, and a replay started again
 //! with `--replay-id` reads which rows the stream holds under that id (headers only) and
 //! skips them, so a replay killed at any moment and resumed stores every row once (a copy
 //! whose ack the kill lost is answered as a duplicate of itself).
 //!
-//! The stream's order belongs to the pgoutbox that writes it (its chain refuses a message
-//! written behind its back). So a replay into the stream a pgoutbox of this database is
-//! streaming into goes through it (`handover`): the rows are handed over in the WAL and it
-//! publishes them in commit order. Into any other stream (a stopped pgoutbox's, one of its
-//! own), the replay publishes them itself; into another database's pgoutbox's, it is
-//! refused.
+//! The stream's order belongs to the pgoutbox source that owns it (its chain refuses a
+//! message written behind its back, and its tail skip trusts only its own messages). So a
+//! replay into a stream this database's pgoutbox owns goes through it (`handover`), whether
+//! it runs at that moment or not: the rows are handed over in the WAL through the replay
+//! table, which the operator grants, and it publishes them in commit order. Only into a
+//! stream no pgoutbox owns does the replay publish them itself; into another database's
+//! pgoutbox's, it is refused.
 
 use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -28,8 +29,8 @@ use crate::domain::row::ColumnValue;
 use crate::domain::seed::{REPLAY_HEADER, replay_id_prefix, replay_started, row_id_of};
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::{Publisher, ReadFrom, ReplayRecord};
-use crate::postgres::admin;
 use crate::postgres::table_snapshot::{RowBatch, Selection, TableSnapshot};
+use crate::postgres::{admin, replay_table};
 use crate::settings::cli::ReplayArgs;
 use crate::settings::config::Config;
 
@@ -121,7 +122,10 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
         anyhow::bail!("--replay-id {id:?}: use letters, digits, '.', '_' and '-' only");
     }
     let route = route(config, &client, &publisher).await?;
-    if route == Route::Handover && args.replay_id.is_some() && !args.dry_run {
+    if let Route::Handover { .. } = route {
+        replay_table::check_may_replay(&client, &config.publication, &config.table).await?;
+    }
+    if route == (Route::Handover { live: true }) && args.replay_id.is_some() && !args.dry_run {
         eprintln!(
             "replay {id}: waiting for pgoutbox to publish what this replay handed over before"
         );
@@ -159,8 +163,11 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
         snapshot.order(),
         done.len(),
         match route {
-            Route::Handover => "handed to the pgoutbox streaming into this stream",
-            Route::Direct => "published by this command (no pgoutbox streams into this stream)",
+            Route::Handover { live: true } => "handed to the pgoutbox streaming into this stream",
+            Route::Handover { live: false } => {
+                "handed to the pgoutbox that owns this stream, to publish when it runs"
+            }
+            Route::Direct => "published by this command (no pgoutbox owns this stream)",
         },
     );
     if args.dry_run {
@@ -175,13 +182,21 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     let plan = Plan { selection, id: id.clone(), done, total };
     let mut tally = match route {
         Route::Direct => publish(config, args, &publisher, &snapshot, &plan).await?,
-        Route::Handover => {
-            let progress = Progress::start(&publisher, &id, total).await;
+        Route::Handover { live } => {
+            let progress = (Progress::start(&publisher, &id, total).await, live);
             handover::hand_over(config, args, &client, &snapshot, &plan, progress).await?
         }
     };
     snapshot.close().await;
-    if route == Route::Handover {
+    if route == (Route::Handover { live: false }) {
+        println!(
+            "replay {id}: {} handed over, to be published when pgoutbox runs; {} stored \
+             before the resume, {} cannot be published (see the warnings)",
+            tally.stored, tally.before, tally.unpublishable
+        );
+        return Ok(());
+    }
+    if route == (Route::Handover { live: true }) {
         // What pgoutbox published, read back: a pgoutbox older than this replay confirms
         // past the rows without publishing them.
         let (stored, _) = publisher
@@ -210,10 +225,11 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
 /// Who publishes the replayed rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
-    /// This command, into a stream no pgoutbox streams into now.
+    /// This command, into a stream no pgoutbox owns.
     Direct,
-    /// The pgoutbox streaming into the stream, handed the rows through the WAL.
-    Handover,
+    /// The pgoutbox that owns the stream, handed the rows through the WAL; `live` when it
+    /// streams from its slot now (the replay then waits until they are published).
+    Handover { live: bool },
 }
 
 /// The rows asked for; `--dead-letters` reads their ids from the dead-letter subject.
@@ -242,8 +258,9 @@ async fn selection(
     }
 }
 
-/// A pgoutbox streaming into this stream from this database's slot publishes the rows;
-/// another database's pgoutbox owns the stream's order, so that is refused.
+/// The pgoutbox that owns this stream, from this database's slot, publishes the rows,
+/// running or not: nothing is written into its stream beside it; another database's
+/// pgoutbox owns the stream's order, so that is refused.
 async fn route(
     config: &Config,
     client: &tokio_postgres::Client,
@@ -268,8 +285,16 @@ async fn route(
                     config.stream
                 );
             }
-            let live = admin::slot_state(client, &config.slot).await?.is_some_and(|s| s.active);
-            Ok(if live { Route::Handover } else { Route::Direct })
+            let Some(slot) = admin::slot_state(client, &config.slot).await? else {
+                anyhow::bail!(
+                    "stream {} belongs to this database's pgoutbox, and its slot {} does not \
+                     exist: rows handed over now would be read by no one; start pgoutbox \
+                     (with --recover, see docs/operations.md) and replay then",
+                    config.stream,
+                    config.slot
+                );
+            };
+            Ok(Route::Handover { live: slot.active })
         }
     }
 }
@@ -383,8 +408,7 @@ async fn publish(
 ) -> anyhow::Result<Tally> {
     let Plan { selection, id, total, .. } = plan;
     let roles = &config.pipeline.roles;
-    let mapping = RowMapping::new(snapshot.relation(), roles, &config.pipeline.template)?
-        .with_id_prefix(replay_id_prefix(id));
+    let mapping = RowMapping::new(snapshot.relation(), roles, &config.pipeline.template)?;
     let (mut rows, _reader) = snapshot.read(selection);
     let mut pace = args.rate.map(|rate| {
         let mut pace = tokio::time::interval(Duration::from_secs(1) / rate.get());
@@ -402,6 +426,7 @@ async fn publish(
         }
         for tuple in batch {
             seen += 1;
+            let mapping = mapping.clone().with_id_prefix(replay_id_prefix(id, seen));
             let Some(event) = plan.admit(&mapping, &tuple, &mut tally) else { continue };
             if let Some(pace) = pace.as_mut() {
                 pace.tick().await;

@@ -80,6 +80,9 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let client = prepare_database(config, args.slot.from_standby).await?;
+    if !args.message_prefix.is_empty() {
+        super::setup::warn_if_public_may_emit(&client).await;
+    }
     if args.retention.is_some() {
         let column = &config.pipeline.roles.created_at;
         crate::postgres::admin::check_prerequisites(

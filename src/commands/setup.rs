@@ -8,6 +8,8 @@ use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
+use crate::postgres::outbox_table::replay_table;
+use crate::postgres::replay_table::{self as replays, PUBLIC_MAY_EMIT};
 use crate::service::error::PipelineError;
 use crate::service::seed::{SeedKind, seed_slot};
 use crate::settings::cli::SlotArgs;
@@ -18,6 +20,8 @@ pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
     ensure_stream_and_slot(config, &client, &publisher, args, None).await?;
+    // `setup` does not know the prefix `run` will get; it is on by default.
+    warn_if_public_may_emit(&client).await;
     println!(
         "ready: publication {}, slot {}, stream {}",
         config.publication, config.slot, config.stream
@@ -50,10 +54,34 @@ pub async fn prepare_database(
         if admin::ensure_publication_for_messages(&client, &config.publication).await? {
             info!(publication = %config.publication, "publication created (messages only)");
         }
-    } else if admin::ensure_publication(&client, &config.publication, &config.table).await? {
-        info!(publication = %config.publication, table = %config.table, "publication created");
+    } else {
+        if admin::ensure_publication(&client, &config.publication, &config.table).await? {
+            info!(publication = %config.publication, table = %config.table, "publication created");
+        }
+        ensure_replay_table(config, &client).await;
     }
     Ok(client)
+}
+
+/// The replay table, created and added to the publication when missing (an upgrade from a
+/// version without it included). When this role may not, replays into the live stream are
+/// off, said once; streaming goes on.
+async fn ensure_replay_table(config: &Config, client: &tokio_postgres::Client) {
+    match replays::ensure(client, &config.publication, &config.table).await {
+        Ok(true) => info!(table = %replay_table(&config.table), publication = %config.publication,
+            "replay table created and published"),
+        Ok(false) => {}
+        Err(err) => warn!("{err}"),
+    }
+}
+
+/// Where emitted events are streamed: one warning when any role may emit one.
+pub async fn warn_if_public_may_emit(client: &tokio_postgres::Client) {
+    match replays::public_may_emit(client).await {
+        Ok(true) => warn!("{PUBLIC_MAY_EMIT}"),
+        Ok(false) => {}
+        Err(err) => warn!(error = %err, "could not read who may run pg_logical_emit_message"),
+    }
 }
 
 /// Creates the stream and the slot when missing, after claiming the stream for this

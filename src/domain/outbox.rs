@@ -184,12 +184,14 @@ pub struct MappingError {
     hint: &'static str,
 }
 
+#[derive(Clone)]
 enum SubjectPart {
     Literal(String),
     Column(usize),
 }
 
 /// Column positions for one version of the outbox table.
+#[derive(Clone)]
 pub struct RowMapping {
     table: String,
     column_names: Vec<String>,
@@ -260,6 +262,16 @@ impl RowMapping {
     /// before that column was added: each of its rows becomes a dead letter saying so, where
     /// failing would stop pgoutbox on every start until the WAL past it was thrown away.
     pub fn unusable(relation: &Relation, roles: &ColumnRoles, missing: &MappingError) -> Self {
+        let why = format!(
+            "the row was written before column {:?} (the {}) was added to {}",
+            missing.column, missing.role, missing.table
+        );
+        Self::refusing(relation, roles, why)
+    }
+
+    /// A mapping that publishes none of its rows: each becomes a dead letter saying `why`
+    /// (a replayed row pgoutbox may not publish, `service::pipeline::replayed`).
+    pub fn refusing(relation: &Relation, roles: &ColumnRoles, why: String) -> Self {
         let find = |name: &str| relation.columns.iter().position(|c| c.name == name);
         RowMapping {
             table: format!("{}.{}", relation.namespace, relation.name),
@@ -271,10 +283,7 @@ impl RowMapping {
             headers: None,
             header_columns: Vec::new(),
             subject: Vec::new(),
-            unusable: Some(format!(
-                "the row was written before column {:?} (the {}) was added to {}",
-                missing.column, missing.role, missing.table
-            )),
+            unusable: Some(why),
             id_prefix: String::new(),
         }
     }

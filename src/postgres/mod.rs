@@ -9,6 +9,7 @@ mod backend;
 pub(crate) mod conninfo;
 pub(crate) mod outbox_table;
 pub mod pgoutput;
+pub(crate) mod replay_table;
 mod socket;
 pub(crate) mod table_snapshot;
 pub(crate) mod tls;

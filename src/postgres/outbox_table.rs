@@ -44,19 +44,42 @@ pub struct OutboxTable {
     /// Its columns today: a row version that lacks one of these was written before it was
     /// added (`RowMapping::unusable`), one that lacks another column is a misconfiguration.
     pub columns: Vec<String>,
+    /// The OID of its replay table ([`replay_table`]) when that is in the publication:
+    /// only rows inserted there are replayed rows; `None` turns replays off.
+    pub replay: Option<u32>,
 }
 
+/// The table `pgoutbox replay` hands rows over through, `<outbox table>_replay` beside the
+/// outbox table: `setup` creates it and adds it to the publication, and a role may replay
+/// once the operator granted it INSERT, SELECT and DELETE on it. Who may hand pgoutbox an
+/// event is so decided by PostgreSQL's privileges, as it is for the outbox table itself.
+pub fn replay_table(table: &TableName) -> TableName {
+    TableName { schema: table.schema.clone(), name: format!("{}_replay", table.name) }
+}
+
+/// Its columns: the slot the row is for (a pgoutbox takes only its own), the replay's id,
+/// the row's place in it, and the frame (`postgres::pgoutput::ReplayFrame`).
+pub const REPLAY_TABLE_COLUMNS: &str = "slot text NOT NULL, replay_id text NOT NULL, \
+     row_index bigint NOT NULL, total bigint NOT NULL, frame bytea NOT NULL, \
+     handed_at timestamptz NOT NULL DEFAULT now()";
+
 /// The query [`judge`] reads: the table's OID, whether the publication exists, publishes
-/// inserts, and holds the table, and the table's columns.
+/// inserts, and holds the table, the table's columns, and the replay table's OID when the
+/// publication holds it.
 pub fn query(table: &TableName, publication: &str) -> String {
     let (schema, name, publication) =
         (escape_literal(&table.schema), escape_literal(&table.name), escape_literal(publication));
+    let replay = escape_literal(&replay_table(table).name);
     format!(
         "SELECT c.oid::text, (p.oid IS NOT NULL)::text, coalesce(p.pubinsert, false)::text, \
                 EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = {publication} \
                         AND t.schemaname = n.nspname AND t.tablename = c.relname)::text, \
                 (SELECT string_agg(a.attname, ',') FROM pg_attribute a \
-                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) \
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), \
+                (SELECT r.oid::text FROM pg_class r \
+                 JOIN pg_publication_tables t ON t.pubname = {publication} \
+                   AND t.schemaname = n.nspname AND t.tablename = r.relname \
+                 WHERE r.relnamespace = n.oid AND r.relname = {replay}) \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          LEFT JOIN pg_publication p ON p.pubname = {publication} \
          WHERE n.nspname = {schema} AND c.relname = {name}"
@@ -87,14 +110,15 @@ pub fn judge(
         field(row, 0).parse().map_err(|_| TableDrift::Missing { table: table.to_string() })?;
     // Column names cannot hold a comma unquoted; one that does only misjudges its own row.
     let columns = field(row, 4).split(',').map(str::to_owned).collect();
-    Ok(OutboxTable { oid, columns })
+    let replay = field(row, 5).parse().ok();
+    Ok(OutboxTable { oid, columns, replay })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn row(fields: [&str; 5]) -> Vec<TextRow> {
+    fn row(fields: [&str; 6]) -> Vec<TextRow> {
         vec![fields.iter().map(|f| Some(f.to_string())).collect()]
     }
 
@@ -103,14 +127,17 @@ mod tests {
         let table: TableName = "public.outbox".parse().unwrap();
         let judge = |rows: &[TextRow]| judge(rows, &table, "pgoutbox");
         let columns = vec!["id".to_owned(), "payload".to_owned()];
-        let published = judge(&row(["16384", "true", "true", "true", "id,payload"]));
-        assert_eq!(published, Ok(OutboxTable { oid: 16384, columns }));
+        let published = judge(&row(["16384", "true", "true", "true", "id,payload", "16390"]));
+        let replay = Some(16390);
+        assert_eq!(published, Ok(OutboxTable { oid: 16384, columns: columns.clone(), replay }));
+        let no_replays = judge(&row(["16384", "true", "true", "true", "id,payload", ""]));
+        assert_eq!(no_replays, Ok(OutboxTable { oid: 16384, columns, replay: None }));
         assert!(matches!(judge(&[]), Err(TableDrift::Missing { .. })));
-        let no_publication = judge(&row(["16384", "false", "false", "false", "id"]));
+        let no_publication = judge(&row(["16384", "false", "false", "false", "id", ""]));
         assert!(matches!(no_publication, Err(TableDrift::NoPublication { .. })));
-        let no_inserts = judge(&row(["16384", "true", "false", "true", "id"]));
+        let no_inserts = judge(&row(["16384", "true", "false", "true", "id", ""]));
         assert!(matches!(no_inserts, Err(TableDrift::InsertsNotPublished { .. })));
-        let dropped = judge(&row(["16384", "true", "true", "false", "id"])).unwrap_err();
+        let dropped = judge(&row(["16384", "true", "true", "false", "id", ""])).unwrap_err();
         assert!(dropped.to_string().contains("ALTER PUBLICATION pgoutbox ADD TABLE public.outbox"));
     }
 

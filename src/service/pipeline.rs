@@ -25,7 +25,7 @@ use crate::domain::source::Source;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher, refused_for_itself};
 use crate::postgres::outbox_table::OutboxTable;
-use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage, replay_prefix};
+use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
@@ -87,8 +87,7 @@ pub struct Pipeline<'a> {
     table: Option<OutboxTable>,
     /// The mapping of `pg_logical_emit_message` events, when they are streamed.
     emitted: Option<Arc<RowMapping>>,
-    /// The prefix of the rows `pgoutbox replay` hands over through the WAL, and those rows.
-    replay_prefix: String,
+    /// The rows `pgoutbox replay` hands over through the replay table.
     replays: Replays,
     transaction: Option<Transaction>,
     /// This source, and its `Pgoutbox-Source` header rendered once.
@@ -167,7 +166,6 @@ impl<'a> Pipeline<'a> {
             emitted: config.message_prefix.as_ref().map(|prefix| {
                 Arc::new(RowMapping::for_emitted_messages(prefix, &config.roles, &config.template))
             }),
-            replay_prefix: replay_prefix(&resume.source.slot),
             replays: Replays::default(),
             transaction: None,
             // Source fields are made header-safe in `Source::new`.
@@ -343,6 +341,15 @@ impl<'a> Pipeline<'a> {
                 self.metrics.transactions.increment(1);
                 self.observe_confirmed();
             }
+            LogicalMessage::Relation(relation)
+                if Replays::is_replay_relation(
+                    &relation,
+                    self.table.as_ref(),
+                    self.config.table.as_ref(),
+                ) =>
+            {
+                self.replays.describe(relation);
+            }
             LogicalMessage::Relation(relation) => {
                 let ours = self.table.as_ref().is_some_and(|t| t.oid == relation.rel_id);
                 if let Some(table) = self.config.table.as_ref().filter(|_| ours)
@@ -353,6 +360,7 @@ impl<'a> Pipeline<'a> {
                          they are published all the same (matched by the table's OID)");
                 }
                 let mapping = if ours {
+                    self.replays.outbox_described(&relation);
                     let roles = &self.config.roles;
                     let mapping = match RowMapping::new(&relation, roles, &self.config.template) {
                         Ok(mapping) => mapping,
@@ -388,6 +396,9 @@ impl<'a> Pipeline<'a> {
     }
 
     async fn on_insert(&mut self, insert: Insert) -> Result<(), PipelineError> {
+        if self.replays.is_replay_table(insert.rel_id) {
+            return self.on_replayed(insert.tuple).await;
+        }
         let position = self.next_position("Insert outside a transaction")?;
         let mapping = match self.mappings.get(&insert.rel_id) {
             Some(Some(mapping)) => Arc::clone(mapping),

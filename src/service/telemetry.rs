@@ -80,7 +80,8 @@ fn describe() {
         (names::RETENTION_DELETED, "Outbox rows deleted by --retention."),
         (
             names::REPLAYED_ROWS_UNREADABLE,
-            "Rows handed over by pgoutbox replay in a format this pgoutbox cannot read, left out.",
+            "Rows inserted into the replay table that pgoutbox may not publish (unreadable, \
+             of a newer version, or for another relation): published as dead letters.",
         ),
     ];
     for (name, help) in counters {

@@ -34,6 +34,7 @@ mod publishing_connection;
 mod quiet_cli;
 mod recovery;
 mod replay;
+mod replay_authorization;
 mod replay_ids_never_collide;
 mod replay_past_a_foreign_tail;
 mod retention;

@@ -19,11 +19,19 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// `REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(...) FROM PUBLIC`, every overload.
+pub const REVOKE_EMIT: &str = "DO $$ DECLARE f regprocedure; BEGIN \
+    FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' \
+    LOOP EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); END LOOP; END $$";
+
 #[test]
 fn setup_status_and_teardown_print_their_result_and_nothing_else() {
     let pg = Postgres::start();
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
+    // As docs/operations.md hardens it: else setup and status warn that any role may emit
+    // events.
+    pg.psql(REVOKE_EMIT);
     for args in [&["setup"][..], &["status"], &["status", "--json"], &["teardown", "--yes"]] {
         let output = quiet(&pg, &nats, args);
         assert!(output.status.code().is_some_and(|c| c <= 1), "{args:?}: {}", stderr(&output));

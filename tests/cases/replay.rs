@@ -189,8 +189,10 @@ async fn a_replay_into_the_live_stream_survives_kill9_of_itself_and_of_pgoutbox(
     assert_once_in_order(&live, written, &context);
     assert_once_in_order(&again, replayed, &context);
     assert!(again.iter().all(|m| m.header("Pgoutbox-Position").is_some()), "not via pgoutbox");
+    // `replay:<replay id>/<index in the selection>:<row id>`
     let msg_id = again[7].header("Nats-Msg-Id").unwrap_or_default();
-    assert_eq!(msg_id, format!("replay:{id}:{}", live[7].header("Nats-Msg-Id").unwrap_or("?")));
+    let row_id = live[7].header("Nats-Msg-Id").unwrap_or("?");
+    assert_eq!(msg_id, format!("replay:{id}/8:{row_id}"));
     let port = app.http_port();
     assert_eq!(metric(port, "pgoutbox_replay_rows_done "), metric(port, "pgoutbox_replay_rows "));
     assert_eq!(metric(port, "pgoutbox_replay_rows_left "), Some(0.0));

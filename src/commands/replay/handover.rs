@@ -1,7 +1,12 @@
-//! A replay into the stream a running pgoutbox writes: the rows are handed to it through
-//! the WAL (`postgres::pgoutput::replayed`), a few hundred per transaction, and it publishes
+//! A replay into the stream a pgoutbox source owns: the rows are handed to it through the
+//! WAL, inserted into the replay table (`postgres::outbox_table::replay_table`, which only
+//! roles granted INSERT may write) as frames (`postgres::pgoutput::replayed`), a few
+//! thousand per transaction, and deleted again in the same transaction: the insert is in
+//! the WAL, and the insert-only publication does not publish the delete. pgoutbox publishes
 //! them in commit order among the live rows, chained like every other message. Nothing is
-//! written beside it, so its order and its exactly-once hold for the replayed rows too.
+//! written beside it, so its order and its exactly-once hold for the replayed rows too,
+//! whether or not it runs at that moment: rows handed over while it is down wait in the
+//! slot, and it publishes them when it runs again.
 //!
 //! A row handed over is in the stream once the slot's `confirmed_flush_lsn` passes the
 //! transaction that carried it: pgoutbox confirms nothing JetStream has not acknowledged.
@@ -17,7 +22,9 @@ use tokio_postgres::types::PgLsn;
 
 use super::{Plan, Progress, Tally, next_rows};
 use crate::domain::outbox::RowMapping;
-use crate::postgres::pgoutput::{ReplayFrame, ReplayedRow, replay_prefix};
+use crate::postgres::admin::TableName;
+use crate::postgres::outbox_table::replay_table;
+use crate::postgres::pgoutput::{ReplayFrame, ReplayedRow};
 use crate::postgres::table_snapshot::TableSnapshot;
 use crate::settings::cli::ReplayArgs;
 use crate::settings::config::Config;
@@ -105,20 +112,21 @@ async fn prepare_session(client: &Client) -> anyhow::Result<()> {
         .context("preparing the session that hands rows over")
 }
 
-/// Hands the plan's rows to the pgoutbox streaming from `config.slot`, and waits until it
-/// published them.
+/// Hands the plan's rows to the pgoutbox of `config.slot`. With `wait` (a pgoutbox streams
+/// from the slot), keeps at most [`AHEAD`] rows waiting for it and waits until it published
+/// them all; without, hands them all over and returns: they wait in the slot.
 pub(super) async fn hand_over(
     config: &Config,
     args: &ReplayArgs,
     client: &Client,
     snapshot: &TableSnapshot,
     plan: &Plan,
-    mut progress: Progress<'_>,
+    (mut progress, wait): (Progress<'_>, bool),
 ) -> anyhow::Result<Tally> {
     let Plan { selection, id, total, .. } = plan;
     prepare_session(client).await?;
     let mut slot = Slot { client, name: &config.slot, inactive_since: None };
-    let prefix = replay_prefix(&config.slot);
+    let to = Handover { table: replay_table(&config.table), slot: &config.slot, replay_id: id };
     let relation = snapshot.relation();
     let mapping = RowMapping::new(relation, &config.pipeline.roles, &config.pipeline.template)?;
     let chunk_size = args.rate.map_or(CHUNK, |rate| (rate.get() as usize / 10).clamp(1, CHUNK));
@@ -130,7 +138,7 @@ pub(super) async fn hand_over(
     });
     let (mut rows, _reader) = snapshot.read(selection);
     let mut tally = Tally::default();
-    let (mut chunk, mut chunk_bytes): (Vec<Vec<u8>>, usize) = (Vec::new(), 0);
+    let (mut chunk, mut chunk_bytes): (Vec<(i64, Vec<u8>)>, usize) = (Vec::new(), 0);
     // Each transaction handed over: where it ends, how many rows it carried, and how many
     // rows of the selection were read up to its last.
     let mut handed: std::collections::VecDeque<(u64, u64, u64)> = Default::default();
@@ -152,7 +160,7 @@ pub(super) async fn hand_over(
             };
             let frame = ReplayFrame::Row(row).encode();
             chunk_bytes += frame.len();
-            chunk.push(frame);
+            chunk.push((seen as i64, frame));
             if chunk.len() < chunk_size && chunk_bytes < CHUNK_BYTES {
                 continue;
             }
@@ -161,10 +169,13 @@ pub(super) async fn hand_over(
                 pace.tick().await;
             }
             let rows = chunk.len() as u64;
-            handed.push_back((emit(client, &prefix, &mut chunk).await?, rows, seen));
+            handed.push_back((to.insert(client, *total, &mut chunk).await?, rows, seen));
             handed_rows += rows;
-            // Keep at most AHEAD rows waiting for pgoutbox.
+            // Keep at most AHEAD rows waiting for pgoutbox, when it runs.
             loop {
+                if !wait {
+                    break;
+                }
                 let confirmed = slot.confirmed().await?;
                 while let Some(&(_, rows, up_to)) = handed.front().filter(|h| h.0 <= confirmed) {
                     (published, done_up_to) = (published + rows, up_to);
@@ -189,28 +200,61 @@ pub(super) async fn hand_over(
     }
     // The rest, then the end, which carries no row: the progress reaches its total.
     let rows = chunk.len() as u64;
-    chunk.push(ReplayFrame::End { replay_id: id.clone(), total: *total }.encode());
-    let end = emit(client, &prefix, &mut chunk).await?;
+    chunk.push((0, ReplayFrame::End { replay_id: id.clone(), total: *total }.encode()));
+    let end = to.insert(client, *total, &mut chunk).await?;
     handed_rows += rows;
+    tally.stored = handed_rows;
+    if !wait {
+        eprintln!(
+            "replay {id}: {handed_rows} rows handed over to slot {}, which no pgoutbox streams \
+             from now: pgoutbox publishes them when it runs (pgoutbox status shows them)",
+            config.slot
+        );
+        return Ok(tally);
+    }
     eprintln!("replay {id}: {handed_rows} rows handed over; waiting for pgoutbox to publish them");
     slot.wait_confirmed(end).await?;
     progress.finish(*total).await;
-    tally.stored = handed_rows;
     Ok(tally)
 }
 
-/// Commits `frames` as one transaction of replay messages, in order, and answers a WAL
-/// position past its commit.
-async fn emit(client: &Client, prefix: &str, frames: &mut Vec<Vec<u8>>) -> anyhow::Result<u64> {
-    client
-        .query_one(
-            "SELECT count(pg_logical_emit_message(true, $1, frame)) \
-             FROM unnest($2::bytea[]) AS frame",
-            &[&prefix, &*frames],
-        )
-        .await
-        .context("handing replayed rows over through the WAL")?;
-    frames.clear();
-    let row = client.query_one("SELECT pg_current_wal_lsn()", &[]).await?;
-    Ok(u64::from(row.try_get::<_, PgLsn>(0)?))
+/// Where a replay's rows are handed over.
+struct Handover<'a> {
+    table: TableName,
+    slot: &'a str,
+    replay_id: &'a str,
+}
+
+impl Handover<'_> {
+    /// Commits `frames` (each with its row's place in the selection) as one transaction of
+    /// rows of the replay table, in order, deleted again before the commit (the inserts are
+    /// in the WAL), and answers a WAL position past its commit.
+    async fn insert(
+        &self,
+        client: &Client,
+        total: u64,
+        frames: &mut Vec<(i64, Vec<u8>)>,
+    ) -> anyhow::Result<u64> {
+        let (indexes, frames_only): (Vec<i64>, Vec<&[u8]>) =
+            frames.iter().map(|(index, frame)| (*index, frame.as_slice())).unzip();
+        let table = self.table.quoted();
+        let (insert, delete) = (
+            format!(
+                "INSERT INTO {table} (slot, replay_id, row_index, total, frame) \
+                 SELECT $1, $2, i, $3, f FROM unnest($4::bigint[], $5::bytea[]) AS u(i, f)"
+            ),
+            format!("DELETE FROM {table} WHERE slot = $1 AND replay_id = $2"),
+        );
+        let (slot, id, total) = (self.slot, self.replay_id, total as i64);
+        let handed = async {
+            client.batch_execute("BEGIN").await?;
+            client.execute(&insert, &[&slot, &id, &total, &indexes, &frames_only]).await?;
+            client.execute(&delete, &[&slot, &id]).await?;
+            client.batch_execute("COMMIT").await
+        };
+        handed.await.context("handing replayed rows over through the replay table")?;
+        frames.clear();
+        let row = client.query_one("SELECT pg_current_wal_lsn()", &[]).await?;
+        Ok(u64::from(row.try_get::<_, PgLsn>(0)?))
+    }
 }

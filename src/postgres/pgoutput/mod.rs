@@ -14,7 +14,7 @@ use bytes::Bytes;
 use cursor::Cursor;
 
 pub use crate::domain::row::{Column, ColumnValue, Relation};
-pub use replayed::{ReplayFrame, ReplayedRow, replay_prefix};
+pub use replayed::{ReplayFrame, ReplayedRow};
 
 /// One pgoutput message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +110,8 @@ pub enum DecodeError {
     TrailingBytes { message: char, extra: usize },
     #[error("replayed row in an unknown format (version {0}): a newer pgoutbox replay wrote it")]
     UnknownReplayVersion(u8),
+    #[error("replayed row with replay id {0:?}: ids are letters, digits, '.', '_' and '-'")]
+    BadReplayId(String),
     #[error("empty pgoutput message")]
     Empty,
 }

@@ -1,8 +1,8 @@
-//! A row `pgoutbox replay` hands to the running pgoutbox through the WAL: the content of a
-//! transactional `pg_logical_emit_message` whose prefix names the slot ([`replay_prefix`]).
-//! Decoded in commit order like any change, the row is published by the pipeline in that
-//! place, chained like every other message, so a replay into a live stream never writes
-//! beside it.
+//! A row `pgoutbox replay` hands to the running pgoutbox through the WAL: the `frame` of a
+//! row it inserts into the replay table (`postgres::outbox_table::replay_table`), which only
+//! roles the operator granted INSERT may write. Decoded in commit order like any change,
+//! the row is published by the pipeline in that place, chained like every other message,
+//! so a replay into a live stream never writes beside it.
 //!
 //! The row travels with its relation, both in pgoutput's own formats (the Relation message
 //! body and TupleData), so the pipeline maps it exactly as it maps an Insert. A replay ends
@@ -18,14 +18,9 @@ use bytes::{BufMut, Bytes};
 
 use super::cursor::Cursor;
 use super::{ColumnValue, DecodeError, Relation, parse_relation, parse_tuple};
+use crate::domain::seed::is_replay_id;
 
 const VERSION: u8 = 1;
-
-/// The prefix of the replay messages for `slot`: a slot is one per database, so one
-/// pgoutbox takes them and other slots on the same database pass them by.
-pub fn replay_prefix(slot: &str) -> String {
-    format!("pgoutbox.replay.{slot}")
-}
 
 /// What a replay hands over: a row, or its end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +65,9 @@ impl ReplayFrame {
         }
         let kind = cur.u8()?;
         let (replay_id, index, total) = (cur.cstr()?, cur.u64()?, cur.u64()?);
+        if !is_replay_id(&replay_id) {
+            return Err(DecodeError::BadReplayId(replay_id));
+        }
         let frame = match kind {
             b'R' => ReplayFrame::Row(ReplayedRow {
                 replay_id,
@@ -228,7 +226,7 @@ mod tests {
     proptest! {
         #[test]
         fn any_row_comes_back_as_it_went(
-            replay_id in "[a-z0-9-]{0,20}",
+            replay_id in "[a-z0-9-]{1,20}",
             index in any::<u64>(),
             names in proptest::collection::vec("[a-z_]{1,12}", 0..6),
             tuple in proptest::collection::vec(value(), 0..6),
@@ -247,7 +245,10 @@ mod tests {
     }
 
     #[test]
-    fn the_prefix_names_the_slot() {
-        assert_eq!(replay_prefix("pgoutbox"), "pgoutbox.replay.pgoutbox");
+    fn a_replay_id_with_a_separator_is_refused() {
+        let mut row = row();
+        row.replay_id = "r1:x".into();
+        let err = ReplayFrame::decode(&Bytes::from(ReplayFrame::Row(row).encode()));
+        assert_eq!(err, Err(DecodeError::BadReplayId("r1:x".into())));
     }
 }

@@ -14,14 +14,13 @@ impl Pipeline<'_> {
     /// A `pg_logical_emit_message` event. A transactional one is a row of its transaction, in
     /// its place among the table's rows. A non-transactional one is sent by Postgres at once,
     /// even if its transaction later rolls back, so it is never published: it is logged and
-    /// counted, and the docs tell the application to pass `true`.
+    /// counted, and the docs tell the application to pass `true`. None is published without
+    /// a `--message-prefix` (`emitted` is `None`), whatever its prefix: replayed rows come
+    /// through the replay table, never as messages (`pipeline::replayed`).
     pub(super) async fn on_emitted(
         &mut self,
         message: DecodingMessage,
     ) -> Result<(), PipelineError> {
-        if message.prefix == self.replay_prefix {
-            return self.on_replayed(message).await;
-        }
         let Some(mapping) = &self.emitted else { return Ok(()) };
         if Some(&message.prefix) != self.config.message_prefix.as_ref() {
             return Ok(());

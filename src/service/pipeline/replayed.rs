@@ -1,29 +1,48 @@
-//! Rows `pgoutbox replay` handed over through the WAL (`postgres::pgoutput::replayed`), in
-//! the pipeline: each a row of its transaction, in its commit-order place, mapped by this
-//! pgoutbox's own mapping, marked with its replay's id, and counted on `/metrics` once
-//! JetStream acknowledged it.
+//! Rows `pgoutbox replay` handed over through the replay table
+//! (`postgres::outbox_table::replay_table`), in the pipeline: each a row of its
+//! transaction, in its commit-order place, mapped by this pgoutbox's own mapping, marked
+//! with its replay's id, and counted on `/metrics` once JetStream acknowledged it.
+//!
+//! Who may hand pgoutbox a row is decided by PostgreSQL: only an Insert into the replay
+//! table (matched by OID, as the outbox table is), which only roles granted INSERT on it
+//! can write, carries one; and its frame must describe the outbox table as pgoutbox knows
+//! it (schema, name, OID and columns). A frame that cannot be read or describes another
+//! relation becomes a dead letter saying so: never dropped, never published on a subject
+//! of its own choosing.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use tracing::warn;
 
-use super::{Pipeline, lsn};
+use super::Pipeline;
 use crate::domain::outbox::RowMapping;
 use crate::domain::progress::Position;
 use crate::domain::seed::replay_id_prefix;
-use crate::postgres::pgoutput::{DecodingMessage, Relation, ReplayFrame, ReplayedRow};
+use crate::postgres::pgoutput::{ColumnValue, Relation, ReplayFrame, ReplayedRow};
 use crate::service::error::PipelineError;
 
 /// The replayed rows of one attempt.
 #[derive(Default)]
 pub(super) struct Replays {
-    /// The mapping of the relation and replay of the last replayed row.
-    mapping: Option<(Relation, String, Arc<RowMapping>)>,
+    /// The replay table as pgoutput last described it.
+    table: Option<ReplayTable>,
+    /// The outbox table's columns as pgoutput last described them, newer than the
+    /// catalog's at the attempt's start when the table changed since.
+    outbox_columns: Option<Vec<String>>,
+    /// The mapping of the relation of the last replayed row, without its id prefix.
+    mapping: Option<(Relation, Arc<RowMapping>)>,
     /// Replayed rows sent and not yet acknowledged, oldest first.
     awaiting: VecDeque<Awaiting>,
     /// A replay's end (its total), decoded while messages were still in flight.
     end: Option<u64>,
+}
+
+struct ReplayTable {
+    relation: Relation,
+    slot: Option<usize>,
+    frame: Option<usize>,
 }
 
 struct Awaiting {
@@ -33,7 +52,48 @@ struct Awaiting {
     total: u64,
 }
 
+/// What one row of the replay table hands over.
+enum Handed {
+    /// A row of another slot's pgoutbox (one replay table serves every slot of the table).
+    NotOurs,
+    Row(ReplayedRow),
+    End(u64),
+    /// Why it cannot be published.
+    Refused(String),
+}
+
 impl Replays {
+    /// Whether `relation` is the replay table: by OID, as the catalog had it at the
+    /// attempt's start, or by the name pgoutput gives it (added to the publication since).
+    pub(super) fn is_replay_relation(
+        relation: &Relation,
+        table: Option<&crate::postgres::outbox_table::OutboxTable>,
+        name: Option<&crate::postgres::admin::TableName>,
+    ) -> bool {
+        let by_oid = table.is_some_and(|t| t.replay == Some(relation.rel_id));
+        let by_name = name.is_some_and(|name| {
+            let replay = crate::postgres::outbox_table::replay_table(name);
+            relation.namespace == replay.schema && relation.name == replay.name
+        });
+        by_oid || by_name
+    }
+
+    /// The replay table as pgoutput describes it now.
+    pub(super) fn describe(&mut self, relation: Relation) {
+        let find = |name: &str| relation.columns.iter().position(|c| c.name == name);
+        let (slot, frame) = (find("slot"), find("frame"));
+        self.table = Some(ReplayTable { relation, slot, frame });
+    }
+
+    /// The outbox table's columns, as pgoutput described it.
+    pub(super) fn outbox_described(&mut self, relation: &Relation) {
+        self.outbox_columns = Some(relation.columns.iter().map(|c| c.name.clone()).collect());
+    }
+
+    pub(super) fn is_replay_table(&self, rel_id: u32) -> bool {
+        self.table.as_ref().is_some_and(|t| t.relation.rel_id == rel_id)
+    }
+
     /// The replay id of the row at `position`, while it is being published.
     pub(super) fn id_at(&self, position: Position) -> Option<&str> {
         let newest = self.awaiting.back().filter(|row| row.position == position)?;
@@ -58,60 +118,126 @@ impl Replays {
         Some(progress)
     }
 
-    /// Each replayed row's `Nats-Msg-Id` names its replay (`replay_id_prefix`).
+    /// The row's mapping: each replayed row's `Nats-Msg-Id` names its replay and its place
+    /// in it (`replay_id_prefix`), so two rows of one replay never share one.
     fn mapping(
         &mut self,
-        relation: &Relation,
-        replay_id: &str,
+        row: &ReplayedRow,
         pipeline: &crate::settings::config::PipelineConfig,
     ) -> Arc<RowMapping> {
-        if let Some((known, replay, mapping)) = &self.mapping
-            && known == relation
-            && replay == replay_id
-        {
-            return Arc::clone(mapping);
-        }
-        let (roles, template) = (&pipeline.roles, &pipeline.template);
-        // A row that lacks a column this pgoutbox maps becomes a dead letter, never lost.
-        let mapping = Arc::new(
-            RowMapping::new(relation, roles, template)
-                .unwrap_or_else(|missing| RowMapping::unusable(relation, roles, &missing))
-                .with_id_prefix(replay_id_prefix(replay_id)),
-        );
-        self.mapping = Some((relation.clone(), replay_id.to_owned(), Arc::clone(&mapping)));
-        mapping
+        let base = match &self.mapping {
+            Some((known, mapping)) if *known == row.relation => Arc::clone(mapping),
+            _ => {
+                let (roles, template) = (&pipeline.roles, &pipeline.template);
+                // A row that lacks a column this pgoutbox maps becomes a dead letter.
+                let mapping =
+                    Arc::new(RowMapping::new(&row.relation, roles, template).unwrap_or_else(
+                        |missing| RowMapping::unusable(&row.relation, roles, &missing),
+                    ));
+                self.mapping = Some((row.relation.clone(), Arc::clone(&mapping)));
+                mapping
+            }
+        };
+        let prefix = replay_id_prefix(&row.replay_id, row.index);
+        Arc::new(RowMapping::clone(&base).with_id_prefix(prefix))
     }
 }
 
 impl Pipeline<'_> {
-    /// A row handed over by `pgoutbox replay`: published in its place like an Insert.
+    /// A row inserted into the replay table: the row it hands over is published in its
+    /// place like an Insert, or its dead letter when pgoutbox may not publish it.
     pub(super) async fn on_replayed(
         &mut self,
-        message: DecodingMessage,
+        tuple: Vec<ColumnValue>,
     ) -> Result<(), PipelineError> {
-        if !message.transactional {
-            return Ok(()); // `pgoutbox replay` emits none; one may have rolled back
-        }
-        let row = match ReplayFrame::decode(&message.content) {
-            Ok(ReplayFrame::Row(row)) => row,
-            Ok(ReplayFrame::End { total, .. }) => {
+        let row = match self.handed(&tuple) {
+            Handed::NotOurs => return Ok(()),
+            Handed::End(total) => {
                 self.replays.end = Some(total);
                 self.replay_ended();
                 return Ok(());
             }
-            Err(err) => {
-                warn!(lsn = %lsn(message.lsn), error = %err,
-                    "a replayed row that cannot be read was left out: run the replay again \
-                     with a pgoutbox replay of this version");
+            Handed::Row(row) => row,
+            Handed::Refused(why) => {
+                let position = self.next_position("replayed row outside a transaction")?;
+                warn!(%position, reason = %why, "a replayed row is published as a dead letter");
                 self.metrics.replayed_rows_unreadable.increment(1);
-                return Ok(());
+                let relation = self.replays.table.as_ref().map(|t| &t.relation);
+                let Some(relation) = relation else {
+                    return Err(PipelineError::Protocol("Insert for a relation never described"));
+                };
+                let mapping = RowMapping::refusing(relation, &self.config.roles, why);
+                return self.on_row(Arc::new(mapping), tuple, position, None).await;
             }
         };
         let position = self.next_position("replayed row outside a transaction")?;
-        let mapping = self.replays.mapping(&row.relation, &row.replay_id, self.config);
+        let mapping = match self.foreign(&row.relation) {
+            None => self.replays.mapping(&row, self.config),
+            Some(why) => {
+                warn!(%position, reason = %why, "a replayed row is published as a dead letter");
+                self.metrics.replayed_rows_unreadable.increment(1);
+                let prefix = replay_id_prefix(&row.replay_id, row.index);
+                let mapping = RowMapping::refusing(&row.relation, &self.config.roles, why);
+                Arc::new(mapping.with_id_prefix(prefix))
+            }
+        };
         let ReplayedRow { replay_id, index, total, tuple, .. } = row;
         self.replays.awaiting.push_back(Awaiting { position, replay_id, index, total });
         self.on_row(mapping, tuple, position, None).await
+    }
+
+    /// What a row of the replay table hands over.
+    fn handed(&self, tuple: &[ColumnValue]) -> Handed {
+        let Some(table) = &self.replays.table else {
+            return Handed::Refused("the replay table was never described".into());
+        };
+        let text = |i: Option<usize>| match i.and_then(|i| tuple.get(i)) {
+            Some(ColumnValue::Text(bytes)) => Some(bytes.clone()),
+            _ => None,
+        };
+        match text(table.slot) {
+            Some(slot) if slot.as_ref() != self.source.slot.as_bytes() => return Handed::NotOurs,
+            Some(_) => {}
+            None => return Handed::Refused("the replay table's row names no slot".into()),
+        }
+        let Some(frame) = text(table.frame).as_deref().and_then(bytea) else {
+            return Handed::Refused("the replay table's row has no readable frame".into());
+        };
+        match ReplayFrame::decode(&frame) {
+            Ok(ReplayFrame::Row(row)) => Handed::Row(row),
+            Ok(ReplayFrame::End { total, .. }) => Handed::End(total),
+            Err(err) => Handed::Refused(format!(
+                "the replayed row cannot be read ({err}): run the replay again with a \
+                 pgoutbox replay of this version"
+            )),
+        }
+    }
+
+    /// Why a replayed row's relation is not the outbox table as this pgoutbox knows it.
+    fn foreign(&self, relation: &Relation) -> Option<String> {
+        let (Some(table), Some(name)) = (&self.table, &self.config.table) else {
+            return Some("no outbox table is streamed".into());
+        };
+        let columns: Vec<String> = relation.columns.iter().map(|c| c.name.clone()).collect();
+        let known =
+            columns == table.columns || Some(&columns) == self.replays.outbox_columns.as_ref();
+        if relation.rel_id == table.oid
+            && relation.namespace == name.schema
+            && relation.name == name.name
+            && known
+        {
+            return None;
+        }
+        Some(format!(
+            "a replayed row describes relation {}.{}, not the outbox table {name}: not \
+             published (OID {} for {}; columns {} for {})",
+            relation.namespace,
+            relation.name,
+            relation.rel_id,
+            table.oid,
+            columns.join(","),
+            table.columns.join(","),
+        ))
     }
 
     /// A replay's end counts once every message sent before it is acknowledged: all its
@@ -132,6 +258,40 @@ impl Pipeline<'_> {
         self.metrics.replay_rows_done.set(index as f64);
         self.metrics.replay_rows_left.set(total.saturating_sub(index) as f64);
     }
+}
+
+/// A bytea value in pgoutput's text format: `\x` and hex, or the escape format when the
+/// server's `bytea_output` says so.
+fn bytea(text: &[u8]) -> Option<Bytes> {
+    if let Some(hex) = text.strip_prefix(b"\\x") {
+        let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        if hex.len() % 2 != 0 {
+            return None;
+        }
+        let bytes: Option<Vec<u8>> =
+            hex.chunks(2).map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?)).collect();
+        return bytes.map(Bytes::from);
+    }
+    let mut out = Vec::with_capacity(text.len());
+    let mut rest = text;
+    while let Some((&c, tail)) = rest.split_first() {
+        match (c, tail) {
+            (b'\\', [b'\\', tail @ ..]) => {
+                out.push(b'\\');
+                rest = tail;
+            }
+            (b'\\', [a @ b'0'..=b'3', b @ b'0'..=b'7', d @ b'0'..=b'7', tail @ ..]) => {
+                out.push((a - b'0') << 6 | (b - b'0') << 3 | (d - b'0'));
+                rest = tail;
+            }
+            (b'\\', _) => return None,
+            _ => {
+                out.push(c);
+                rest = tail;
+            }
+        }
+    }
+    Some(Bytes::from(out))
 }
 
 #[cfg(test)]
@@ -159,6 +319,54 @@ mod tests {
         );
         assert_eq!(replays.acknowledged(at(5)), None, "a row that is no replay counts nothing");
         assert!(replays.awaiting.is_empty());
+    }
+
+    #[test]
+    fn two_rows_of_one_replay_that_share_an_id_get_two_message_ids() {
+        use crate::domain::outbox::{ColumnRoles, SubjectTemplate};
+        use crate::postgres::pgoutput::Column;
+        let column =
+            |name: &str| Column { flags: 0, name: name.into(), type_oid: 25, type_modifier: -1 };
+        let relation = Relation {
+            rel_id: 1,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: ["id", "aggregate_type", "event_type", "payload"].map(column).to_vec(),
+        };
+        let template: SubjectTemplate = "outbox.{aggregate_type}.{event_type}".parse().unwrap();
+        let config = crate::settings::config::PipelineConfig {
+            table: None,
+            roles: ColumnRoles::default(),
+            template,
+            dead_letter_subject: "outbox.dead_letter".into(),
+            max_in_flight_bytes: 1 << 20,
+            message_prefix: None,
+        };
+        let text = |s: &'static str| ColumnValue::Text(Bytes::from_static(s.as_bytes()));
+        let tuple = vec![text("7"), text("order"), text("created"), text("{}")];
+        let row = |index| ReplayedRow {
+            replay_id: "r1".into(),
+            index,
+            total: 2,
+            relation: relation.clone(),
+            tuple: tuple.clone(),
+        };
+        let mut replays = Replays::default();
+        let ids: Vec<String> = [row(1), row(2)]
+            .iter()
+            .map(|row| replays.mapping(row, &config).map(&row.tuple).unwrap().id)
+            .collect();
+        assert_eq!(ids, ["replay:r1/1:7", "replay:r1/2:7"]);
+    }
+
+    #[test]
+    fn a_bytea_reads_in_either_output_format() {
+        assert_eq!(bytea(b"\\x00ff10").as_deref(), Some(&[0u8, 0xff, 0x10][..]));
+        assert_eq!(bytea(b"a\\\\b\\001").as_deref(), Some(&b"a\\b\x01"[..]));
+        assert_eq!(bytea(b"\\x0"), None);
+        assert_eq!(bytea(b"\\xzz"), None);
+        assert_eq!(bytea(b"\\9"), None);
     }
 
     #[test]

@@ -1,0 +1,135 @@
+//! The replay table (`outbox_table::replay_table`) on an ordinary connection: created and
+//! published by `setup` and `run`, checked by `pgoutbox replay` before it hands anything
+//! over; and whether PUBLIC may hand pgoutbox emitted events.
+
+use postgres_protocol::escape::escape_identifier as quote_ident;
+use tokio_postgres::Client;
+
+use super::admin::TableName;
+use super::outbox_table::{REPLAY_TABLE_COLUMNS, replay_table};
+
+/// Why replays cannot go through the replay table.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayTableError {
+    #[error(
+        "the replay table {table} could not be {doing} ({reason}): replays into the live \
+         stream are off until `pgoutbox setup` runs as a role that owns the publication and \
+         may create tables in schema {schema}"
+    )]
+    NotSetUp { table: String, doing: &'static str, reason: String, schema: String },
+    #[error(
+        "the replay table {table} does not exist or is not in publication {publication}: \
+         run `pgoutbox setup` (this version) first"
+    )]
+    Missing { table: String, publication: String },
+    #[error(
+        "role {role} may not replay: run `GRANT INSERT, SELECT, DELETE ON {table} TO {role}` \
+         as the table's owner (see docs/operations.md, replay)"
+    )]
+    NotGranted { role: String, table: String },
+    #[error(transparent)]
+    Sql(#[from] tokio_postgres::Error),
+}
+
+/// Creates the replay table beside `table` when missing and adds it to the publication (an
+/// insert-only one: the handover's cleanup deletes are not published). `Ok(true)` when
+/// anything was changed.
+pub async fn ensure(
+    client: &Client,
+    publication: &str,
+    table: &TableName,
+) -> Result<bool, ReplayTableError> {
+    let replay = replay_table(table);
+    let failed = |doing, err: tokio_postgres::Error| ReplayTableError::NotSetUp {
+        table: replay.to_string(),
+        doing,
+        reason: err.as_db_error().map_or_else(|| err.to_string(), |db| db.message().to_owned()),
+        schema: table.schema.clone(),
+    };
+    let (exists, published) = state(client, publication, &replay).await?;
+    if !exists {
+        // Its deletes need no key in a publication that publishes deletes too.
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {0} ({REPLAY_TABLE_COLUMNS}); \
+             ALTER TABLE {0} REPLICA IDENTITY FULL",
+            replay.quoted()
+        );
+        client.batch_execute(&sql).await.map_err(|err| failed("created", err))?;
+    }
+    if !published {
+        let sql =
+            format!("ALTER PUBLICATION {} ADD TABLE {}", quote_ident(publication), replay.quoted());
+        match client.batch_execute(&sql).await {
+            Ok(()) => {}
+            // Two instances racing: the other one added it.
+            Err(err) if state(client, publication, &replay).await?.1 => drop(err),
+            Err(err) => return Err(failed("added to the publication", err)),
+        }
+    }
+    Ok(!(exists && published))
+}
+
+/// Whether the replay table exists, and whether the publication holds it.
+async fn state(
+    client: &Client,
+    publication: &str,
+    replay: &TableName,
+) -> Result<(bool, bool), tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_publication_tables \
+               WHERE pubname = $2 AND schemaname = $3 AND tablename = $4)",
+            &[&replay.quoted(), &publication, &replay.schema, &replay.name],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Before a replay hands anything over: the replay table is set up and this role was
+/// granted what the handover does there.
+pub async fn check_may_replay(
+    client: &Client,
+    publication: &str,
+    table: &TableName,
+) -> Result<(), ReplayTableError> {
+    let replay = replay_table(table);
+    if state(client, publication, &replay).await? != (true, true) {
+        return Err(ReplayTableError::Missing {
+            table: replay.to_string(),
+            publication: publication.to_owned(),
+        });
+    }
+    let row = client
+        .query_one(
+            "SELECT current_user::text, has_table_privilege($1, 'INSERT') \
+                AND has_table_privilege($1, 'SELECT') AND has_table_privilege($1, 'DELETE')",
+            &[&replay.quoted()],
+        )
+        .await?;
+    if row.get(1) {
+        return Ok(());
+    }
+    Err(ReplayTableError::NotGranted { role: row.get(0), table: replay.to_string() })
+}
+
+/// Whether PUBLIC may execute `pg_logical_emit_message` (any overload): then any login can
+/// hand pgoutbox an emitted event when `--message-prefix` is set.
+pub async fn public_may_emit(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_proc p, aclexplode(coalesce(p.proacl, \
+               acldefault('f', p.proowner))) a \
+             WHERE p.proname = 'pg_logical_emit_message' AND a.grantee = 0 \
+               AND a.privilege_type = 'EXECUTE')",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// The warning when [`public_may_emit`].
+pub const PUBLIC_MAY_EMIT: &str = "any role may hand pgoutbox an event: PUBLIC may execute \
+     pg_logical_emit_message and --message-prefix is set; run `REVOKE EXECUTE ON FUNCTION \
+     pg_logical_emit_message(boolean, text, text), pg_logical_emit_message(boolean, text, \
+     bytea) FROM PUBLIC` (and the 4-argument ones on PostgreSQL 17+), then GRANT EXECUTE to \
+     the application's role (docs/operations.md, emitted events)";
