@@ -58,6 +58,9 @@ struct Figures {
     replay_live: Vec<f64>,
     /// `pgoutbox run --backfill` of the whole table into a new stream, rows/s.
     seed: Vec<f64>,
+    /// Rows whose ids the stream holds (a `bigserial` outbox truncated with its sequence
+    /// restarted), each becoming its dead letter in place, rows/s.
+    collisions: Vec<f64>,
     rss_mb: Vec<f64>,
     lat_1k: Vec<[f64; 4]>,
     lat_5k: Vec<[f64; 4]>,
@@ -205,6 +208,9 @@ async fn one_run(s: &Settings, f: &mut Figures) {
         pg.psql(&format!("SELECT pg_drop_replication_slot('{slot}')"));
         let _ = js.delete_stream(stream).await;
     }
+
+    eprintln!("  colliding rows after TRUNCATE ... RESTART IDENTITY");
+    f.collisions.push(collisions(&pg, &nats, &js, s.rows / 2).await);
 
     eprintln!("  latency floor at 5,000/s");
     let floor = floor::measure(&pg, &js, 5_000, s.latency_seconds).await;
@@ -479,6 +485,34 @@ fn own_slot_and_stream(stream: &str) -> Vec<String> {
         .collect()
 }
 
+/// `rows` rows of a `bigserial` outbox streamed, the table truncated with its sequence
+/// restarted, and `rows` more: each reuses the id of a message inside the duplicate window
+/// and goes to the dead-letter subject in its place. Returns those rows per second.
+async fn collisions(pg: &Postgres, nats: &Nats, js: &jetstream::Context, rows: usize) -> f64 {
+    pg.psql(
+        "CREATE TABLE collide (id bigserial PRIMARY KEY, aggregate_type text, aggregate_id \
+         text, event_type text, payload jsonb, headers jsonb, created_at timestamptz DEFAULT now())",
+    );
+    let mut args = own_slot_and_stream("COLLIDE");
+    args.extend(["--table", "collide", "--publication", "collide"].map(str::to_owned));
+    let mut run = command(pg, nats);
+    run.args(&args).arg("run");
+    let app = Pgoutbox::spawn(run);
+    wait_slot_active(pg, "collide", true).await;
+    insert_rows(pg, "collide", rows);
+    wait_for_count(js, "COLLIDE", rows as u64, Duration::from_secs(600)).await;
+    pg.psql("TRUNCATE collide RESTART IDENTITY");
+    let started = Instant::now();
+    insert_rows(pg, "collide", rows);
+    wait_for_count(js, "COLLIDE", 2 * rows as u64, Duration::from_secs(900)).await;
+    let per_second = rows as f64 / started.elapsed().as_secs_f64();
+    drop(app);
+    wait_slot_active(pg, "collide", false).await;
+    pg.psql("SELECT pg_drop_replication_slot('collide')");
+    let _ = js.delete_stream("COLLIDE").await;
+    per_second
+}
+
 /// Waits until `slot` is held by a walsender (`active`) or by none.
 async fn wait_slot_active(pg: &Postgres, slot: &str, active: bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -727,6 +761,7 @@ fn print_report(s: &Settings, f: &Figures) {
     let seed_ratio: Vec<f64> = f.seed.iter().zip(&f.drain).map(|(r, d)| r / d).collect();
     row("pgoutbox run --backfill (new stream), rows/s", &f.seed, "-".into());
     row("  backfill / drain", &seed_ratio, "-".into());
+    row("pgoutbox colliding rows (dead letters in place), rows/s", &f.collisions, "-".into());
     row("pgoutbox peak RSS, MB", &f.rss_mb, "≤ 32".into());
     row("pgoutbox latency @1,000/s p50, ms", &column(&f.lat_1k, 0), "-".into());
     row("pgoutbox latency @1,000/s p99, ms", &column(&f.lat_1k, 1), "≤ 2".into());

@@ -31,10 +31,10 @@
 //! # The send window
 //! A message answered as a duplicate takes no place, so everything in flight behind it is
 //! refused and the attempt ends. After such an answer the protocol sends one message at a
-//! time ([`Publishing::send_limit`]), growing by one per message stored (doubling each round
-//! trip, as TCP's slow start): alone in flight, a collision's dead letter goes in its place
-//! at once and the attempt goes on, so a run of reused ids costs round trips, not
-//! reconnections.
+//! time ([`Publishing::send_limit`]) until [`CALM`] messages in a row were stored, then
+//! grows the window by one per message stored (doubling each round trip, as TCP's slow
+//! start): alone in flight, a collision's dead letter goes in its place at once and the
+//! attempt goes on, so a run of reused ids costs round trips, not reconnections.
 //!
 //! # Answers
 //! - stored: in place behind its predecessor;
@@ -229,7 +229,14 @@ pub struct Publishing {
     replacing: bool,
     /// How many messages may be in flight (see "The send window").
     send_limit: usize,
+    /// Messages stored since the last duplicate answer: the window grows after [`CALM`].
+    calm: usize,
 }
+
+/// Messages stored in a row after a duplicate before the window grows again: collisions
+/// come in runs (a truncated table's ids, reused one after another), and a dead letter
+/// stored between two of them must not open the window to the next.
+const CALM: usize = 16;
 
 impl Publishing {
     pub fn new(start: Start, carried: Carried) -> Publishing {
@@ -248,6 +255,7 @@ impl Publishing {
             in_flight_ids: VecDeque::new(),
             replacing: false,
             send_limit,
+            calm: 0,
         }
     }
 
@@ -298,7 +306,10 @@ impl Publishing {
         let outcome = match answer {
             Answer::Stored { sequence } => {
                 self.stream_end = sequence;
-                self.send_limit = self.send_limit.saturating_add(1);
+                self.calm += 1;
+                if self.calm > CALM {
+                    self.send_limit = self.send_limit.saturating_add(1);
+                }
                 Outcome::Stored
             }
             Answer::Duplicate { sequence } if sequence == self.stream_end + 1 => {
@@ -310,6 +321,7 @@ impl Publishing {
                 // duplicate window ends (nats-server 2.10, 2.11); a message behind it that
                 // reuses its id and is refused too stages it again, for ever: one at a time.
                 self.send_limit = 1;
+                self.calm = 0;
                 Outcome::EndAttempt
             }
             Answer::NotStored => Outcome::EndAttempt,
@@ -328,6 +340,7 @@ impl Publishing {
     pub fn on_duplicate_origin(&mut self, position: Position, same_row: bool) -> Outcome {
         // Whatever is in flight behind it expects it in place, and is refused.
         self.send_limit = 1;
+        self.calm = 0;
         let alone = self.in_flight_ids.len() == 1;
         if same_row {
             self.duplicates.insert(position);
@@ -551,8 +564,13 @@ mod tests {
         assert_eq!(p.confirmed(), 0, "confirmed before the letter was stored");
         assert_eq!(p.on_answer(Answer::Stored { sequence: 43 }), Outcome::Stored);
         assert_eq!(p.confirmed(), 10);
-        assert_eq!(p.send_limit(), 2, "the window grows by one per message stored");
         assert_eq!(p.guard(), Guard { last_sequence: 43, last_msg_id: Some("letter-b") });
+        for sequence in 44..44 + CALM as u64 {
+            assert_eq!(p.send_limit(), 1, "still one at a time at {sequence}");
+            p.on_sent(format!("m{sequence}"));
+            p.on_answer(Answer::Stored { sequence });
+        }
+        assert_eq!(p.send_limit(), 2, "the window grows by one per message stored");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! What a seeded or replayed message carries (`service::seed`, `commands::replay`): pure
 //! names and parsing.
 
+use std::collections::HashMap;
+
 use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
 
 /// On every seeded message: the consistent point of the snapshot it was read from.
@@ -36,6 +38,63 @@ pub fn replay_id_prefix(replay_id: &str, index: u64) -> String {
 }
 
 const REPLAY_ID_PREFIX: &str = "replay:";
+
+/// Whether a message's `Nats-Msg-Id` is a replay's: another copy of a row, written beside
+/// the stream's order, never a place to anchor a recovery on.
+pub fn is_replayed_message(msg_id: &str) -> bool {
+    msg_id.starts_with(REPLAY_ID_PREFIX)
+}
+
+/// A digest of a message's body, the row's payload: with the row's id, what tells a row's
+/// event from another row's that reused its id (a table truncated with its sequence
+/// restarted, a restore). Computed in this process only, never stored.
+pub fn payload_digest(body: &[u8]) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    body.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The rows a stream holds, by row id, with the digest of each message's payload. A dead
+/// letter's body is not the row's payload: it holds its row by id alone.
+#[derive(Debug, Default)]
+pub struct HeldRows(HashMap<String, Vec<Option<u64>>>);
+
+impl HeldRows {
+    /// The message with `Nats-Msg-Id` `msg_id` and body `body`.
+    pub fn insert(&mut self, msg_id: &str, body: &[u8]) {
+        let digest = (!msg_id.starts_with(DEAD_LETTER_ID_PREFIX)).then(|| payload_digest(body));
+        self.0.entry(row_id_of(msg_id).to_owned()).or_default().push(digest);
+    }
+
+    /// Whether some message names the row id `id`.
+    pub fn has_id(&self, id: &str) -> bool {
+        self.0.contains_key(id)
+    }
+
+    /// Whether the stream holds the row with `id` whose payload digests to `digest`; a row
+    /// that cannot be mapped (`None`) is held by its id alone, as its dead letter is.
+    pub fn holds(&self, id: &str, digest: Option<u64>) -> bool {
+        self.0.get(id).is_some_and(|held| {
+            held.iter().any(|held| held.is_none() || digest.is_none() || *held == digest)
+        })
+    }
+
+    /// How many row ids.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn extend(&mut self, other: HeldRows) {
+        for (id, digests) in other.0 {
+            self.0.entry(id).or_default().extend(digests);
+        }
+    }
+}
 
 /// The row a message was published from, by its `Nats-Msg-Id`: the id itself, or the id a
 /// dead letter or a replay is named after (a letter named by position names no row id).
@@ -84,5 +143,17 @@ mod tests {
         assert_eq!(replay_started("r1764050000-0f3a9c2b7d4e5a61"), Some(1_764_050_000));
         assert_eq!(replay_started("nightly"), None);
         assert_eq!(replay_started("r12x"), None);
+    }
+
+    #[test]
+    fn a_row_is_held_only_with_its_own_payload() {
+        let mut held = HeldRows::default();
+        held.insert("7", b"{\"n\": 1}");
+        held.insert("dead-letter:8", b"{\"reason\": \"x\"}");
+        assert!(held.holds("7", Some(payload_digest(b"{\"n\": 1}"))));
+        assert!(!held.holds("7", Some(payload_digest(b"{\"n\": 2}"))), "a reused id");
+        assert!(held.holds("7", None), "a row that cannot be mapped goes by its id");
+        assert!(held.holds("8", Some(payload_digest(b"{}"))), "a dead letter holds its id");
+        assert!(!held.holds("9", None));
     }
 }

@@ -100,6 +100,10 @@ pub struct TailOrigin {
     /// Written under the id chain (`publishing.rs`), which leaves no gap behind
     /// a message; earlier pgoutbox versions chained by sequence alone and could.
     pub chained: bool,
+    /// `domain::seed::payload_digest` of its body.
+    pub payload_digest: u64,
+    /// When the stream stored it, in milliseconds since the epoch (NATS's clock).
+    pub stored_at_millis: i64,
 }
 
 /// The stream's last message, as the row it was published from.
@@ -234,6 +238,8 @@ mod tests {
             msg_id: Some("id-1".to_owned()),
             seed_since: None,
             chained: true,
+            payload_digest: 0,
+            stored_at_millis: 0,
         }
     }
 

@@ -12,7 +12,7 @@ use async_nats::jetstream::{self, ErrorCode, stream};
 use crate::domain::outbox::MESSAGE_ID_HEADER;
 use crate::domain::progress::Position;
 use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
-use crate::domain::seed::SEED_SINCE_HEADER;
+use crate::domain::seed::{SEED_SINCE_HEADER, payload_digest};
 use crate::domain::source::{SOURCE_HEADER, TailOrigin};
 use crate::nats::api_error::{is_final_answer, is_stream_not_found};
 use crate::nats::handshake::{Dialer, OpenError};
@@ -196,11 +196,15 @@ impl Publisher {
         Ok(StreamTail { last_sequence, origin, message_limit })
     }
 
-    /// Where the message at `sequence` came from, as its headers say.
-    pub async fn origin_of(&self, sequence: u64) -> Result<TailOrigin, PublisherError> {
+    /// Where the message at `sequence` came from, as its headers say; `None` when it is no
+    /// longer in the stream (deleted, purged) while its id is still in the duplicate window.
+    pub async fn origin_of(&self, sequence: u64) -> Result<Option<TailOrigin>, PublisherError> {
         let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
-        let message = stream.get_raw_message(sequence).await.map_err(request_error)?;
-        Ok(origin(&message))
+        match stream.get_raw_message(sequence).await {
+            Ok(message) => Ok(Some(origin(&message))),
+            Err(err) if is_no_message(&err) => Ok(None),
+            Err(err) => Err(request_error(err)),
+        }
     }
 
     /// How many messages the stream holds on one subject (the dead letters, for `status`).
@@ -279,6 +283,8 @@ fn origin(message: &async_nats::jetstream::message::StreamMessage) -> TailOrigin
         position: header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()),
         msg_id: header(MESSAGE_ID_HEADER),
         seed_since: header(SEED_SINCE_HEADER),
+        payload_digest: payload_digest(&message.payload),
+        stored_at_millis: (message.time.unix_timestamp_nanos() / 1_000_000) as i64,
     }
 }
 

@@ -162,10 +162,40 @@ impl TableSnapshot {
         self.client.is_closed()
     }
 
-    /// The order key (epoch seconds) of the row whose id reads `id`, if the table has it.
-    pub async fn key_of(&self, id: &str) -> Result<Option<f64>, tokio_postgres::Error> {
-        let sql = format!("SELECT {} FROM {} WHERE {}::text = $1", self.key, self.table, self.id);
-        Ok(self.client.query_opt(&sql, &[&id]).await?.and_then(|row| row.get(0)))
+    /// The smallest order key (epoch seconds) of the table; `None` when it is empty.
+    pub async fn oldest_key(&self) -> Result<Option<f64>, tokio_postgres::Error> {
+        let sql = format!("SELECT min({}) FROM {}", self.key, self.table);
+        Ok(self.client.query_one(&sql, &[]).await?.get(0))
+    }
+
+    /// The rows whose id reads `id` (one, unless the id column is not unique), each with
+    /// its order key (epoch seconds), as pgoutput would have sent them.
+    pub async fn rows_with_id(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(Option<f64>, Vec<ColumnValue>)>, tokio_postgres::Error> {
+        let columns: Vec<String> =
+            self.relation.columns.iter().map(|c| escape_identifier(&c.name)).collect();
+        let sql = format!(
+            "SELECT {}, {} FROM {} WHERE {}::text = {}",
+            self.key,
+            columns.join(", "),
+            self.table,
+            self.id,
+            escape_literal(id)
+        );
+        let rows = text_rows(&self.client.simple_query(&sql).await?);
+        Ok(rows
+            .into_iter()
+            .filter_map(|mut row| {
+                let key = match row.first()? {
+                    ColumnValue::Text(text) => std::str::from_utf8(text).ok()?.parse().ok(),
+                    _ => None,
+                };
+                row.remove(0);
+                Some((key, row))
+            })
+            .collect())
     }
 
     /// How many rows `selection` holds.

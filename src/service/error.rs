@@ -71,9 +71,16 @@ pub enum PipelineError {
     /// without skipping by it.
     #[error(transparent)]
     TailNotInWal(#[from] crate::domain::publishing::TailNotInWal),
-    /// Seeding the stream from the table (`--recover`, `--backfill`) failed.
+    /// Seeding the stream from the table (`--recover`, `--backfill`) failed. Its words are
+    /// in the message, so it is not also a source (printed twice with `{:#}`).
     #[error("seeding the stream from the table: {0}")]
-    Seed(#[from] crate::service::seed::SeedError),
+    Seed(crate::service::seed::SeedError),
+}
+
+impl From<crate::service::seed::SeedError> for PipelineError {
+    fn from(err: crate::service::seed::SeedError) -> PipelineError {
+        PipelineError::Seed(err)
+    }
 }
 
 impl PipelineError {

@@ -12,7 +12,8 @@
 //! mistaken for a finished one: the next `--recover` or `--backfill` drops the temporary
 //! slot and seeds again, and the rows the first try stored are then held by the stream.
 //!
-//! Which rows the stream holds is decided by row id, read from the stream itself:
+//! Which rows the stream holds is decided by row id and payload, read from the stream itself
+//! (an id alone would take a row that reused an older message's id for that message):
 //! - `--backfill`: every message of the stream (a new stream holds none).
 //! - `--recover`: the messages stored since `margin` before the *bound*, where the bound is
 //!   the order key (commit time, or created-at time) of the row of the stream's last
@@ -26,18 +27,20 @@
 //! `track_commit_timestamp`, transactions that stayed open: a row inserted more than the
 //! margin before its transaction committed, committed while no slot existed, is missed.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
 use crate::domain::outbox::{MappingError, RowMapping};
 use crate::domain::progress::Position;
 use crate::domain::retry::Failure;
 use crate::domain::row::ColumnValue;
-use crate::domain::seed::{SEED_HEADER, SEED_SINCE_HEADER, row_id_of};
+use crate::domain::seed::{
+    HeldRows, SEED_HEADER, SEED_SINCE_HEADER, is_replayed_message, payload_digest,
+};
 use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
 use crate::postgres::admin::{self, SetupError};
 use crate::postgres::table_snapshot::{Reader, RowBatch, Selection, TableSnapshot};
@@ -74,6 +77,8 @@ pub enum SeedError {
     NoAnchor,
     #[error("the task reading the table for the seed stopped before the last row")]
     ReaderGone,
+    #[error(transparent)]
+    Mapping(#[from] MappingError),
     #[error("slot name {0:?} plus \"_seed\" exceeds Postgres's 63 bytes: choose a shorter --slot")]
     SlotNameTooLong(String),
 }
@@ -87,9 +92,10 @@ impl SeedError {
                 Failure::Postgres
             }
             SeedError::Setup(SetupError::Connect(_) | SetupError::Sql(_)) => Failure::Postgres,
-            SeedError::Setup(_) | SeedError::NoAnchor | SeedError::SlotNameTooLong(_) => {
-                Failure::Fatal
-            }
+            SeedError::Setup(_)
+            | SeedError::NoAnchor
+            | SeedError::SlotNameTooLong(_)
+            | SeedError::Mapping(_) => Failure::Fatal,
         }
     }
 }
@@ -103,8 +109,8 @@ pub struct Seed {
     snapshot: TableSnapshot,
     /// The bound (see the module doc), epoch seconds; `None`: every row.
     since: Option<f64>,
-    /// Ids of the rows the stream holds already, as read up to `read_up_to`.
-    held: HashSet<String>,
+    /// The rows the stream holds already, as read up to `read_up_to`.
+    held: HeldRows,
     read_up_to: u64,
     /// Rows the seed reads; how many were published or found held so far.
     pub total: u64,
@@ -150,10 +156,15 @@ impl Seed {
         let margin = margin.as_secs_f64();
         let since = match kind {
             SeedKind::Backfill => None,
-            SeedKind::Recover => bound(publisher, &snapshot, margin).await?,
+            SeedKind::Recover => {
+                let pipeline = &config.pipeline;
+                let mapping =
+                    RowMapping::new(snapshot.relation(), &pipeline.roles, &pipeline.template)?;
+                bound(publisher, &snapshot, &mapping, margin).await?
+            }
         };
         let from = since.map_or(ReadFrom::Start, |since| ReadFrom::Time(since - margin));
-        let (held, read_up_to) = publisher.row_ids(from, None, None).await?;
+        let (held, read_up_to) = publisher.held_rows(from).await?;
         let total = snapshot.count(&Selection::Since(since)).await?;
         info!(
             %slot,
@@ -180,8 +191,8 @@ impl Seed {
     /// copies an abandoned connection wrote late), so that an attempt sends again only
     /// what the stream lacks instead of being refused behind each row it has.
     pub async fn catch_up(&mut self, publisher: &Publisher) -> Result<(), SeedError> {
-        let (ids, last) = publisher.row_ids(ReadFrom::After(self.read_up_to), None, None).await?;
-        self.held.extend(ids);
+        let (held, last) = publisher.held_rows(ReadFrom::After(self.read_up_to)).await?;
+        self.held.extend(held);
         self.read_up_to = self.read_up_to.max(last);
         Ok(())
     }
@@ -215,9 +226,15 @@ impl Seed {
         })
     }
 
-    /// Whether the stream holds the row whose id reads `id`.
-    pub fn holds(&self, id: Option<&str>) -> bool {
-        id.is_some_and(|id| self.held.contains(id))
+    /// Whether the stream holds the row `tuple`: a message with its id and its payload (or
+    /// its dead letter). A message with its id and another payload is another row's event.
+    pub fn holds(&self, mapping: &RowMapping, tuple: &[ColumnValue]) -> bool {
+        let Some(id) = mapping.row_id(tuple) else { return false };
+        if !self.held.has_id(&id) {
+            return false;
+        }
+        let digest = mapping.map(tuple).ok().map(|event| payload_digest(&event.payload));
+        self.held.holds(&id, digest)
     }
 
     /// Every row is in the stream: the temporary slot becomes the slot.
@@ -263,10 +280,13 @@ async fn promote_seed_slot(
 
 /// The bound of a recovery: the one earlier tries wrote, else the order key of the row of
 /// the newest message whose row the table has, less `margin`. `None` when the stream is
-/// empty (every row is missing).
+/// empty (every row is missing). Only a message of a source, published from its row (not a
+/// replay, not a dead letter), anchors, and only on a row whose payload is the message's:
+/// after a truncate that restarted the ids, the tail's id names a newer row (issue 28, F3).
 async fn bound(
     publisher: &Publisher,
     snapshot: &TableSnapshot,
+    mapping: &RowMapping,
     margin: f64,
 ) -> Result<Option<f64>, SeedError> {
     let tail = publisher.tail().await?;
@@ -276,19 +296,36 @@ async fn bound(
     if let Some(since) = tail.origin.seed_since.and_then(|since| since.parse().ok()) {
         return Ok(Some(since));
     }
+    let tail_stored_at = tail.origin.stored_at_millis as f64 / 1e3;
     let oldest = tail.last_sequence.saturating_sub(ANCHOR_SEARCH).max(1);
     for sequence in (oldest..=tail.last_sequence).rev() {
         // A message deleted from the stream has no row to look for.
-        let Ok(origin) = publisher.origin_of(sequence).await else { continue };
+        let Ok(Some(origin)) = publisher.origin_of(sequence).await else { continue };
         if let Some(since) = origin.seed_since.and_then(|since| since.parse().ok()) {
             return Ok(Some(since));
         }
         let Some(id) = origin.msg_id else { continue };
-        if let Some(key) = snapshot.key_of(row_id_of(&id)).await? {
-            return Ok(Some(key - margin));
+        if origin.source.is_none()
+            || is_replayed_message(&id)
+            || id.starts_with(DEAD_LETTER_ID_PREFIX)
+        {
+            continue;
+        }
+        for (key, tuple) in snapshot.rows_with_id(&id).await? {
+            let Some(key) = key else { continue };
+            let event = mapping.map(&tuple).ok();
+            if event.is_some_and(|event| payload_digest(&event.payload) == origin.payload_digest) {
+                return Ok(Some(key - margin));
+            }
         }
     }
-    Err(SeedError::NoAnchor)
+    // No recent message's row is left in the table (emptied, truncated): when every row
+    // the table holds is younger than the stream's tail, every one of them is missing.
+    let since = tail_stored_at - margin;
+    match snapshot.oldest_key().await? {
+        Some(oldest) if oldest < since => Err(SeedError::NoAnchor),
+        _ => Ok(Some(since)),
+    }
 }
 
 /// The seed's rows as one attempt publishes them: one transaction at commit LSN 0, each

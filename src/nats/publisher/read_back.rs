@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::{Publisher, PublisherError, request_error};
 use crate::domain::outbox::{MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER};
-use crate::domain::seed::row_id_of;
+use crate::domain::seed::{HeldRows, row_id_of};
 
 /// Where [`Publisher::row_ids`] starts reading.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -20,7 +20,7 @@ pub enum ReadFrom {
 
 impl Publisher {
     /// The row ids of the messages from `from` to the stream's end, read as headers only,
-    /// and the last sequence read: what the stream holds, for the seed (`service::seed`).
+    /// and the last sequence read: what a replay stored already (`commands::replay`).
     /// A dead letter's id names its row too.
     /// With `subject`, only the messages on it; with `only`, just the messages carrying
     /// that header with that value.
@@ -30,6 +30,46 @@ impl Publisher {
         subject: Option<&str>,
         only: Option<(&str, &str)>,
     ) -> Result<(HashSet<String>, u64), PublisherError> {
+        let mut ids = HashSet::new();
+        let last = self
+            .read_messages(from, subject, true, |headers, _| {
+                let header = |name: &str| headers?.get(name).map(|v| v.as_str());
+                if only.is_some_and(|(name, value)| header(name) != Some(value)) {
+                    return;
+                }
+                if let Some(id) = header(MESSAGE_ID_HEADER) {
+                    ids.insert(row_id_of(id).to_owned());
+                }
+            })
+            .await?;
+        Ok((ids, last))
+    }
+
+    /// The rows the messages from `from` to the stream's end hold, each by its id and its
+    /// payload, and the last sequence read: what the stream holds, for the seed
+    /// (`service::seed`), where a reused id must not pass for its older row's event.
+    pub async fn held_rows(&self, from: ReadFrom) -> Result<(HeldRows, u64), PublisherError> {
+        let mut held = HeldRows::default();
+        let last = self
+            .read_messages(from, None, false, |headers, body| {
+                if let Some(id) = headers.and_then(|h| h.get(MESSAGE_ID_HEADER)) {
+                    held.insert(id.as_str(), body);
+                }
+            })
+            .await?;
+        Ok((held, last))
+    }
+
+    /// Reads the messages from `from` to the stream's end (on `subject` only, when given),
+    /// each handed to `each` with its headers and body (empty with `headers_only`); returns
+    /// the last sequence read, at least the stream's end when the read began.
+    async fn read_messages(
+        &self,
+        from: ReadFrom,
+        subject: Option<&str>,
+        headers_only: bool,
+        mut each: impl FnMut(Option<&async_nats::HeaderMap>, &[u8]),
+    ) -> Result<u64, PublisherError> {
         use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
         use futures_util::StreamExt;
         let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
@@ -48,16 +88,12 @@ impl Publisher {
             }
         };
         let filter_subject = subject.unwrap_or_default().to_owned();
-        let config = OrderedConfig {
-            headers_only: true,
-            deliver_policy,
-            filter_subject,
-            ..Default::default()
-        };
+        let config =
+            OrderedConfig { headers_only, deliver_policy, filter_subject, ..Default::default() };
         let mut consumer = stream.create_consumer(config).await.map_err(request_error)?;
         let mut left = consumer.info().await.map_err(request_error)?.num_pending;
         let mut messages = consumer.messages().await.map_err(request_error)?;
-        let (mut ids, mut last) = (HashSet::new(), 0);
+        let mut last = 0;
         while left > 0 {
             let message = match messages.next().await {
                 Some(message) => message.map_err(request_error)?,
@@ -68,15 +104,9 @@ impl Publisher {
             } else {
                 left = 0;
             }
-            let header = |name: &str| message.headers.as_ref()?.get(name).map(|v| v.as_str());
-            if only.is_some_and(|(name, value)| header(name) != Some(value)) {
-                continue;
-            }
-            if let Some(id) = header(MESSAGE_ID_HEADER) {
-                ids.insert(row_id_of(id).to_owned());
-            }
+            each(message.headers.as_ref(), &message.payload);
         }
-        Ok((ids, last.max(end)))
+        Ok(last.max(end))
     }
 
     /// The row ids in the dead letters on `subject` that left the payload out (as each

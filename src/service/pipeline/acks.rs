@@ -101,13 +101,19 @@ impl Pipeline<'_> {
                 return Err(NatsFailure::new(NatsFailureKind::Timeout, why).into());
             }
         };
+        // A message deleted while its id is in the duplicate window cannot say whose it
+        // was: the row goes to the dead-letter subject, where it is seen, rather than being
+        // taken as stored (before, every attempt failed reading it until the window ended).
+        let origin = origin.unwrap_or_default();
         let same_writer = origin
             .source
             .as_deref()
             .is_none_or(|s| s.parse::<Source>().is_ok_and(|s| s.same_writer(&self.source)));
         let same_row = same_writer && origin.position == Some(position);
         if !same_row {
-            let theirs = origin.position.map_or("an unknown position".into(), |p| p.to_string());
+            let theirs = origin
+                .position
+                .map_or("an unknown position (or was deleted)".into(), |p| p.to_string());
             warn!(%position, sequence, written_at = %theirs,
                 "an older message in the stream has this row's id: a collision (a table \
                  truncated with its sequence restarted, a restored backup?); the row goes to \
