@@ -18,6 +18,7 @@ mod jetstream_unavailable_at_start;
 mod least_privilege;
 mod lost_slot;
 mod multi_host;
+mod nemesis_soak;
 mod nats_auth;
 mod nats_version_reported;
 mod one_source_per_stream;
