@@ -53,6 +53,7 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         faults: BTreeMap::new(),
         replays: Vec::new(),
         trouble: Verdict::default(),
+        notes: Vec::new(),
     };
     while t0.elapsed() < settings.duration {
         let gap = nemesis.rng.millis(1_000, 8_000);
@@ -62,10 +63,10 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         }
         let last = settings.faults.len() as u64 - 1;
         let fault = settings.faults[nemesis.rng.between(0, last) as usize];
-        nemesis.check_alive();
+        nemesis.check_alive().await;
         nemesis.inflict(fault).await;
     }
-    nemesis.check_alive();
+    nemesis.check_alive().await;
     let ledger = writer.finish();
     nemesis.say(&format!(
         "writer stopped: {} events committed, {} maybe, {} transactions ({} empty, {} rolled \
@@ -89,7 +90,7 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         nemesis.faults.iter().map(|(f, n)| format!("{}={n}", f.name())).collect();
     let summary = format!(
         "soak seed {seed}: {minutes:.1} min, {events} events committed ({maybe} maybe), {truncates} \
-         truncates; faults: {faults}; replays: {replays}\n{verdict}logs: {logs}\nreplay with: {line}",
+         truncates; faults: {faults}; replays: {replays}\n{verdict}{notes}logs: {logs}\nreplay with: {line}",
         seed = settings.seed,
         minutes = nemesis.t0.elapsed().as_secs_f64() / 60.0,
         events = ledger.committed.len(),
@@ -98,6 +99,7 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         faults = if faults.is_empty() { "none".to_owned() } else { faults.join(" ") },
         replays = nemesis.replays.len(),
         verdict = verdict.summary(),
+        notes = notes(&nemesis.notes),
         logs = nemesis.logs.display(),
         line = settings.replay_line(),
     );
@@ -121,6 +123,8 @@ struct Nemesis {
     /// What went wrong during the faults themselves (a process that exited, a recovery
     /// that never finished): violations too.
     trouble: Verdict,
+    /// What is worth saying and is no violation (a recovery refused with advice).
+    notes: Vec<String>,
 }
 
 impl Nemesis {
@@ -158,13 +162,19 @@ impl Nemesis {
     }
 
     /// A pgoutbox that exited by itself is a violation (it never should, under these
-    /// faults); it is started again so that the soak goes on.
-    fn check_alive(&mut self) {
-        if !self.app.is_running() {
-            let tail = tail(&self.app.log(), 5);
-            self.trouble.add("pgoutbox exited", format!("run {}: {tail}", self.runs));
-            self.say(&format!("pgoutbox had exited: {tail}"));
-            self.start_app(&[]);
+    /// faults); it is started again so that the soak goes on, with `--recover` when its
+    /// slot is gone.
+    async fn check_alive(&mut self) {
+        if self.app.is_running() {
+            return;
+        }
+        let tail = tail(&self.app.log(), 3);
+        self.trouble.add("pgoutbox exited", format!("run {}: {tail}", self.runs));
+        self.say(&format!("pgoutbox had exited: {tail}"));
+        let slot = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
+        match self.pg.try_psql(slot).as_deref() {
+            Ok("0") => self.recover().await,
+            _ => self.start_app(&[]),
         }
     }
 
@@ -209,9 +219,8 @@ impl Nemesis {
         }
     }
 
-    /// Stops pgoutbox, drops its slot, lets rows (and maybe a truncate) commit, and starts
-    /// it with `--recover`. Until its seed finished, a truncate removes rows no one can
-    /// recover: the writer counts them as lost with the slot.
+    /// Stops pgoutbox, drops its slot, lets rows (and maybe a truncate) commit, and
+    /// recovers.
     async fn drop_slot_and_recover(&mut self) {
         self.gate.lock().await.slot_dropped = true;
         self.stop_app().await;
@@ -224,16 +233,47 @@ impl Nemesis {
         }
         let gap = self.rng.millis(0, 5_000);
         tokio::time::sleep(gap).await;
+        self.recover().await;
+    }
+
+    /// Starts pgoutbox with `--recover`, as the operator is told to when the slot is gone,
+    /// and waits for its seed; when it refuses and advises `--backfill`, does that (a
+    /// refusal is a note, not a violation: nothing is lost or doubled by it). Until the
+    /// seed finished, a truncate removes rows no one can recover: the writer counts them as
+    /// lost with the slot.
+    async fn recover(&mut self) {
+        self.gate.lock().await.slot_dropped = true;
         self.start_app(&["--recover"]);
-        let finished =
-            self.within(Duration::from_secs(120), |n| n.app.log().contains("seed finished")).await;
-        if !finished {
-            let tail = tail(&self.app.log(), 8);
-            self.trouble
-                .add("recovery unfinished", format!("run {} after 120 s: {tail}", self.runs));
-            self.say("the recovery did not finish in 120 s");
+        let mut seeded = self.seed_finished().await;
+        if !seeded && self.app.log().contains("use --backfill instead") {
+            let said = self.app.log().lines().rfind(|l| l.starts_with("error:")).map(str::to_owned);
+            self.note(format!(
+                "--recover refused, --backfill run instead: {}",
+                said.unwrap_or_default()
+            ));
+            self.start_app(&["--backfill"]);
+            seeded = self.seed_finished().await;
+        }
+        if !seeded {
+            let tail = tail(&self.app.log(), 4);
+            self.trouble.add("recovery unfinished", format!("run {}: {tail}", self.runs));
+            self.say("the recovery did not finish");
         }
         self.gate.lock().await.slot_dropped = false;
+    }
+
+    /// Whether the seed finished (within 120 s, and before pgoutbox exited).
+    async fn seed_finished(&mut self) -> bool {
+        self.within(Duration::from_secs(120), |n| {
+            n.app.log().contains("seed finished") || !n.app.is_running()
+        })
+        .await;
+        self.app.log().contains("seed finished")
+    }
+
+    fn note(&mut self, what: String) {
+        self.say(&format!("note: {what}"));
+        self.notes.push(what);
     }
 
     /// `pgoutbox replay --ids` of 1-5 rows that are in the table now (the gate keeps a
@@ -305,9 +345,11 @@ impl Nemesis {
         let caught_up = self
             .within(Duration::from_secs(180), |n| {
                 let confirmed = confirmed_flush(&n.pg);
-                !confirmed.is_empty() && parse_lsn(&confirmed) >= end
+                let past = !confirmed.is_empty() && parse_lsn(&confirmed) >= end;
+                past || !n.app.is_running()
             })
-            .await;
+            .await
+            && self.app.is_running();
         self.say(&format!("slot confirmed past the last commit: {caught_up}"));
         if !caught_up {
             let confirmed = confirmed_flush(&self.pg);
@@ -315,6 +357,18 @@ impl Nemesis {
             self.trouble.add("stalled", format!("confirmed {confirmed:?}, end {end:X}: {tail}"));
         }
     }
+}
+
+/// The first few notes.
+fn notes(notes: &[String]) -> String {
+    let mut text = String::new();
+    for note in notes.iter().take(5) {
+        text.push_str(&format!("note (not a violation): {note}\n"));
+    }
+    if notes.len() > 5 {
+        text.push_str(&format!("... {} notes in all\n", notes.len()));
+    }
+    text
 }
 
 /// The last `lines` lines of a log, on one line.

@@ -114,8 +114,8 @@ pub fn check(messages: &[Stored], ledger: &Ledger, replays: &[Replayed]) -> Verd
     let epochs = ledger.committed.iter().chain(&ledger.maybe).map(|e| e.epoch).max().unwrap_or(0);
     let mut max_id_before = vec![0i64; epochs as usize + 1];
     for e in ledger.committed.iter().chain(&ledger.maybe) {
-        for later in (e.epoch as usize + 1)..max_id_before.len() {
-            max_id_before[later] = max_id_before[later].max(e.id);
+        for max in max_id_before.iter_mut().skip(e.epoch as usize + 1) {
+            *max = (*max).max(e.id);
         }
     }
     let known = |n: u64| describe(committed.get(&n).or(maybe.get(&n)).copied(), &max_id_before);

@@ -101,7 +101,10 @@ async fn write(
     let mut next_n = 0u64;
     let mut epoch = 0u32;
     let mut since_truncate: Vec<u64> = Vec::new();
-    let mut next_truncate = Instant::now() + truncate_gap(&mut rng);
+    // Truncates draw from a sequence of their own, so that a seed replays them at the same
+    // moments however many transactions the machine's speed fits in between.
+    let mut truncates = rng.fork(1);
+    let mut next_truncate = Instant::now() + truncate_gap(&mut truncates);
     let mut client: Option<Client> = None;
     while !stop.load(Ordering::Relaxed) {
         let Some(db) = client.as_mut() else {
@@ -113,7 +116,7 @@ async fn write(
             continue;
         };
         if truncate && Instant::now() >= next_truncate {
-            next_truncate = Instant::now() + truncate_gap(&mut rng);
+            next_truncate = Instant::now() + truncate_gap(&mut truncates);
             let held = gate.lock().await;
             let done = db.batch_execute("TRUNCATE outbox RESTART IDENTITY").await;
             let (slot_dropped, when) = (held.slot_dropped, t0.elapsed().as_secs_f64());
