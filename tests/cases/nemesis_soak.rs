@@ -51,6 +51,7 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         logs,
         runs: 0,
         faults: BTreeMap::new(),
+        timeline: Vec::new(),
         replays: Vec::new(),
         trouble: Verdict::default(),
         notes: Vec::new(),
@@ -84,7 +85,7 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
     nemesis.wait_confirmed_past_the_end().await;
     let messages = read_all(&jetstream(&nemesis.nats.url()).await, "OUTBOX").await;
     nemesis.save_log();
-    let mut verdict = check(&messages, &ledger, &nemesis.replays);
+    let mut verdict = check(&messages, &ledger, &nemesis.replays, &nemesis.timeline);
     verdict.absorb(std::mem::take(&mut nemesis.trouble));
     let faults: Vec<String> =
         nemesis.faults.iter().map(|(f, n)| format!("{}={n}", f.name())).collect();
@@ -119,6 +120,8 @@ struct Nemesis {
     logs: PathBuf,
     runs: usize,
     faults: BTreeMap<Fault, usize>,
+    /// Each fault's start, in seconds from the start, and its kind.
+    timeline: Vec<(f32, &'static str)>,
     replays: Vec<Replayed>,
     /// What went wrong during the faults themselves (a process that exited, a recovery
     /// that never finished): violations too.
@@ -134,6 +137,7 @@ impl Nemesis {
 
     async fn inflict(&mut self, fault: Fault) {
         *self.faults.entry(fault).or_default() += 1;
+        self.timeline.push((self.t0.elapsed().as_secs_f32(), fault.name()));
         self.say(&format!("fault {}", fault.name()));
         match fault {
             Fault::Kill => {

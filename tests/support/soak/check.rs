@@ -32,6 +32,11 @@ pub struct Verdict {
     pub replayed: usize,
     pub lost_with_slot: usize,
     pub maybe_stored: usize,
+    /// Of the lost events, those whose id was never used before (issue 28: "rows with fresh
+    /// ids among them").
+    pub lost_fresh: usize,
+    /// The lost events by the last fault that began before their commit.
+    pub lost_after: BTreeMap<&'static str, usize>,
 }
 
 impl Verdict {
@@ -74,8 +79,20 @@ impl Verdict {
             text.push_str("violations: none\n");
         }
         for (kind, (count, examples)) in &self.violations {
-            text.push_str(&format!("violation {kind}: {count}\n"));
-            for example in examples.iter().take(5) {
+            let fresh = match *kind {
+                "lost" => {
+                    let after: Vec<String> =
+                        self.lost_after.iter().map(|(f, n)| format!("{f}={n}")).collect();
+                    let after = after.join(" ");
+                    format!(
+                        " ({} with fresh ids; by the last fault before: {after})",
+                        self.lost_fresh
+                    )
+                }
+                _ => String::new(),
+            };
+            text.push_str(&format!("violation {kind}: {count}{fresh}\n"));
+            for example in examples.iter().take(8) {
                 text.push_str(&format!("    {example}\n"));
             }
         }
@@ -100,13 +117,20 @@ fn describe(event: Option<&Event>, max_id_before: &[i64]) -> String {
         Some(e) => {
             let reused = max_id_before.get(e.epoch as usize).is_some_and(|max| e.id <= *max);
             let kind = if reused { "reused" } else { "fresh" };
-            format!("id {} ({kind}), after truncate {}", e.id, e.epoch)
+            format!("id {} ({kind}), after truncate {}, committed at {:.1}s", e.id, e.epoch, e.at)
         }
         None => "never committed".to_owned(),
     }
 }
 
-pub fn check(messages: &[Stored], ledger: &Ledger, replays: &[Replayed]) -> Verdict {
+/// `faults` are the nemesis's, as (seconds from the start, kind), in order: a lost event is
+/// told with the last fault that began before its commit.
+pub fn check(
+    messages: &[Stored],
+    ledger: &Ledger,
+    replays: &[Replayed],
+    faults: &[(f32, &'static str)],
+) -> Verdict {
     let mut verdict = Verdict { stored: messages.len(), ..Verdict::default() };
     let committed: HashMap<u64, &Event> = ledger.committed.iter().map(|e| (e.n, e)).collect();
     let maybe: HashMap<u64, &Event> = ledger.maybe.iter().map(|e| (e.n, e)).collect();
@@ -162,10 +186,22 @@ pub fn check(messages: &[Stored], ledger: &Ledger, replays: &[Replayed]) -> Verd
             verdict.lost_with_slot += 1;
         } else {
             lost.push(e.n);
+            let reused = max_id_before.get(e.epoch as usize).is_some_and(|max| e.id <= *max);
+            verdict.lost_fresh += usize::from(!reused);
         }
     }
+    let fault_before = |n: u64| {
+        let at = committed.get(&n).map_or(0.0, |e| e.at);
+        match faults.iter().rev().find(|(start, _)| *start <= at) {
+            Some((start, kind)) => (*kind, format!("{kind} at {start:.1}s")),
+            None => ("none", "no fault yet".to_owned()),
+        }
+    };
     for run in runs(&lost) {
         let (first, last) = (run[0], run[run.len() - 1]);
+        for n in &run {
+            *verdict.lost_after.entry(fault_before(*n).0).or_default() += 1;
+        }
         let what = match first == last {
             true => format!("event {first}: {}", known(first)),
             false => format!(
@@ -175,6 +211,7 @@ pub fn check(messages: &[Stored], ledger: &Ledger, replays: &[Replayed]) -> Verd
                 known(last)
             ),
         };
+        let what = format!("{what}; last fault before: {}", fault_before(first).1);
         verdict.add_many("lost", run.len(), what);
     }
     verdict.maybe_stored = ledger.maybe.iter().filter(|e| live.contains_key(&e.n)).count();

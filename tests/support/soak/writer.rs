@@ -26,6 +26,8 @@ pub struct Event {
     pub id: i64,
     /// How many truncates came before it.
     pub epoch: u32,
+    /// When its COMMIT was answered (or sent, for a maybe), in seconds from the start.
+    pub at: f32,
 }
 
 /// What the writer saw.
@@ -116,7 +118,6 @@ async fn write(
             continue;
         };
         if truncate && Instant::now() >= next_truncate {
-            next_truncate = Instant::now() + truncate_gap(&mut truncates);
             let held = gate.lock().await;
             let done = db.batch_execute("TRUNCATE outbox RESTART IDENTITY").await;
             let (slot_dropped, when) = (held.slot_dropped, t0.elapsed().as_secs_f64());
@@ -127,6 +128,8 @@ async fn write(
                 Ok(()) => {
                     epoch += 1;
                     ledger.truncates += 1;
+                    // From the truncate on: the gate may have been held by a replay.
+                    next_truncate = Instant::now() + truncate_gap(&mut truncates);
                     since_truncate.clear();
                     let dropped = if slot_dropped { " (slot dropped)" } else { "" };
                     eprintln!(
@@ -135,6 +138,7 @@ async fn write(
                 }
                 Err(err) => {
                     ledger.truncates_unknown += 1;
+                    next_truncate = Instant::now() + truncate_gap(&mut truncates);
                     eprintln!("[{when:7.1}s] writer: truncate outcome unknown: {err}");
                     client = None;
                 }
@@ -154,8 +158,9 @@ async fn write(
             }
             Ok(rows) if rows.is_empty() => ledger.empty += 1,
             Ok(rows) => {
+                let at = t0.elapsed().as_secs_f32();
                 for (id, n) in rows {
-                    ledger.committed.push(Event { n, id, epoch });
+                    ledger.committed.push(Event { n, id, epoch, at });
                     since_truncate.push(n);
                 }
             }
@@ -164,8 +169,9 @@ async fn write(
                 client = None;
             }
             Err(Failure::AtCommit(rows)) => {
+                let at = t0.elapsed().as_secs_f32();
                 for (id, n) in rows {
-                    ledger.maybe.push(Event { n, id, epoch });
+                    ledger.maybe.push(Event { n, id, epoch, at });
                     since_truncate.push(n);
                 }
                 client = None;
