@@ -163,7 +163,14 @@ pub fn check(
         let seen = live.entry(n).or_default();
         *seen += 1;
         if *seen > 1 {
-            verdict.add("duplicate", format!("event {n} stored again at seq {seq}: {}", known(n)));
+            let how = match message.header("Pgoutbox-Seed") {
+                Some(_) => "seeded by a recovery",
+                None => "streamed",
+            };
+            verdict.add(
+                "duplicate",
+                format!("event {n} stored again at seq {seq} ({how}): {}", known(n)),
+            );
             continue;
         }
         if !committed.contains_key(&n) && !maybe.contains_key(&n) {
