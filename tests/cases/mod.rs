@@ -20,6 +20,7 @@ mod lost_slot;
 mod multi_host;
 mod nats_auth;
 mod nats_version_reported;
+mod nemesis_soak;
 mod one_source_per_stream;
 mod ops_http;
 mod order_under_lost_publish;

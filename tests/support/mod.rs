@@ -8,6 +8,7 @@ pub mod pg_bin;
 pub mod pgoutbox;
 pub mod postgres;
 pub mod proxy;
+pub mod soak;
 pub mod standby;
 pub mod stream;
 
