@@ -79,6 +79,17 @@ pub enum SeedError {
     ReaderGone,
     #[error(transparent)]
     Mapping(#[from] MappingError),
+    #[error(
+        "slot {slot} is in use by another process (pid {pid:?}) seeding this stream: two \
+         pgoutbox started with --recover or --backfill for one slot; stop the other one"
+    )]
+    SeedElsewhere { slot: String, pid: Option<i32> },
+    #[error(
+        "slot {slot} was dropped and made again by another pgoutbox seeding this stream (two \
+         started with --recover or --backfill for one slot); stop the other one, then run \
+         this one again with the same flag"
+    )]
+    SlotReplaced { slot: String },
     #[error("slot name {0:?} plus \"_seed\" exceeds Postgres's 63 bytes: choose a shorter --slot")]
     SlotNameTooLong(String),
 }
@@ -95,6 +106,8 @@ impl SeedError {
             SeedError::Setup(_)
             | SeedError::NoAnchor
             | SeedError::SlotNameTooLong(_)
+            | SeedError::SeedElsewhere { .. }
+            | SeedError::SlotReplaced { .. }
             | SeedError::Mapping(_) => Failure::Fatal,
         }
     }
@@ -137,7 +150,10 @@ impl Seed {
     ) -> Result<Seed, SeedError> {
         let slot = seed_slot(&config.slot)?;
         let client = admin::connect(&config.database, &config.pg_tls).await?;
-        if admin::slot_state(&client, &slot).await?.is_some() {
+        if let Some(state) = admin::slot_state(&client, &slot).await? {
+            if state.active {
+                return Err(SeedError::SeedElsewhere { slot, pid: state.active_pid });
+            }
             warn!(%slot, "dropping the slot of an earlier seed that did not finish");
             admin::teardown_slot(&client, &slot).await?;
         }
@@ -194,6 +210,24 @@ impl Seed {
         let (held, last) = publisher.held_rows(ReadFrom::After(self.read_up_to)).await?;
         self.held.extend(held);
         self.read_up_to = self.read_up_to.max(last);
+        Ok(())
+    }
+
+    /// Checks, before an attempt streams from it, that the temporary slot is the one this
+    /// seed made: nothing is confirmed past its consistent point until the seed finishes,
+    /// so a slot that stands elsewhere was dropped and made again by another pgoutbox
+    /// (two started with `--recover`), and the rows between the two snapshots would be
+    /// lost or reordered.
+    pub async fn check_slot(&self, config: &Config) -> Result<(), SeedError> {
+        let client = admin::connect(&config.database, &config.pg_tls).await?;
+        let state = admin::slot_state(&client, &self.slot).await?;
+        let confirmed = state
+            .and_then(|state| state.confirmed_flush_lsn)
+            .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
+            .map(u64::from);
+        if confirmed != Some(self.consistent_point) {
+            return Err(SeedError::SlotReplaced { slot: self.slot.clone() });
+        }
         Ok(())
     }
 

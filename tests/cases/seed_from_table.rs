@@ -237,3 +237,24 @@ async fn a_recovery_after_a_truncate_that_restarted_the_ids_misses_no_new_row() 
         assert_eq!(field, n.to_string(), "event {n} in commit order:\n{log}");
     }
 }
+
+/// Issue 28, item 1: a second pgoutbox started with `--recover` while the first seeds
+/// dropped the first one's temporary slot, and the first went on from a slot whose
+/// snapshot was not its own. Now the second stops at once, saying why, and the first
+/// stores every row once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_recovery_of_the_same_slot_stops_and_leaves_the_first_whole() {
+    let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
+    let nats = Nats::start();
+    slot_dropped_with_rows_in_the_gap(&pg, &nats, 50_000).await;
+    let first = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    wait_for(&nats, 1_000, "part of the gap stored").await;
+    let mut second = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    let status = second.wait_exit(Duration::from_secs(30));
+    let log = second.log();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("in use by another process") || log.contains("made again"), "{log}");
+    wait_until_streaming(&pg, &first).await;
+    pg.psql(&numbered_rows(50_100, 50_200, 10));
+    assert_exactly_once_in_order(&nats, 50_200, &first.log()).await;
+}

@@ -81,6 +81,7 @@ impl Target<'_> {
             Metrics::seed_rows(seed.total);
             memory.seed = Some(seed);
         } else if let Some(seed) = memory.seed.as_mut() {
+            seed.check_slot(self.config).await?;
             let catch_up = seed.catch_up(&self.publisher);
             tokio::select! {
                 caught_up = catch_up => caught_up?,
