@@ -23,7 +23,7 @@ mod headers;
 
 pub use dead_letter::{
     DEAD_LETTER_ID_PREFIX, DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET,
-    PAYLOAD_OMITTED_HEADER, RefusedRows, TRUNCATED,
+    PAYLOAD_OMITTED_HEADER, RefusedRows, TRUNCATED, letter_row,
 };
 pub use emitted::log_preview;
 pub use headers::Headers;

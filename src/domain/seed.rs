@@ -55,16 +55,31 @@ pub fn payload_digest(body: &[u8]) -> u64 {
     hasher.finish()
 }
 
-/// The rows a stream holds, by row id, with the digest of each message's payload. A dead
-/// letter's body is not the row's payload: it holds its row by id alone.
+/// The rows a stream holds, by row id: what tells a row's event from another row's that
+/// reused its id.
 #[derive(Debug, Default)]
-pub struct HeldRows(HashMap<String, Vec<Option<u64>>>);
+pub struct HeldRows(HashMap<String, Vec<Held>>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// A message whose body, the row's payload, digests to this.
+    Message(u64),
+    /// A dead letter, with the digest of the payload column's text it carries; `None` when
+    /// it left the payload out: it holds its row by id alone.
+    Letter(Option<u64>),
+}
 
 impl HeldRows {
-    /// The message with `Nats-Msg-Id` `msg_id` and body `body`.
-    pub fn insert(&mut self, msg_id: &str, body: &[u8]) {
-        let digest = (!msg_id.starts_with(DEAD_LETTER_ID_PREFIX)).then(|| payload_digest(body));
-        self.0.entry(row_id_of(msg_id).to_owned()).or_default().push(digest);
+    /// The message with `Nats-Msg-Id` `msg_id` and body `body`, published from a row.
+    pub fn insert_message(&mut self, msg_id: &str, body: &[u8]) {
+        let held = Held::Message(payload_digest(body));
+        self.0.entry(row_id_of(msg_id).to_owned()).or_default().push(held);
+    }
+
+    /// A dead letter of the row `id`, carrying the payload column's text `payload`.
+    pub fn insert_letter(&mut self, id: &str, payload: Option<&str>) {
+        let held = Held::Letter(payload.map(|text| payload_digest(text.as_bytes())));
+        self.0.entry(id.to_owned()).or_default().push(held);
     }
 
     /// Whether some message names the row id `id`.
@@ -72,11 +87,16 @@ impl HeldRows {
         self.0.contains_key(id)
     }
 
-    /// Whether the stream holds the row with `id` whose payload digests to `digest`; a row
-    /// that cannot be mapped (`None`) is held by its id alone, as its dead letter is.
-    pub fn holds(&self, id: &str, digest: Option<u64>) -> bool {
+    /// Whether the stream holds the row with `id` whose message body digests to `event`
+    /// (`None`: it cannot become a message) and whose payload column's text digests to
+    /// `payload`: as that message, or as its dead letter.
+    pub fn holds(&self, id: &str, event: Option<u64>, payload: Option<u64>) -> bool {
         self.0.get(id).is_some_and(|held| {
-            held.iter().any(|held| held.is_none() || digest.is_none() || *held == digest)
+            held.iter().any(|held| match *held {
+                Held::Message(digest) => event == Some(digest),
+                Held::Letter(None) => true,
+                Held::Letter(digest) => digest == payload,
+            })
         })
     }
 
@@ -90,8 +110,8 @@ impl HeldRows {
     }
 
     pub fn extend(&mut self, other: HeldRows) {
-        for (id, digests) in other.0 {
-            self.0.entry(id).or_default().extend(digests);
+        for (id, held) in other.0 {
+            self.0.entry(id).or_default().extend(held);
         }
     }
 }
@@ -147,13 +167,16 @@ mod tests {
 
     #[test]
     fn a_row_is_held_only_with_its_own_payload() {
+        let digest = |text: &str| Some(payload_digest(text.as_bytes()));
         let mut held = HeldRows::default();
-        held.insert("7", b"{\"n\": 1}");
-        held.insert("dead-letter:8", b"{\"reason\": \"x\"}");
-        assert!(held.holds("7", Some(payload_digest(b"{\"n\": 1}"))));
-        assert!(!held.holds("7", Some(payload_digest(b"{\"n\": 2}"))), "a reused id");
-        assert!(held.holds("7", None), "a row that cannot be mapped goes by its id");
-        assert!(held.holds("8", Some(payload_digest(b"{}"))), "a dead letter holds its id");
-        assert!(!held.holds("9", None));
+        held.insert_message("7", b"{\"n\": 1}");
+        held.insert_letter("8", Some("{\"n\": 3}"));
+        held.insert_letter("9", None);
+        assert!(held.holds("7", digest("{\"n\": 1}"), None));
+        assert!(!held.holds("7", digest("{\"n\": 2}"), None), "a reused id");
+        assert!(held.holds("8", None, digest("{\"n\": 3}")), "its dead letter");
+        assert!(!held.holds("8", None, digest("{\"n\": 4}")), "another row's letter");
+        assert!(held.holds("9", None, None), "a letter without the payload holds its id");
+        assert!(!held.holds("10", None, None));
     }
 }

@@ -124,6 +124,8 @@ pub struct Seed {
     since: Option<f64>,
     /// The rows the stream holds already, as read up to `read_up_to`.
     held: HeldRows,
+    /// The payload column, as dead letters name it.
+    payload_column: String,
     read_up_to: u64,
     /// Rows the seed reads; how many were published or found held so far.
     pub total: u64,
@@ -180,7 +182,8 @@ impl Seed {
             }
         };
         let from = since.map_or(ReadFrom::Start, |since| ReadFrom::Time(since - margin));
-        let (held, read_up_to) = publisher.held_rows(from).await?;
+        let payload_column = config.pipeline.roles.payload.clone();
+        let (held, read_up_to) = publisher.held_rows(from, &payload_column).await?;
         let total = snapshot.count(&Selection::Since(since)).await?;
         info!(
             %slot,
@@ -197,6 +200,7 @@ impl Seed {
             snapshot,
             since,
             held,
+            payload_column,
             read_up_to,
             total,
             done: 0,
@@ -207,7 +211,8 @@ impl Seed {
     /// copies an abandoned connection wrote late), so that an attempt sends again only
     /// what the stream lacks instead of being refused behind each row it has.
     pub async fn catch_up(&mut self, publisher: &Publisher) -> Result<(), SeedError> {
-        let (held, last) = publisher.held_rows(ReadFrom::After(self.read_up_to)).await?;
+        let from = ReadFrom::After(self.read_up_to);
+        let (held, last) = publisher.held_rows(from, &self.payload_column).await?;
         self.held.extend(held);
         self.read_up_to = self.read_up_to.max(last);
         Ok(())
@@ -267,8 +272,9 @@ impl Seed {
         if !self.held.has_id(&id) {
             return false;
         }
-        let digest = mapping.map(tuple).ok().map(|event| payload_digest(&event.payload));
-        self.held.holds(&id, digest)
+        let event = mapping.map(tuple).ok().map(|event| payload_digest(&event.payload));
+        let payload = mapping.payload_text(tuple).map(|text| payload_digest(text.as_bytes()));
+        self.held.holds(&id, event, payload)
     }
 
     /// Every row is in the stream: the temporary slot becomes the slot.

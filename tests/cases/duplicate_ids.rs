@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use crate::support::pgoutbox::Pgoutbox;
-use crate::support::stream::{count, jetstream, read_all};
+use crate::support::stream::{Stored, count, jetstream, read_all};
 use crate::support::{
-    Lcg, Nats, Postgres, eventually, metric, numbered_rows, wait_until_streaming,
+    BIGSERIAL_OUTBOX, Lcg, Nats, Postgres, eventually, metric, numbered_rows, wait_until_streaming,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -59,34 +59,40 @@ async fn repeated_ids_in_a_big_transaction_become_dead_letters_in_place() {
     assert!(attempts <= 4, "{attempts} attempts for 3 repeated ids:\n{}", app.log());
 }
 
+/// A `bigserial` outbox streamed by pgoutbox: `first` rows stored, the table truncated with
+/// its sequence restarted, then `then` (SQL). Returns every message once the stream holds
+/// `total`, and pgoutbox's log.
+async fn truncated_and_refilled(first: usize, then: &str, total: usize) -> (Vec<Stored>, String) {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(BIGSERIAL_OUTBOX);
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, first, first));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "the first rows stored", || async {
+        (count(&js, "OUTBOX").await == first as u64).then_some(())
+    })
+    .await;
+    pg.psql("TRUNCATE outbox RESTART IDENTITY");
+    pg.psql(then);
+    eventually(Duration::from_secs(60), "every event stored", || async {
+        (count(&js, "OUTBOX").await >= total as u64).then_some(())
+    })
+    .await;
+    let log = app.log();
+    assert_eq!(metric(app.http_port(), "pgoutbox_dead_letters_total "), Some(10.0), "{log}");
+    (read_all(&js, "OUTBOX").await, log)
+}
+
 /// The reviewer's case: `id bigserial`, 10 rows, `TRUNCATE outbox RESTART IDENTITY`, 10 new
 /// rows with ids 1-10 again. Before, the stream held 10 of 20 events and the metrics said 20.
 #[tokio::test(flavor = "multi_thread")]
 async fn ids_reused_after_a_truncate_become_dead_letters_not_lost_events() {
-    let pg = Postgres::start();
-    let nats = Nats::start();
-    pg.psql(
-        "CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_type text, aggregate_id text, \
-             event_type text, payload jsonb, headers jsonb, created_at timestamptz DEFAULT now())",
-    );
-    let app = Pgoutbox::run(&pg, &nats, &[]);
-    wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(0, 10, 5));
-    let js = jetstream(&nats.url()).await;
-    eventually(Duration::from_secs(20), "the first 10 rows stored", || async {
-        (count(&js, "OUTBOX").await == 10).then_some(())
-    })
-    .await;
-    pg.psql("TRUNCATE outbox RESTART IDENTITY");
-    pg.psql(&numbered_rows(10, 20, 5));
-    eventually(Duration::from_secs(60), "20 messages stored", || async {
-        (count(&js, "OUTBOX").await >= 20).then_some(())
-    })
-    .await;
-    let stored = read_all(&js, "OUTBOX").await;
-    assert_eq!(stored.len(), 20, "{}", app.log());
+    let (stored, log) = truncated_and_refilled(10, &numbered_rows(10, 20, 5), 20).await;
+    assert_eq!(stored.len(), 20, "{log}");
     for (n, message) in stored.iter().enumerate().skip(10) {
-        assert_eq!(message.subject, "outbox.dead_letter", "row {n}:\n{}", app.log());
+        assert_eq!(message.subject, "outbox.dead_letter", "row {n}:\n{log}");
         assert_eq!(message.json()["row"]["aggregate_id"], n.to_string(), "in commit order");
     }
 }
@@ -96,29 +102,8 @@ async fn ids_reused_after_a_truncate_become_dead_letters_not_lost_events() {
 /// and the next attempt skipped through row 20: the stream held 20 of 30 events.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reused_id_at_the_tail_lets_no_later_row_pass_it() {
-    let pg = Postgres::start();
-    let nats = Nats::start();
-    pg.psql(
-        "CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_type text, aggregate_id text, \
-             event_type text, payload jsonb, headers jsonb, created_at timestamptz DEFAULT now())",
-    );
-    let app = Pgoutbox::run(&pg, &nats, &[]);
-    wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(0, 10, 10));
-    let js = jetstream(&nats.url()).await;
-    eventually(Duration::from_secs(20), "the first 10 rows stored", || async {
-        (count(&js, "OUTBOX").await == 10).then_some(())
-    })
-    .await;
-    pg.psql("TRUNCATE outbox RESTART IDENTITY");
-    pg.psql(&numbered_rows(10, 30, 20));
-    pg.psql(&numbered_rows(30, 31, 1));
-    eventually(Duration::from_secs(60), "31 messages stored", || async {
-        (count(&js, "OUTBOX").await >= 31).then_some(())
-    })
-    .await;
-    let stored = read_all(&js, "OUTBOX").await;
-    let log = app.log();
+    let then = numbered_rows(10, 30, 20) + &numbered_rows(30, 31, 1);
+    let (stored, log) = truncated_and_refilled(10, &then, 31).await;
     assert_eq!(stored.len(), 31, "events lost or doubled:\n{log}");
     for (n, message) in stored.iter().enumerate().skip(10) {
         let (subject, n_field) = match n {
@@ -128,8 +113,6 @@ async fn a_reused_id_at_the_tail_lets_no_later_row_pass_it() {
         assert_eq!(message.subject, subject, "row {n}:\n{log}");
         assert_eq!(n_field, n.to_string(), "row {n} in commit order:\n{log}");
     }
-    let port = app.http_port();
-    assert_eq!(metric(port, "pgoutbox_dead_letters_total "), Some(10.0), "{log}");
 }
 
 /// F1 with text ids: `a` stored, then one transaction deletes `a` and inserts `a` and `b`.

@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::stream::{Stored, assert_once_in_order, count, jetstream, read_all};
 use crate::support::{
-    Nats, Postgres, eventually, metric, numbered_rows, stop_and_wait_released, wait_until_streaming,
+    BIGSERIAL_OUTBOX, Nats, Postgres, eventually, metric, numbered_rows, stop_and_wait_released,
+    wait_until_streaming,
 };
 
 /// Waits until the stream holds at least `n` messages.
@@ -203,10 +204,7 @@ async fn a_new_stream_behind_an_existing_slot_is_backfilled_with_history() {
 async fn a_recovery_after_a_truncate_that_restarted_the_ids_misses_no_new_row() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(
-        "CREATE TABLE outbox (id bigserial PRIMARY KEY, aggregate_type text, aggregate_id text, \
-             event_type text, payload jsonb, headers jsonb, created_at timestamptz DEFAULT now())",
-    );
+    pg.psql(BIGSERIAL_OUTBOX);
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(0, 100, 10));

@@ -83,6 +83,11 @@ pub async fn wait_until_slot_active(pg: &Postgres, slot: &str, app: &pgoutbox::P
     }
 }
 
+/// An outbox whose ids come from a sequence, which `TRUNCATE … RESTART IDENTITY` restarts.
+pub const BIGSERIAL_OUTBOX: &str = "CREATE TABLE outbox (id bigserial PRIMARY KEY, \
+    aggregate_type text, aggregate_id text, event_type text, payload jsonb, headers jsonb, \
+    created_at timestamptz DEFAULT now())";
+
 /// SQL inserting rows `from..to` in transactions of `per_tx` rows, each with payload
 /// `{"n": n}`, so that `n` is the commit order (see `stream::audit`).
 pub fn numbered_rows(from: usize, to: usize, per_tx: usize) -> String {

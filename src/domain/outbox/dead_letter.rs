@@ -244,6 +244,25 @@ impl Letter<'_> {
     }
 }
 
+/// What a dead letter's body says of its row: its id, and the payload column's text unless
+/// it was left out (`None`). `None` for a body that is not a letter this version wrote.
+pub fn letter_row(body: &[u8], payload_column: &str) -> Option<(String, Option<String>)> {
+    let body: Value = serde_json::from_slice(body).ok()?;
+    let id = body.get("id")?.as_str()?.to_owned();
+    let payload = match body.get("payload_omitted").and_then(Value::as_bool) {
+        Some(false) => body.get("row")?.get(payload_column)?.as_str().map(str::to_owned),
+        _ => None,
+    };
+    Some((id, payload))
+}
+
+impl RowMapping {
+    /// The payload column's text as a dead letter carries it; `None` when NULL or unsent.
+    pub fn payload_text<'t>(&self, tuple: &'t [ColumnValue]) -> Option<Cow<'t, str>> {
+        tuple.get(self.payload).and_then(lossy_text)
+    }
+}
+
 /// The dead letter's headers; every value is made one line here.
 impl DeadLetter {
     /// Names the letter `dead-letter:<position>` rather than by the row's id: for a row whose

@@ -24,16 +24,14 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 
-use proptest::prelude::*;
-
 use super::*;
 use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
 
+mod cases;
 mod jetstream;
 mod search;
 
 use jetstream::{Checks, JetStream, Message, Write, Written};
-use search::{explore, play};
 
 #[derive(Debug, Clone, Default)]
 struct Connection {
@@ -483,119 +481,5 @@ impl From<String> for Broken {
 impl From<&str> for Broken {
     fn from(why: &str) -> Broken {
         Broken(why.to_owned())
-    }
-}
-
-const ALL_CHECKS: [Checks; 3] = [Checks::DedupeFirst, Checks::SequenceFirst, Checks::StagedIds];
-
-#[test]
-fn every_interleaving_of_late_writes_keeps_the_chain_whole() {
-    let faults = Faults { give_ups: 2, crashes: 0, server_restarts: 0, window_expiries: 0 };
-    for checks in ALL_CHECKS {
-        // Three rows: one alone, then two in one transaction; two in flight at once.
-        let world = World::new(vec![0, 1, 1], 2, checks, faults);
-        let states = explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
-        assert!(states > 1_000, "{checks:?}: only {states} states were explored");
-    }
-}
-
-#[test]
-fn kills_restarts_and_an_expired_window_keep_the_chain_whole() {
-    let faults = Faults { give_ups: 1, crashes: 1, server_restarts: 1, window_expiries: 1 };
-    for checks in ALL_CHECKS {
-        let world = World::new(vec![0, 1], 2, checks, faults);
-        explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
-    }
-}
-
-#[test]
-fn the_model_check_finds_the_loss_of_the_sequence_chain() {
-    let faults = Faults { give_ups: 2, crashes: 0, server_restarts: 0, window_expiries: 0 };
-    let mut world = World::new(vec![0, 1, 1], 2, Checks::DedupeFirst, faults);
-    world.legacy = Some(Legacy::default());
-    world.start_attempt();
-    let Err(Broken(why)) = explore(world, 2_000_000) else {
-        panic!("the sequence chain passed the model check");
-    };
-    eprintln!("{why}");
-    assert!(why.contains("which is not stored") || why.contains("the stream holds"), "{why}");
-}
-
-/// A row that reuses the tail's id, with rows behind it in flight (issue 28, F1): the id
-/// guard alone let the next row be stored behind the refused duplicate.
-#[test]
-fn a_reused_tail_id_lets_no_later_row_pass_it() {
-    let faults = Faults { give_ups: 1, crashes: 0, server_restarts: 0, window_expiries: 1 };
-    for checks in ALL_CHECKS {
-        let world = World::with_ids(vec![0, 0, 1], vec![7, 1, 2], &[7], 3, checks, faults);
-        explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
-    }
-}
-
-/// Rows that reuse each other's ids and an old message's, with late writes and give-ups.
-#[test]
-fn every_interleaving_of_reused_ids_keeps_every_row() {
-    let faults = Faults { give_ups: 2, crashes: 0, server_restarts: 0, window_expiries: 0 };
-    for checks in ALL_CHECKS {
-        let world = World::with_ids(vec![0, 1, 1], vec![5, 5, 6], &[6], 2, checks, faults);
-        explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
-    }
-}
-
-/// The id chain alone, as before issue 28: the model check finds F1's loss.
-#[test]
-fn the_model_check_finds_the_loss_of_the_id_chain_alone() {
-    let faults = Faults { give_ups: 0, crashes: 0, server_restarts: 0, window_expiries: 0 };
-    let mut world =
-        World::with_ids(vec![0, 0, 1], vec![7, 1, 2], &[7], 3, Checks::DedupeFirst, faults);
-    world.ids_only = true;
-    let Err(Broken(why)) = explore(world, 2_000_000) else {
-        panic!("the id chain alone passed the model check");
-    };
-    eprintln!("{why}");
-    assert!(why.contains("the stream holds [Old(0), Row(1), Row(2)]"), "{why}");
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
-
-    /// Longer runs, more faults, larger transactions and windows, steps picked at random.
-    #[test]
-    fn random_runs_keep_the_chain_whole(
-        sizes in proptest::collection::vec(1usize..6, 1..8),
-        window_size in 1usize..6,
-        checks in prop::sample::select(ALL_CHECKS.to_vec()),
-        give_ups in 0u8..6,
-        crashes in 0u8..3,
-        server_restarts in 0u8..3,
-        window_expiries in 0u8..2,
-        choices in proptest::collection::vec(any::<u8>(), 0..400),
-    ) {
-        let transaction_of =
-            sizes.iter().enumerate().flat_map(|(t, &n)| std::iter::repeat_n(t, n)).collect();
-        let faults = Faults { give_ups, crashes, server_restarts, window_expiries };
-        let world = World::new(transaction_of, window_size, checks, faults);
-        prop_assert_eq!(play(world, &choices), Ok(()));
-    }
-
-    /// The same with ids drawn from a few, so that rows reuse each other's and old ones.
-    #[test]
-    fn random_runs_with_reused_ids_keep_every_row(
-        rows in proptest::collection::vec((0usize..4, 0usize..5), 1..10),
-        old in proptest::collection::vec(0usize..5, 0..3),
-        window_size in 1usize..6,
-        checks in prop::sample::select(ALL_CHECKS.to_vec()),
-        give_ups in 0u8..4,
-        crashes in 0u8..2,
-        server_restarts in 0u8..2,
-        window_expiries in 0u8..2,
-        choices in proptest::collection::vec(any::<u8>(), 0..400),
-    ) {
-        let mut transaction_of: Vec<usize> = rows.iter().map(|&(t, _)| t).collect();
-        transaction_of.sort();
-        let ids = rows.iter().map(|&(_, id)| id).collect();
-        let faults = Faults { give_ups, crashes, server_restarts, window_expiries };
-        let world = World::with_ids(transaction_of, ids, &old, window_size, checks, faults);
-        prop_assert_eq!(play(world, &choices), Ok(()));
     }
 }

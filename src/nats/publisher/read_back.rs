@@ -5,7 +5,9 @@
 use std::collections::HashSet;
 
 use super::{Publisher, PublisherError, request_error};
-use crate::domain::outbox::{MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER};
+use crate::domain::outbox::{
+    DEAD_LETTER_ID_PREFIX, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER, letter_row,
+};
 use crate::domain::seed::{HeldRows, row_id_of};
 
 /// Where [`Publisher::row_ids`] starts reading.
@@ -46,14 +48,26 @@ impl Publisher {
     }
 
     /// The rows the messages from `from` to the stream's end hold, each by its id and its
-    /// payload, and the last sequence read: what the stream holds, for the seed
-    /// (`service::seed`), where a reused id must not pass for its older row's event.
-    pub async fn held_rows(&self, from: ReadFrom) -> Result<(HeldRows, u64), PublisherError> {
+    /// payload (a dead letter's as its body names them, `payload_column` the column), and
+    /// the last sequence read: what the stream holds, for the seed (`service::seed`), where
+    /// a reused id must not pass for its older row's event.
+    pub async fn held_rows(
+        &self,
+        from: ReadFrom,
+        payload_column: &str,
+    ) -> Result<(HeldRows, u64), PublisherError> {
         let mut held = HeldRows::default();
         let last = self
             .read_messages(from, None, false, |headers, body| {
-                if let Some(id) = headers.and_then(|h| h.get(MESSAGE_ID_HEADER)) {
-                    held.insert(id.as_str(), body);
+                let Some(id) = headers.and_then(|h| h.get(MESSAGE_ID_HEADER)) else { return };
+                let id = id.as_str();
+                if !id.starts_with(DEAD_LETTER_ID_PREFIX) {
+                    held.insert_message(id, body);
+                } else if let Some((row, payload)) = letter_row(body, payload_column) {
+                    held.insert_letter(&row, payload.as_deref());
+                } else {
+                    // Not a letter this version reads: its id alone, as before.
+                    held.insert_letter(row_id_of(id), None);
                 }
             })
             .await?;
