@@ -17,7 +17,7 @@ use tokio::sync::Mutex;
 use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::soak::check::{Replayed, Verdict, check};
 use crate::support::soak::writer::{OUTBOX, Writer};
-use crate::support::soak::{Fault, Gate, Rng, Settings};
+use crate::support::soak::{Fault, Gate, Rng, Settings, SlotDrop};
 use crate::support::stream::{create_outbox_stream, jetstream, read_all};
 use crate::support::{Nats, Postgres, confirmed_flush, parse_lsn, wait_until_streaming};
 
@@ -85,7 +85,8 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
     nemesis.wait_confirmed_past_the_end().await;
     let messages = read_all(&jetstream(&nemesis.nats.url()).await, "OUTBOX").await;
     nemesis.save_log();
-    let mut verdict = check(&messages, &ledger, &nemesis.replays, &nemesis.timeline);
+    let drops = nemesis.gate.lock().await.drops.clone();
+    let mut verdict = check(&messages, &ledger, &nemesis.replays, &nemesis.timeline, &drops);
     verdict.absorb(std::mem::take(&mut nemesis.trouble));
     let faults: Vec<String> =
         nemesis.faults.iter().map(|(f, n)| format!("{}={n}", f.name())).collect();
@@ -228,10 +229,16 @@ impl Nemesis {
     async fn drop_slot_and_recover(&mut self) {
         self.gate.lock().await.slot_dropped = true;
         self.stop_app().await;
+        // Held while the slot is dropped: no truncate between reading the epoch and the drop.
+        let mut gate = self.gate.lock().await;
+        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let (at_nanos, epoch) = (at.map_or(0, |d| d.as_nanos() as i128), gate.epoch);
+        gate.drops.push(SlotDrop { at_nanos, epoch });
         let dropped = self.pg.try_psql(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
              WHERE slot_name = 'pgoutbox'",
         );
+        drop(gate);
         if let Err(err) = dropped {
             self.trouble.add("slot not dropped", err);
         }

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use super::SlotDrop;
 use super::writer::{Event, Ledger};
 use crate::support::stream::Stored;
 
@@ -124,13 +125,33 @@ fn describe(event: Option<&Event>, max_id_before: &[i64]) -> String {
 }
 
 /// `faults` are the nemesis's, as (seconds from the start, kind), in order: a lost event is
-/// told with the last fault that began before its commit.
+/// told with the last fault that began before its commit. An event missing from the stream
+/// is lost with the slot when a truncate removed it from the table before a slot drop that
+/// came while it was not in the stream yet (`drops`), or after the drop
+/// (`Ledger::lost_with_slot_allowed`).
 pub fn check(
     messages: &[Stored],
     ledger: &Ledger,
     replays: &[Replayed],
     faults: &[(f32, &'static str)],
+    drops: &[SlotDrop],
 ) -> Verdict {
+    // The highest live event the stream held at each drop (it holds them in commit order).
+    let held_at_drop: Vec<(u64, u32)> = drops
+        .iter()
+        .map(|drop| {
+            let through = messages
+                .iter()
+                .take_while(|m| m.stored_at_nanos < drop.at_nanos)
+                .filter(|m| m.header("Pgoutbox-Replay").is_none())
+                .filter_map(|m| event_of(m).map(|(n, _)| n))
+                .max()
+                .unwrap_or(0);
+            (through, drop.epoch)
+        })
+        .collect();
+    let gone_with_a_drop =
+        |e: &Event| held_at_drop.iter().any(|&(through, epoch)| e.n > through && e.epoch < epoch);
     let mut verdict = Verdict { stored: messages.len(), ..Verdict::default() };
     let committed: HashMap<u64, &Event> = ledger.committed.iter().map(|e| (e.n, e)).collect();
     let maybe: HashMap<u64, &Event> = ledger.maybe.iter().map(|e| (e.n, e)).collect();
@@ -189,7 +210,7 @@ pub fn check(
         if live.contains_key(&e.n) {
             continue;
         }
-        if ledger.lost_with_slot_allowed.contains(&e.n) {
+        if ledger.lost_with_slot_allowed.contains(&e.n) || gone_with_a_drop(e) {
             verdict.lost_with_slot += 1;
         } else {
             lost.push(e.n);

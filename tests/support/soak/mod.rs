@@ -169,4 +169,18 @@ impl Settings {
 pub struct Gate {
     /// From just before the slot is dropped until the recovery's seed finished.
     pub slot_dropped: bool,
+    /// How many truncates the writer made.
+    pub epoch: u32,
+    /// Each time the slot was dropped.
+    pub drops: Vec<SlotDrop>,
+}
+
+/// The slot dropped, with pgoutbox stopped: events not yet in the stream then are in the
+/// table only, and those a truncate had removed already can be recovered by no one.
+#[derive(Debug, Clone, Copy)]
+pub struct SlotDrop {
+    /// When, in nanoseconds since the Unix epoch (as `Stored::stored_at_nanos`).
+    pub at_nanos: i128,
+    /// The writer's truncates by then: events of an earlier epoch were out of the table.
+    pub epoch: u32,
 }

@@ -118,7 +118,7 @@ async fn write(
             continue;
         };
         if truncate && Instant::now() >= next_truncate {
-            let held = gate.lock().await;
+            let mut held = gate.lock().await;
             let done = db.batch_execute("TRUNCATE outbox RESTART IDENTITY").await;
             let (slot_dropped, when) = (held.slot_dropped, t0.elapsed().as_secs_f64());
             if slot_dropped {
@@ -127,6 +127,7 @@ async fn write(
             match done {
                 Ok(()) => {
                     epoch += 1;
+                    held.epoch = epoch;
                     ledger.truncates += 1;
                     // From the truncate on: the gate may have been held by a replay.
                     next_truncate = Instant::now() + truncate_gap(&mut truncates);
