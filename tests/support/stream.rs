@@ -55,6 +55,25 @@ pub async fn count(js: &jetstream::Context, stream: &str) -> u64 {
     }
 }
 
+/// From message `from` on, event `n` is at place `n`, in commit order: as its dead letter
+/// (on `outbox.dead_letter`, the row's `aggregate_id` reading `n`) where `is_letter(n)`,
+/// else as its message (on `outbox.order.created`, its payload's `n`).
+pub fn assert_rows_and_letters(
+    stored: &[Stored],
+    from: usize,
+    is_letter: impl Fn(usize) -> bool,
+    log: &str,
+) {
+    for (n, message) in stored.iter().enumerate().skip(from) {
+        let (subject, field) = match is_letter(n) {
+            true => ("outbox.dead_letter", message.json()["row"]["aggregate_id"].clone()),
+            false => ("outbox.order.created", message.json()["n"].to_string().into()),
+        };
+        assert_eq!(message.subject, subject, "event {n}:\n{log}");
+        assert_eq!(field, n.to_string(), "event {n} in commit order:\n{log}");
+    }
+}
+
 /// Every message of the stream, in stream order.
 pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
     let stream = js.get_stream(stream).await.expect("stream exists");
