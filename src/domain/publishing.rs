@@ -106,6 +106,36 @@ pub enum Answer {
     },
     /// Refused, timed out, or lost with its connection.
     NotStored,
+    /// Refused because JetStream holds the id for a publish that is in process or was
+    /// refused on a replicated stream: "duplicate, sequence 0" (nats-server 2.10) or
+    /// [`DUPLICATE_IN_PROCESS`] (2.11, 2.12+). The id is let go when the duplicate window
+    /// ends; until then a message behind it that reuses it would stage it again.
+    Staged,
+}
+
+/// `JSStreamDuplicateMessageConflict`: a message with this id is still being processed,
+/// or was refused after its id was staged (nats-server 2.11, 2.12+ replicated streams).
+pub const DUPLICATE_IN_PROCESS: u64 = 10158;
+
+impl Answer {
+    /// An ack `{"seq":…,"duplicate":…}`.
+    pub fn acked(sequence: u64, duplicate: bool) -> Answer {
+        match (sequence, duplicate) {
+            // nats-server 2.10 on a replicated stream: the id is staged.
+            (0, true) => Answer::Staged,
+            (0, false) => Answer::NotStored,
+            (sequence, false) => Answer::Stored { sequence },
+            (sequence, true) => Answer::Duplicate { sequence },
+        }
+    }
+
+    /// A publish refused with the API error `code`, or not answered (`None`).
+    pub fn refused(code: Option<u64>) -> Answer {
+        match code {
+            Some(DUPLICATE_IN_PROCESS) => Answer::Staged,
+            _ => Answer::NotStored,
+        }
+    }
 }
 
 /// What an answer means.
@@ -316,10 +346,10 @@ impl Publishing {
                 self.stream_end = sequence;
                 Outcome::AlreadyInPlace
             }
-            Answer::Duplicate { sequence: 0 } => {
+            Answer::Staged => {
                 // A replicated stream holds the id staged for a refused publish until the
-                // duplicate window ends (nats-server 2.10, 2.11); a message behind it that
-                // reuses its id and is refused too stages it again, for ever: one at a time.
+                // duplicate window ends; a message behind it that is refused too stages its
+                // own id again, each attempt: one at a time.
                 self.send_limit = 1;
                 self.calm = 0;
                 Outcome::EndAttempt

@@ -308,7 +308,8 @@ pub fn ack_of(status: Option<u16>, payload: &[u8]) -> Ack {
             };
             Err(PublishError::with_source(kind, error))
         }
-        None if reply.seq == 0 => Err(PublishError::with_source(
+        // A staged id answers "duplicate" without a sequence (nats-server 2.10, R3).
+        None if reply.seq == 0 && !reply.duplicate => Err(PublishError::with_source(
             PublishErrorKind::Other,
             "the ack names no stream sequence",
         )),

@@ -190,7 +190,7 @@ pub fn server_binary() -> PathBuf {
     if let Ok(path) = std::env::var("PGOUTBOX_NATS_SERVER") {
         return PathBuf::from(path);
     }
-    if let Ok(minor) = std::env::var("PGOUTBOX_TEST_NATS") {
+    if let Some(minor) = std::env::var("PGOUTBOX_TEST_NATS").ok().filter(|m| !m.is_empty()) {
         let cache = std::env::var("PGOUTBOX_NATS_CACHE")
             .unwrap_or_else(|_| "/var/tmp/pgoutbox-nats".to_owned());
         let bin = PathBuf::from(cache).join(&minor).join("nats-server");

@@ -20,8 +20,8 @@
 //! past a row the stream does not hold. Exhaustive over small cases, random over larger
 //! ones.
 
+use std::collections::VecDeque;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 
 use super::*;
@@ -36,7 +36,8 @@ use jetstream::{Checks, JetStream, Message, Write, Written};
 #[derive(Debug, Clone, Default)]
 struct Connection {
     to_server: VecDeque<Write>,
-    to_client: VecDeque<Answer>,
+    /// Each answer, and whether the server found the id staged.
+    to_client: VecDeque<(Answer, bool)>,
 }
 
 #[derive(Debug, Clone)]
@@ -61,7 +62,23 @@ struct Faults {
     give_ups: u8,
     crashes: u8,
     server_restarts: u8,
+    /// The whole duplicate window ends at once.
     window_expiries: u8,
+    /// The oldest entry of the duplicate window ends (entries expire one at a time).
+    oldest_expiries: u8,
+    /// Another writer stores a message in the stream, unguarded.
+    foreign_writes: u8,
+}
+
+impl Faults {
+    const NONE: Faults = Faults {
+        give_ups: 0,
+        crashes: 0,
+        server_restarts: 0,
+        window_expiries: 0,
+        oldest_expiries: 0,
+        foreign_writes: 0,
+    };
 }
 
 #[derive(Debug, Clone)]
@@ -81,8 +98,15 @@ struct World {
     /// protocol carries, and the rows whose letter goes in their place.
     memory: Option<(Carried, Vec<usize>)>,
     /// Attempts ended while an id was staged: retrying outlasts the duplicate window, so
-    /// after two the staged ids are gone (a fair scheduler: time passes).
+    /// after two the oldest staged id is gone (a fair scheduler: time passes; entries
+    /// expire one at a time, so a protocol that stages ids again never ends).
     ended_while_staged: u8,
+    /// Messages the foreign writer stored.
+    foreign: usize,
+    /// Check that no message sent after a "staged" answer stages its id anew (a run
+    /// without faults, where every guard is right: see `search::explore_live`).
+    strict_staging: bool,
+    answered_staged: bool,
     /// Drive the protocol pgoutbox had before the id chain instead (see [`Legacy`]).
     legacy: Option<Legacy>,
     /// Leave the sequence out of every guard but the anchor's: the protocol before issue 28.
@@ -111,6 +135,8 @@ enum Step {
     Crash,
     ServerRestart,
     WindowExpires,
+    ExpireOldest,
+    ForeignWrite,
 }
 
 impl Step {
@@ -152,8 +178,7 @@ impl World {
         checks: Checks,
         faults: Faults,
     ) -> World {
-        let mut jetstream =
-            JetStream { checks, stored: Vec::new(), last_id: None, window: HashMap::new() };
+        let mut jetstream = JetStream::new(checks);
         for (i, &id) in old.iter().enumerate() {
             jetstream.store(Message::Old(i), id_of(id));
         }
@@ -178,6 +203,9 @@ impl World {
             faults,
             memory: Some((Carried::default(), Vec::new())),
             ended_while_staged: 0,
+            foreign: 0,
+            strict_staging: false,
+            answered_staged: false,
             legacy: None,
             ids_only: false,
         };
@@ -204,7 +232,7 @@ impl World {
             Message::Row(row) => id_of(self.ids[row]),
             // Named by position, as `DeadLetter::named_by_position` names it.
             Message::Letter(row) => format!("{DEAD_LETTER_ID_PREFIX}{}", self.position(row)),
-            Message::Old(_) => unreachable!("never sent"),
+            Message::Old(_) | Message::Foreign(_) => unreachable!("never sent"),
         }
     }
 
@@ -219,7 +247,8 @@ impl World {
             guard = Written { last_sequence: Some(legacy.expected), last_msg_id: None };
             legacy.expected += 1;
         }
-        self.current().to_server.push_back(Write { message, id: id.clone(), guard });
+        let after_staged = self.strict_staging && self.answered_staged;
+        self.current().to_server.push_back(Write { message, id: id.clone(), guard, after_staged });
         self.attempt.protocol.on_sent(id);
         self.attempt.in_flight.push_back(message);
     }
@@ -267,10 +296,10 @@ impl World {
         let carried = self.attempt.protocol.take_carried();
         let letters = self.memory.take().map(|(_, letters)| letters).unwrap_or_default();
         self.memory = (!crashed).then_some((carried, letters));
-        if self.jetstream.window.values().any(|&sequence| sequence == 0) {
+        if self.jetstream.holds_staged() {
             self.ended_while_staged += 1;
             if self.ended_while_staged == 2 {
-                self.jetstream.window.retain(|_, sequence| *sequence != 0);
+                self.jetstream.expire_oldest(true);
                 self.ended_while_staged = 0;
             }
         }
@@ -311,8 +340,16 @@ impl World {
         if self.faults.server_restarts > 0 && self.jetstream.last_id.is_some() {
             steps.push(Step::ServerRestart);
         }
-        if self.faults.window_expiries > 0 && !self.jetstream.window.is_empty() {
-            steps.push(Step::WindowExpires);
+        if !self.jetstream.window.is_empty() {
+            if self.faults.window_expiries > 0 {
+                steps.push(Step::WindowExpires);
+            }
+            if self.faults.oldest_expiries > 0 {
+                steps.push(Step::ExpireOldest);
+            }
+        }
+        if self.faults.foreign_writes > 0 {
+            steps.push(Step::ForeignWrite);
         }
         steps
     }
@@ -339,10 +376,12 @@ impl World {
                 }
             }
             Step::Receive => {
-                let answer = self.current().to_client.pop_front().ok_or("no answer")?;
+                let (answer, found_staged) =
+                    self.current().to_client.pop_front().ok_or("no answer")?;
+                self.answered_staged |= found_staged;
                 let sent =
                     self.attempt.in_flight.pop_front().ok_or("an answer with nothing sent")?;
-                let row = sent.row().ok_or("an old message in flight")?;
+                let row = sent.row().ok_or("a message of no row in flight")?;
                 let position = self.position(row);
                 if let Some(legacy) = self.legacy.as_mut() {
                     if legacy.resend_left > 0 {
@@ -357,7 +396,8 @@ impl World {
                         legacy.expected += 1;
                         self.attempt.in_flight.push_back(sent);
                         let id = self.id_of_message(sent);
-                        self.current().to_server.push_back(Write { message: sent, id, guard });
+                        let write = Write { message: sent, id, guard, after_staged: false };
+                        self.current().to_server.push_back(write);
                         return self.check_stream();
                     }
                     if let Answer::Duplicate { .. } = answer {
@@ -389,9 +429,17 @@ impl World {
             }
             Step::Execute(i) => {
                 let write = self.connections[i].to_server.pop_front().ok_or("nothing written")?;
-                let answer = self.jetstream.process(&write);
+                let found_staged = self.jetstream.holds_staged_id(&write.id);
+                let (answer, staged_anew) = self.jetstream.process(&write);
+                if staged_anew && write.after_staged {
+                    return Err(Broken::from(format!(
+                        "{:?}, sent after a 'staged' answer, staged its id anew: each row \
+                         would wait for a duplicate window of its own",
+                        write.message
+                    )));
+                }
                 if i == self.attempt.connection {
-                    self.connections[i].to_client.push_back(answer);
+                    self.connections[i].to_client.push_back((answer, found_staged));
                 }
             }
             Step::Lose(i) => self.connections[i].to_server.clear(),
@@ -410,6 +458,16 @@ impl World {
             Step::WindowExpires => {
                 self.faults.window_expiries -= 1;
                 self.jetstream.window.clear();
+            }
+            Step::ExpireOldest => {
+                self.faults.oldest_expiries -= 1;
+                self.jetstream.expire_oldest(false);
+            }
+            Step::ForeignWrite => {
+                self.faults.foreign_writes -= 1;
+                let message = Message::Foreign(self.foreign);
+                self.foreign += 1;
+                self.jetstream.store(message, format!("foreign-{}", self.foreign));
             }
         }
         self.check_stream()

@@ -73,7 +73,7 @@ fn a_collision_is_never_counted_as_published() {
 
 #[test]
 fn nothing_is_confirmed_past_a_message_not_known_to_be_stored() {
-    for answer in [Answer::NotStored, Answer::Duplicate { sequence: 0 }] {
+    for answer in [Answer::NotStored, Answer::Staged] {
         let mut p = start(0);
         p.on_sent("a".into());
         p.on_commit(10, Timing { committed: 0, received: 0 }).unwrap();

@@ -12,6 +12,19 @@ use crate::domain::source::Source;
 use crate::nats::outbound::Ack;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 
+/// JetStream's answer as the publish protocol reads it: an ack by its sequence and flag, a
+/// refusal by its API code (kept by async-nats as the error's source).
+fn answer_of(ack: &Ack) -> Answer {
+    match ack {
+        Ok(stored) => Answer::acked(stored.sequence, stored.duplicate),
+        Err(err) => {
+            let api = std::error::Error::source(err)
+                .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>());
+            Answer::refused(api.map(|api| api.error_code().0))
+        }
+    }
+}
+
 impl Pipeline<'_> {
     pub(super) async fn on_ack(&mut self, ack: Ack) -> Result<(), PipelineError> {
         let Some(done) = self.in_flight.pop_oldest() else {
@@ -19,11 +32,7 @@ impl Pipeline<'_> {
             let err = ack.err().map(|err| err.to_string()).unwrap_or_default();
             return Err(NatsFailure::new(NatsFailureKind::Request, err).into());
         };
-        let answer = match &ack {
-            Ok(stored) if stored.duplicate => Answer::Duplicate { sequence: stored.sequence },
-            Ok(stored) => Answer::Stored { sequence: stored.sequence },
-            Err(_) => Answer::NotStored,
-        };
+        let answer = answer_of(&ack);
         let mut outcome = self.protocol.on_answer(answer);
         if let Outcome::CheckDuplicate { sequence } = outcome {
             let same_row = self.on_duplicate(done.position, sequence).await?;
@@ -157,5 +166,35 @@ impl Pipeline<'_> {
             }
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nats::outbound::ack_of;
+
+    fn answer(reply: &str) -> Answer {
+        answer_of(&ack_of(None, reply.as_bytes()))
+    }
+
+    #[test]
+    fn acks_and_refusals_read_as_the_protocol_needs() {
+        assert_eq!(answer(r#"{"stream":"S","seq":7}"#), Answer::Stored { sequence: 7 });
+        let duplicate = r#"{"stream":"S","seq":7,"duplicate":true}"#;
+        assert_eq!(answer(duplicate), Answer::Duplicate { sequence: 7 });
+        let wrong =
+            r#"{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 5"}}"#;
+        assert_eq!(answer(wrong), Answer::NotStored);
+        assert_eq!(answer("-ERR"), Answer::NotStored);
+    }
+
+    /// nats-server 2.10 answers a staged id "duplicate, sequence 0", 2.11 and 2.12 with
+    /// 10158: both are the id held by a refused publish, not a lost answer.
+    #[test]
+    fn a_staged_id_reads_as_staged_on_every_version() {
+        assert_eq!(answer(r#"{"stream":"S","seq":0,"duplicate":true}"#), Answer::Staged);
+        let in_process = r#"{"error":{"code":400,"err_code":10158,"description":"duplicate message id is in process"}}"#;
+        assert_eq!(answer(in_process), Answer::Staged);
     }
 }

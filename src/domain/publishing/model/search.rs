@@ -7,6 +7,17 @@ use super::{Broken, World};
 
 /// Plays every order of steps from `world`, depth first, each state once.
 pub(super) fn explore(world: World, limit: usize) -> Result<usize, Broken> {
+    explore_checking(world, limit, false)
+}
+
+/// As [`explore`], and from each state where the stream holds a staged id, the run without
+/// more faults must end with every row stored, staging no id anew once answered "staged":
+/// liveness, which the search alone does not see (it visits a cycle once).
+pub(super) fn explore_live(world: World, limit: usize) -> Result<usize, Broken> {
+    explore_checking(world, limit, true)
+}
+
+fn explore_checking(world: World, limit: usize, live: bool) -> Result<usize, Broken> {
     let mut seen = HashSet::new();
     let mut stack = vec![(world, Vec::new())];
     while let Some((world, trace)) = stack.pop() {
@@ -15,6 +26,12 @@ pub(super) fn explore(world: World, limit: usize) -> Result<usize, Broken> {
         }
         if seen.len() > limit {
             return Err(Broken::from(format!("more than {limit} states")));
+        }
+        if live && world.jetstream.holds_staged() {
+            let mut continuation = world.clone();
+            continuation.strict_staging = true;
+            play(continuation, &[])
+                .map_err(|Broken(err)| Broken(format!("{err}, from the state after {trace:?}")))?;
         }
         let steps = world.steps();
         if steps.iter().all(|step| step.is_fault()) {
