@@ -21,17 +21,17 @@
 //! ones.
 
 use std::collections::VecDeque;
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
 
 use super::*;
 use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
 
 mod cases;
 mod jetstream;
+mod promises;
 mod search;
 
 use jetstream::{Checks, JetStream, Message, Write, Written};
+use promises::Broken;
 
 #[derive(Debug, Clone, Default)]
 struct Connection {
@@ -476,68 +476,5 @@ impl World {
     /// What the pipeline reports to Postgres, checked against the stream.
     fn confirm(&mut self) {
         self.slot_confirmed = self.slot_confirmed.max(self.attempt.protocol.confirmed());
-    }
-
-    /// The rows the stream holds, as themselves or as their letters, in stream order.
-    fn rows_stored(&self) -> Vec<usize> {
-        self.jetstream.stored.iter().filter_map(|message| message.row()).collect()
-    }
-
-    /// Always: each row at most once, in commit order, a row with an id of its own never a
-    /// letter, and every confirmed row stored.
-    fn check_stream(&self) -> Result<(), Broken> {
-        let stored = self.rows_stored();
-        let all = &self.jetstream.stored;
-        if stored.windows(2).any(|pair| pair[0] >= pair[1]) {
-            return Err(Broken::from(format!("stored twice or out of order: {all:?}")));
-        }
-        for message in all {
-            if let Message::Letter(row) = *message
-                && self.ids.iter().filter(|&&id| id == self.ids[row]).count() == 1
-                && !self.old_ids.contains(&self.ids[row])
-            {
-                return Err(Broken::from(format!("row {row} has its own id: {all:?}")));
-            }
-        }
-        for (row, &transaction) in self.transaction_of.iter().enumerate() {
-            if end_lsn(transaction) <= self.slot_confirmed && !stored.contains(&row) {
-                return Err(Broken::from(format!(
-                    "confirmed {} past row {row}, which is not stored: {all:?}",
-                    self.slot_confirmed
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// At the end: every row stored, none twice, in order.
-    fn check_done(&self) -> Result<(), Broken> {
-        let all: Vec<usize> = (0..self.transaction_of.len()).collect();
-        match self.rows_stored() == all {
-            true => Ok(()),
-            false => Err(Broken::from(format!("the stream holds {:?}", self.jetstream.stored))),
-        }
-    }
-
-    fn fingerprint(&self) -> u64 {
-        let mut hasher = DefaultHasher::new();
-        format!("{self:?}").hash(&mut hasher);
-        hasher.finish()
-    }
-}
-
-/// A run that broke a promise, and how.
-#[derive(Debug, PartialEq, Eq)]
-struct Broken(String);
-
-impl From<String> for Broken {
-    fn from(why: String) -> Broken {
-        Broken(why)
-    }
-}
-
-impl From<&str> for Broken {
-    fn from(why: &str) -> Broken {
-        Broken(why.to_owned())
     }
 }
