@@ -136,6 +136,10 @@ pub enum TlsError {
     RootCert { path: PathBuf, reason: String },
     #[error("TLS configuration: {0}")]
     Rustls(String),
+    #[error("client certificate {}: {reason}", path.display())]
+    ClientCert { path: PathBuf, reason: String },
+    #[error("sslcert and sslkey go together: give both (PGSSLCERT and PGSSLKEY), or neither")]
+    CertWithoutKey,
 }
 
 /// Removes every parameter that `take` accepts (it returns `Ok(true)` for those) from a
@@ -160,7 +164,7 @@ pub(crate) fn strip_params(
         let mut kept = Vec::new();
         for token in key_value_tokens(text) {
             let (key, value) = token.split_once('=').unwrap_or((token, ""));
-            if !take(key.trim(), value.trim().trim_matches('\''))? {
+            if !take(key.trim(), &unquote(value.trim()))? {
                 kept.push(token);
             }
         }
@@ -189,12 +193,32 @@ pub(crate) fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Splits `key=value key='quoted value'` on whitespace outside quotes.
+/// A `key=value` value without its quotes and backslash escapes, as libpq reads it.
+fn unquote(value: &str) -> String {
+    let inner = value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')).unwrap_or(value);
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.extend(chars.next()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Splits `key=value key='quoted value'` on whitespace outside quotes (a backslash escapes
+/// the next character).
 fn key_value_tokens(text: &str) -> Vec<&str> {
     let mut tokens = Vec::new();
-    let (mut start, mut quoted) = (None, false);
+    let (mut start, mut quoted, mut escaped) = (None, false, false);
     for (i, c) in text.char_indices() {
+        if std::mem::take(&mut escaped) {
+            start.get_or_insert(i);
+            continue;
+        }
         match c {
+            '\\' => escaped = true,
             '\'' => quoted = !quoted,
             c if c.is_whitespace() && !quoted => {
                 if let Some(s) = start.take() {

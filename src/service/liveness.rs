@@ -65,9 +65,8 @@ impl Liveness {
         let (tell, verdict) = watch::channel(None);
         let mut config = config.clone();
         config.application_name("pgoutbox liveness check");
-        let rustls = tls.client_config();
         let table = table.map(|(table, publication)| (table.clone(), publication.to_owned()));
-        let check = Check { config, rustls, slot: slot.to_owned(), walsender_pid, table };
+        let check = Check { config, tls: tls.clone(), slot: slot.to_owned(), walsender_pid, table };
         let task = tokio::spawn(check.run(tell));
         Liveness { verdict, task: task.abort_handle() }
     }
@@ -86,7 +85,7 @@ impl Drop for Liveness {
 
 struct Check {
     config: tokio_postgres::Config,
-    rustls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    tls: PgTls,
     slot: String,
     walsender_pid: Option<i32>,
     /// The outbox table and its publication.
@@ -130,7 +129,16 @@ impl Check {
     ) -> Result<Option<Verdict>, tokio_postgres::Error> {
         let connected = match client.take() {
             Some(open) if !open.is_closed() => open,
-            _ => crate::postgres::admin::open(&self.config, self.rustls.clone()).await?,
+            _ => match self.tls.login(&self.config).await {
+                Ok(config) => {
+                    crate::postgres::admin::open(&config, self.tls.client_config()).await?
+                }
+                // No verdict on the path: the command failing says nothing about Postgres.
+                Err(err) => {
+                    warn!(error = %err, "liveness check cannot log in; trying again");
+                    return Ok(None);
+                }
+            },
         };
         let row = connected
             .query_opt(
