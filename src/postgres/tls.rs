@@ -164,8 +164,8 @@ fn load_roots(path: &PathBuf) -> Result<Arc<RootCertStore>, TlsError> {
     Ok(Arc::new(roots))
 }
 
-/// Takes `sslmode`, `sslrootcert`, `sslcert` and `sslkey` out of a connection string (URL
-/// or key=value) and returns the rest for tokio-postgres.
+/// Takes `sslmode`, `sslrootcert`, `sslcert` and `sslkey` out of a `key=value` connection
+/// string and returns the rest for tokio-postgres.
 pub fn split_connection_string(text: &str) -> Result<(String, PgTls), ConnInfoError> {
     let (mut mode, mut root_cert) = (SslMode::Prefer, None);
     let (mut cert, mut key_file) = (None, None);
@@ -299,22 +299,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ssl_options_are_taken_out_of_urls() {
-        let err = split_connection_string(
-            "postgres://u:p@h:5/db?sslmode=verify-full&application_name=x&sslrootcert=%2Fnope%2Fca.pem",
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("cannot read sslrootcert /nope/ca.pem"), "{err}");
-        let (rest, tls) =
-            split_connection_string("postgres://u:p@h:5/db?sslmode=require&application_name=x")
-                .unwrap();
-        assert_eq!(rest, "postgres://u:p@h:5/db?application_name=x");
-        assert_eq!(tls.mode, SslMode::Require);
-        let (rest, tls) = split_connection_string("postgres://h/db").unwrap();
-        assert_eq!((rest.as_str(), tls.mode), ("postgres://h/db", SslMode::Prefer));
-    }
-
-    #[test]
     fn ssl_options_are_taken_out_of_key_value_strings() {
         let (rest, tls) =
             split_connection_string("host=h password='a b' sslmode=require dbname=d").unwrap();
@@ -324,6 +308,13 @@ mod tests {
             split_connection_string("sslmode=verify-ca sslrootcert='/x y/ca.pem'").unwrap_err();
         assert!(matches!(err, ConnInfoError::Tls(TlsError::UnreadableRootCert { .. })), "{err}");
         assert!(split_connection_string("sslmode=sometimes").is_err());
+        let (_, tls) = split_connection_string("host=h").unwrap();
+        assert_eq!(tls.mode, SslMode::Prefer, "libpq's default");
+        let err = split_connection_string("sslmode=require sslcert=/c.pem").unwrap_err();
+        assert_eq!(err, ConnInfoError::Tls(TlsError::CertWithoutKey));
+        let err = split_connection_string("sslmode=require sslcert=/no/c.pem sslkey=/no/k.pem")
+            .unwrap_err();
+        assert!(err.to_string().starts_with("client certificate /no/c.pem"), "{err}");
     }
 
     #[test]
