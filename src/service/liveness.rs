@@ -94,13 +94,26 @@ struct Check {
 
 impl Check {
     async fn run(self, tell: watch::Sender<Option<Verdict>>) {
-        let mut client = None;
+        let mut client: Option<Client> = None;
         let mut ticks = tokio::time::interval(CHECK_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await; // the first tick is immediate; replication just proved the path
         loop {
             ticks.tick().await;
-            let verdict = match tokio::time::timeout(DEADLINE, self.once(&mut client)).await {
+            // The password command runs outside the deadline: a slow token service says
+            // nothing about the path to Postgres.
+            let login = match &client {
+                Some(open) if !open.is_closed() => None,
+                _ => match self.tls.login(&self.config).await {
+                    Ok(config) => Some(config.into_owned()),
+                    Err(err) => {
+                        warn!(error = %err, "liveness check cannot log in; trying again");
+                        continue;
+                    }
+                },
+            };
+            let checked = self.once(&mut client, login.as_ref());
+            let verdict = match tokio::time::timeout(DEADLINE, checked).await {
                 Err(_) => Some(Verdict::Unresponsive(format!(
                     "no answer to the liveness check in {DEADLINE:?}"
                 ))),
@@ -123,22 +136,18 @@ impl Check {
     }
 
     /// One check: `Some(why)` when the slot is no longer ours or the table drifted.
+    /// `login`: the settings to open a new connection with, when there is none open.
     async fn once(
         &self,
         client: &mut Option<Client>,
+        login: Option<&tokio_postgres::Config>,
     ) -> Result<Option<Verdict>, tokio_postgres::Error> {
-        let connected = match client.take() {
-            Some(open) if !open.is_closed() => open,
-            _ => match self.tls.login(&self.config).await {
-                Ok(config) => {
-                    crate::postgres::admin::open(&config, self.tls.client_config()).await?
-                }
-                // No verdict on the path: the command failing says nothing about Postgres.
-                Err(err) => {
-                    warn!(error = %err, "liveness check cannot log in; trying again");
-                    return Ok(None);
-                }
-            },
+        let connected = match (client.take(), login) {
+            (Some(open), _) if !open.is_closed() => open,
+            (_, login) => {
+                let config = login.unwrap_or(&self.config);
+                crate::postgres::admin::open(config, self.tls.client_config()).await?
+            }
         };
         let row = connected
             .query_opt(
