@@ -137,6 +137,21 @@ pub fn to_key_values<'a>(params: impl IntoIterator<Item = (&'a String, &'a Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_text_parses_or_is_refused_without_panic(text in "\\PC{0,80}") {
+            let _ = parse(&text);
+            let _ = parse(&format!("postgres://{text}"));
+        }
+
+        #[test]
+        fn written_values_read_back(value in "\\PC{0,40}") {
+            let params: Params = [("options".to_owned(), value)].into();
+            prop_assert_eq!(parse(&to_key_values(&params)).unwrap(), params);
+        }
+    }
 
     fn get<'a>(params: &'a Params, key: &str) -> Option<&'a str> {
         params.get(key).map(String::as_str)

@@ -103,6 +103,15 @@ const LIBPQ_KEYS: &[&str] = &[
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn any_text_is_read_or_refused_without_panic(text in "(\\PC|\n|\\[|\\]|=){0,200}") {
+            let _ = find(&text, "a");
+            let _ = find(&format!("[a]\n{text}"), "a");
+        }
+    }
 
     const FILE: &str = "\
 # shared file
