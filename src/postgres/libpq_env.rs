@@ -145,9 +145,11 @@ pub fn resolve(
             params.insert((*key).to_owned(), value);
         }
     }
-    let user = params.get("user").cloned().or_else(|| os_user(env));
-    let user = params.entry("user".into()).or_insert(user.unwrap_or_else(|| "postgres".into()));
-    let user = user.clone();
+    let user = match params.get("user") {
+        Some(user) => user.clone(),
+        None => os_user(env).unwrap_or_else(|| "postgres".to_owned()),
+    };
+    params.insert("user".into(), user.clone());
     params.entry("dbname".into()).or_insert(user);
     let socket_dir = default_socket_dir(files);
     if !params.contains_key("host") && !params.contains_key("hostaddr") {
