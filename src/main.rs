@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use pgoutbox::commands;
+use pgoutbox::postgres::libpq_env::RealFiles;
 use pgoutbox::settings::cli::{Cli, Command, LogFormat};
 use pgoutbox::settings::config::{Config, ProcessEnv};
 
@@ -48,7 +49,7 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    let config = Config::from_args(&cli.common, &ProcessEnv)?;
+    let config = Config::from_args(&cli.common, &ProcessEnv, &RealFiles)?;
     match cli.command {
         Command::Run(args) => {
             let config = config.with_stream_replicas(args.slot.stream_replicas);

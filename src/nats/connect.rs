@@ -2,24 +2,12 @@
 
 use std::time::Duration;
 
-use anyhow::Context;
+use crate::nats::credentials::{self, NatsAuth};
 
 /// Where NATS is and how to log in.
 pub struct NatsSettings {
     pub servers: Vec<async_nats::ServerAddr>,
     pub auth: NatsAuth,
-}
-
-/// How to authenticate to NATS. async-nats ignores credentials embedded in a URL, so they
-/// are taken out of the first server's URL here: `user:password@` or a lone `token@`.
-#[derive(Default)]
-pub struct NatsAuth {
-    pub user_password: Option<(String, String)>,
-    pub token: Option<String>,
-    pub creds_file: Option<std::path::PathBuf>,
-    pub nkey_file: Option<std::path::PathBuf>,
-    pub tls_ca: Option<std::path::PathBuf>,
-    pub tls_client: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// How long a publish may wait for its ack before the pipeline reconnects.
@@ -72,25 +60,32 @@ pub async fn connect_nats_watched(
         .map_err(|err| anyhow::anyhow!("connecting to NATS at {}: {err}", settings.describe()))
 }
 
-/// Connect options carrying the configured NATS authentication and TLS.
+/// Connect options carrying the configured NATS authentication and TLS. The credentials
+/// go through async-nats's auth callback, which reads their files again at each connect,
+/// so a rotated `.creds` file is used by the next reconnect; they are read once here too,
+/// so that a missing or broken file stops the start with one line.
 async fn auth_options(auth: &NatsAuth) -> anyhow::Result<async_nats::ConnectOptions> {
     let mut options = async_nats::ConnectOptions::new();
-    if let Some(path) = &auth.creds_file {
-        options = options
-            .credentials_file(path)
-            .await
-            .with_context(|| format!("reading --nats-creds {}", path.display()))?;
-    }
-    if let Some(path) = &auth.nkey_file {
-        let seed = std::fs::read_to_string(path)
-            .with_context(|| format!("reading --nats-nkey {}", path.display()))?;
-        options = options.nkey(seed.trim().to_owned());
-    }
-    if let Some((user, password)) = &auth.user_password {
-        options = options.user_and_password(user.clone(), password.clone());
-    }
-    if let Some(token) = &auth.token {
-        options = options.token(token.clone());
+    if credentials::any(auth) {
+        credentials::login(auth, b"")?;
+        let auth = std::sync::Arc::new(auth.clone());
+        options = async_nats::ConnectOptions::with_auth_callback(move |nonce| {
+            let auth = auth.clone();
+            async move {
+                let login =
+                    credentials::login(&auth, &nonce).map_err(async_nats::AuthError::new)?;
+                let mut answer = async_nats::Auth::new();
+                answer.jwt = login.jwt;
+                answer.nkey = login.nkey;
+                answer.signature = login.signature;
+                if let Some((user, password)) = login.user_password {
+                    answer.username = Some(user);
+                    answer.password = Some(password);
+                }
+                answer.token = login.token;
+                Ok(answer)
+            }
+        });
     }
     if let Some(ca) = &auth.tls_ca {
         options = options.add_root_certificates(ca.clone()).require_tls(true);

@@ -1,7 +1,7 @@
 //! Opening the publishing connection (see `outbound.rs` beside this file): TCP, the
 //! server's `INFO`, TLS when either side asks for it, `CONNECT` with the configured
 //! authentication, and a `PING` answered by `PONG`, which is how a NATS server says the
-//! login was accepted. It follows what async-nats does for the same settings, so that both
+//! login was accepted. The credentials files are read again at each connect (`credentials`). It follows what async-nats does for the same settings, so that both
 //! connections of one pgoutbox log in alike; the claims, the stream and the tail stay on
 //! async-nats's.
 
@@ -16,7 +16,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::nats::connect::{NatsAuth, NatsSettings};
+use crate::nats::connect::NatsSettings;
+use crate::nats::credentials::NatsAuth;
+use crate::nats::credentials::{self, CredentialsError};
 use crate::nats::wire::{self, ServerInfo, ServerOp, WireError};
 
 /// How long one server may take to accept the connection and the login.
@@ -50,20 +52,7 @@ pub enum ServerError {
     #[error("TLS: {0}")]
     Tls(io::Error),
     #[error(transparent)]
-    Credentials(#[from] CredentialsError),
-}
-
-/// The configured credentials could not be read or used.
-#[derive(Debug, thiserror::Error)]
-pub enum CredentialsError {
-    #[error("reading {flag} {path}: {source}")]
-    Unreadable { flag: &'static str, path: String, source: io::Error },
-    #[error("--nats-creds {0} holds no JWT and seed")]
-    NoJwtAndSeed(String),
-    #[error("{flag}: {source}")]
-    BadKey { flag: &'static str, source: nkeys::error::Error },
-    #[error("signing the nonce: {0}")]
-    Signing(nkeys::error::Error),
+    Credentials(#[from] crate::nats::credentials::CredentialsError),
 }
 
 /// A logged-in connection, with what the server said about itself and any bytes it sent
@@ -203,57 +192,25 @@ fn connect_fields(
         "no_responders": true,
     });
     let nonce = info.nonce.as_deref().unwrap_or_default().as_bytes();
-    let sign = |key: &nkeys::KeyPair| {
-        let signature = key.sign(nonce).map_err(CredentialsError::Signing)?;
-        Ok::<_, CredentialsError>(
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(signature),
-        )
-    };
-    if let Some(path) = &auth.creds_file {
-        let contents = read(path, "--nats-creds")?;
-        let (jwt, seed) = parse_creds(&contents)
-            .ok_or_else(|| CredentialsError::NoJwtAndSeed(path.display().to_string()))?;
-        let key = nkeys::KeyPair::from_seed(seed)
-            .map_err(|source| CredentialsError::BadKey { flag: "--nats-creds", source })?;
+    let login = credentials::login(auth, nonce)?;
+    let base64 = |bytes: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes);
+    if let Some(jwt) = login.jwt {
         fields["jwt"] = jwt.into();
-        fields["sig"] = sign(&key)?.into();
     }
-    if let Some(path) = &auth.nkey_file {
-        let seed = read(path, "--nats-nkey")?;
-        let key = nkeys::KeyPair::from_seed(seed.trim())
-            .map_err(|source| CredentialsError::BadKey { flag: "--nats-nkey", source })?;
-        fields["nkey"] = key.public_key().into();
-        fields["sig"] = sign(&key)?.into();
+    if let Some(nkey) = login.nkey {
+        fields["nkey"] = nkey.into();
     }
-    if let Some((user, password)) = &auth.user_password {
-        fields["user"] = user.as_str().into();
-        fields["pass"] = password.as_str().into();
+    if let Some(signature) = login.signature {
+        fields["sig"] = base64(&signature).into();
     }
-    if let Some(token) = &auth.token {
-        fields["auth_token"] = token.as_str().into();
+    if let Some((user, password)) = login.user_password {
+        fields["user"] = user.into();
+        fields["pass"] = password.into();
+    }
+    if let Some(token) = login.token {
+        fields["auth_token"] = token.into();
     }
     Ok(fields)
-}
-
-fn read(path: &std::path::Path, flag: &'static str) -> Result<String, CredentialsError> {
-    std::fs::read_to_string(path).map_err(|source| CredentialsError::Unreadable {
-        flag,
-        path: path.display().to_string(),
-        source,
-    })
-}
-
-/// The user JWT and the NKey seed of a creds file, each the first line after its
-/// `-----BEGIN …-----` marker.
-fn parse_creds(contents: &str) -> Option<(&str, &str)> {
-    let after = |marker: &str| {
-        let mut lines = contents.lines().map(str::trim).skip_while(|line| {
-            !(line.starts_with("---") && line.contains("BEGIN") && line.contains(marker))
-        });
-        lines.next()?;
-        lines.find(|line| !line.is_empty()).filter(|line| !line.starts_with("---"))
-    };
-    Some((after("JWT")?, after("SEED")?))
 }
 
 /// TLS over the connection, verified against `--nats-tls-ca` (or the system's roots),
@@ -306,16 +263,6 @@ fn tls_config(auth: &NatsAuth) -> io::Result<rustls::ClientConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_creds_file_gives_its_jwt_and_seed() {
-        let creds = "-----BEGIN NATS USER JWT-----\neyJhbGc.x.y\n------END NATS USER JWT------\n\n\
-                     ************************* IMPORTANT *************************\n\n\
-                     -----BEGIN USER NKEY SEED-----\n  SUAEXAMPLE\n------END USER NKEY SEED------\n";
-        assert_eq!(parse_creds(creds), Some(("eyJhbGc.x.y", "SUAEXAMPLE")));
-        assert_eq!(parse_creds("-----BEGIN NATS USER JWT-----\n------END\n"), None);
-        assert_eq!(parse_creds(""), None);
-    }
 
     #[test]
     fn the_login_carries_each_configured_credential() {

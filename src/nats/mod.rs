@@ -4,6 +4,7 @@
 pub mod api_error;
 pub mod claim;
 pub mod connect;
+pub mod credentials;
 pub mod handshake;
 pub mod outbound;
 pub mod publisher;

@@ -91,12 +91,13 @@ pub enum SetupError {
     Sql(#[from] tokio_postgres::Error),
 }
 
-/// Opens a normal SQL session, over TLS as `tls` says; its connection task runs in the
-/// background.
+/// Opens a normal SQL session, over TLS as `tls` says, with the password command's
+/// password when there is one; its connection task runs in the background.
 pub async fn connect(config: &tokio_postgres::Config, tls: &PgTls) -> Result<Client, SetupError> {
-    open(config, tls.client_config())
+    let config = tls.login(config).await.map_err(|err| SetupError::Connect(err.to_string()))?;
+    open(&config, tls.client_config())
         .await
-        .map_err(|err| SetupError::Connect(describe_connect_error(&err, &user_name(config))))
+        .map_err(|err| SetupError::Connect(describe_connect_error(&err, &user_name(&config))))
 }
 
 /// [`connect`] with the TLS configuration built, keeping tokio-postgres's error, which

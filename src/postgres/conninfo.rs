@@ -1,7 +1,7 @@
 //! Connection-string parameters that tokio-postgres does not parse as libpq does.
 //!
-//! `--database-url` is a libpq connection string (URL or `key=value`), but tokio-postgres
-//! differs from libpq on a few keys: it rejects `sslrootcert`, `verify-ca`/`verify-full`
+//! The settings are libpq's (`libpq_env` gathers them into one `key=value` list), but
+//! tokio-postgres differs from libpq on a few keys: it rejects `sslrootcert`, `verify-ca`/`verify-full`
 //! (see `tls`) and `keepalives_count`, and it reads `tcp_user_timeout` in seconds where
 //! libpq reads milliseconds. [`strip_params`] takes such keys out of the string before
 //! tokio-postgres parses the rest, and [`TcpSettings`] holds the TCP ones.
@@ -98,7 +98,7 @@ impl TcpSettings {
     }
 }
 
-/// Takes the TCP parameters out of a connection string (URL or key=value); returns the rest
+/// Takes the TCP parameters out of a `key=value` connection string; returns the rest
 /// for tokio-postgres and the settings, defaults filled in.
 pub fn split_tcp_settings(text: &str) -> Result<(String, TcpSettings), ConnInfoError> {
     let mut settings = TcpSettings::default();
@@ -136,36 +136,27 @@ pub enum TlsError {
     RootCert { path: PathBuf, reason: String },
     #[error("TLS configuration: {0}")]
     Rustls(String),
+    #[error("client certificate {}: {reason}", path.display())]
+    ClientCert { path: PathBuf, reason: String },
+    #[error("sslcert and sslkey go together: give both (PGSSLCERT and PGSSLKEY), or neither")]
+    CertWithoutKey,
 }
 
 /// Removes every parameter that `take` accepts (it returns `Ok(true)` for those) from a
-/// connection string, URL query or `key=value` list alike, and returns the rest.
+/// `key=value` list (`libpq_env` writes every way of giving the settings as one), and
+/// returns the rest.
 pub(crate) fn strip_params(
     text: &str,
     mut take: impl FnMut(&str, &str) -> Result<bool, ConnInfoError>,
 ) -> Result<String, ConnInfoError> {
-    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
-        let Some((base, query)) = text.split_once('?') else {
-            return Ok(text.to_owned());
-        };
-        let mut kept = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            if !take(key, &percent_decode(value))? {
-                kept.push(pair);
-            }
+    let mut kept = Vec::new();
+    for token in key_value_tokens(text) {
+        let (key, value) = token.split_once('=').unwrap_or((token, ""));
+        if !take(key.trim(), &unquote(value.trim()))? {
+            kept.push(token);
         }
-        Ok(if kept.is_empty() { base.to_owned() } else { format!("{base}?{}", kept.join("&")) })
-    } else {
-        let mut kept = Vec::new();
-        for token in key_value_tokens(text) {
-            let (key, value) = token.split_once('=').unwrap_or((token, ""));
-            if !take(key.trim(), value.trim().trim_matches('\''))? {
-                kept.push(token);
-            }
-        }
-        Ok(kept.join(" "))
     }
+    Ok(kept.join(" "))
 }
 
 /// Decodes `%XX` escapes in URLs (user info, query values).
@@ -189,12 +180,32 @@ pub(crate) fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Splits `key=value key='quoted value'` on whitespace outside quotes.
+/// A `key=value` value without its quotes and backslash escapes, as libpq reads it.
+fn unquote(value: &str) -> String {
+    let inner = value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')).unwrap_or(value);
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.extend(chars.next()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Splits `key=value key='quoted value'` on whitespace outside quotes (a backslash escapes
+/// the next character).
 fn key_value_tokens(text: &str) -> Vec<&str> {
     let mut tokens = Vec::new();
-    let (mut start, mut quoted) = (None, false);
+    let (mut start, mut quoted, mut escaped) = (None, false, false);
     for (i, c) in text.char_indices() {
+        if std::mem::take(&mut escaped) {
+            start.get_or_insert(i);
+            continue;
+        }
         match c {
+            '\\' => escaped = true,
             '\'' => quoted = !quoted,
             c if c.is_whitespace() && !quoted => {
                 if let Some(s) = start.take() {
@@ -222,8 +233,8 @@ mod tests {
 
     #[test]
     fn defaults_detect_a_dead_peer_within_a_minute() {
-        let (rest, tcp) = split_tcp_settings("postgres://u@h/db?application_name=x").unwrap();
-        assert_eq!(rest, "postgres://u@h/db?application_name=x");
+        let (rest, tcp) = split_tcp_settings("host=h dbname=db application_name='x'").unwrap();
+        assert_eq!(rest, "host=h dbname=db application_name='x'");
         assert_eq!(tcp, TcpSettings::default());
         let probes = tcp.idle.unwrap() + tcp.interval.unwrap() * tcp.count.unwrap();
         assert!(probes <= Duration::from_secs(60), "keepalive gives up after {probes:?}");
@@ -231,13 +242,13 @@ mod tests {
     }
 
     #[test]
-    fn libpq_parameters_are_taken_out_of_urls() {
+    fn libpq_parameters_are_taken_out_of_written_settings() {
         let (rest, tcp) = split_tcp_settings(
-            "postgresql://u@h/db?keepalives_idle=5&sslmode=disable&keepalives_interval=2\
-             &keepalives_count=4&tcp_user_timeout=1500&connect_timeout=3",
+            "host='h' keepalives_idle='5' sslmode='disable' keepalives_interval='2' \
+             keepalives_count='4' tcp_user_timeout='1500' connect_timeout='3' password='a\\' b'",
         )
         .unwrap();
-        assert_eq!(rest, "postgresql://u@h/db?sslmode=disable");
+        assert_eq!(rest, "host='h' sslmode='disable' password='a\\' b'");
         let expected = TcpSettings {
             keepalives: true,
             idle: secs(5),

@@ -1,13 +1,16 @@
 //! Everything that talks to Postgres: connection parameters and TLS, the walsender session
 //! (`walsender`, over `socket`, with the pure CopyBoth envelope in `wire`), the pure
-//! pgoutput decoder, SQL for setup and status on an ordinary connection (`admin`), and the
+//! pgoutput decoder, libpq's environment and files (`libpq_env`), the password command
+//! run at each connection (`password_command`), SQL for setup and status on an ordinary connection (`admin`), and the
 //! check that the outbox table is still the one streamed (`outbox_table`), and the table as a
 //! new slot's snapshot shows it (`table_snapshot`).
 
 pub(crate) mod admin;
 mod backend;
 pub(crate) mod conninfo;
+pub mod libpq_env;
 pub(crate) mod outbox_table;
+pub(crate) mod password_command;
 pub mod pgoutput;
 pub(crate) mod replay_table;
 mod socket;

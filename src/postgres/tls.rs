@@ -6,17 +6,24 @@
 //! own SSLRequest) share. As in libpq: `require` without a root certificate encrypts but
 //! does not verify; with one it verifies the chain like `verify-ca`; `verify-full` also
 //! checks the host name; `prefer` (the default) and `allow` use TLS when the server offers
-//! it, without verification.
+//! it, without verification. `sslcert` and `sslkey` give a client certificate, for servers
+//! whose `pg_hba.conf` asks for one (`cert` or `clientcert=verify-full`).
+//!
+//! [`PgTls`] also carries the `--database-password-command`, the other thing every new
+//! connection needs beyond tokio-postgres's `Config`: it is passed wherever a connection
+//! is opened, so one value reaches them all.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::postgres::conninfo::{ConnInfoError, TlsError};
+use crate::postgres::password_command::{PasswordCommand, PasswordCommandError};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,14 +42,39 @@ pub enum SslMode {
 pub struct PgTls {
     pub mode: SslMode,
     pub root_cert: Option<PathBuf>,
+    /// `sslcert` and `sslkey`.
+    client_cert: Option<(PathBuf, PathBuf)>,
     client: Option<Arc<rustls::ClientConfig>>,
+    password_command: Option<Arc<PasswordCommand>>,
 }
 
 impl PgTls {
-    fn new(mode: SslMode, root_cert: Option<PathBuf>) -> Result<PgTls, TlsError> {
-        let mut tls = PgTls { mode, root_cert, client: None };
+    fn new(
+        mode: SslMode,
+        root_cert: Option<PathBuf>,
+        client_cert: Option<(PathBuf, PathBuf)>,
+    ) -> Result<PgTls, TlsError> {
+        let mut tls = PgTls { mode, root_cert, client_cert, client: None, password_command: None };
         tls.client = tls.build_client_config()?.map(Arc::new);
         Ok(tls)
+    }
+
+    /// Runs `command` for the password of each new connection.
+    pub fn with_password_command(mut self, command: Option<PasswordCommand>) -> Self {
+        self.password_command = command.map(Arc::new);
+        self
+    }
+
+    /// The settings to log in with: `config` with the password command's fresh password
+    /// when one is configured, else `config` as it is.
+    pub async fn login<'a>(
+        &self,
+        config: &'a tokio_postgres::Config,
+    ) -> Result<Cow<'a, tokio_postgres::Config>, PasswordCommandError> {
+        let Some(command) = &self.password_command else { return Ok(Cow::Borrowed(config)) };
+        let mut fresh = config.clone();
+        fresh.password(command.password().await?);
+        Ok(Cow::Owned(fresh))
     }
 
     /// The rustls configuration for this mode; `None` when TLS is disabled.
@@ -90,12 +122,29 @@ impl PgTls {
                 }
             }
         };
-        let config = rustls::ClientConfig::builder_with_provider(provider)
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Rustls(e.to_string()))?
             .dangerous()
-            .with_custom_certificate_verifier(verifier)
-            .with_no_client_auth();
+            .with_custom_certificate_verifier(verifier);
+        let config = match &self.client_cert {
+            None => builder.with_no_client_auth(),
+            Some((cert, key)) => {
+                let unusable = |path: &PathBuf, reason: String| TlsError::ClientCert {
+                    path: path.clone(),
+                    reason,
+                };
+                let chain = CertificateDer::pem_file_iter(cert)
+                    .map_err(|e| unusable(cert, e.to_string()))?
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| unusable(cert, e.to_string()))?;
+                let private =
+                    PrivateKeyDer::from_pem_file(key).map_err(|e| unusable(key, e.to_string()))?;
+                builder
+                    .with_client_auth_cert(chain, private)
+                    .map_err(|e| unusable(cert, e.to_string()))?
+            }
+        };
         Ok(Some(config))
     }
 }
@@ -115,10 +164,11 @@ fn load_roots(path: &PathBuf) -> Result<Arc<RootCertStore>, TlsError> {
     Ok(Arc::new(roots))
 }
 
-/// Takes `sslmode` and `sslrootcert` out of a connection string (URL or key=value) and
-/// returns the rest for tokio-postgres.
+/// Takes `sslmode`, `sslrootcert`, `sslcert` and `sslkey` out of a `key=value` connection
+/// string and returns the rest for tokio-postgres.
 pub fn split_connection_string(text: &str) -> Result<(String, PgTls), ConnInfoError> {
     let (mut mode, mut root_cert) = (SslMode::Prefer, None);
+    let (mut cert, mut key_file) = (None, None);
     let take = |key: &str, value: &str| -> Result<bool, ConnInfoError> {
         match key {
             "sslmode" => {
@@ -136,11 +186,24 @@ pub fn split_connection_string(text: &str) -> Result<(String, PgTls), ConnInfoEr
                 root_cert = Some(PathBuf::from(value));
                 Ok(true)
             }
+            "sslcert" => {
+                cert = Some(PathBuf::from(value));
+                Ok(true)
+            }
+            "sslkey" => {
+                key_file = Some(PathBuf::from(value));
+                Ok(true)
+            }
             _ => Ok(false),
         }
     };
     let rest = crate::postgres::conninfo::strip_params(text, take)?;
-    Ok((rest, PgTls::new(mode, root_cert)?))
+    let client_cert = match (cert, key_file) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => return Err(TlsError::CertWithoutKey.into()),
+    };
+    Ok((rest, PgTls::new(mode, root_cert, client_cert)?))
 }
 
 /// `require` without a root certificate: encrypted, the server not authenticated (libpq's
@@ -236,22 +299,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ssl_options_are_taken_out_of_urls() {
-        let err = split_connection_string(
-            "postgres://u:p@h:5/db?sslmode=verify-full&application_name=x&sslrootcert=%2Fnope%2Fca.pem",
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("cannot read sslrootcert /nope/ca.pem"), "{err}");
-        let (rest, tls) =
-            split_connection_string("postgres://u:p@h:5/db?sslmode=require&application_name=x")
-                .unwrap();
-        assert_eq!(rest, "postgres://u:p@h:5/db?application_name=x");
-        assert_eq!(tls.mode, SslMode::Require);
-        let (rest, tls) = split_connection_string("postgres://h/db").unwrap();
-        assert_eq!((rest.as_str(), tls.mode), ("postgres://h/db", SslMode::Prefer));
-    }
-
-    #[test]
     fn ssl_options_are_taken_out_of_key_value_strings() {
         let (rest, tls) =
             split_connection_string("host=h password='a b' sslmode=require dbname=d").unwrap();
@@ -261,13 +308,20 @@ mod tests {
             split_connection_string("sslmode=verify-ca sslrootcert='/x y/ca.pem'").unwrap_err();
         assert!(matches!(err, ConnInfoError::Tls(TlsError::UnreadableRootCert { .. })), "{err}");
         assert!(split_connection_string("sslmode=sometimes").is_err());
+        let (_, tls) = split_connection_string("host=h").unwrap();
+        assert_eq!(tls.mode, SslMode::Prefer, "libpq's default");
+        let err = split_connection_string("sslmode=require sslcert=/c.pem").unwrap_err();
+        assert_eq!(err, ConnInfoError::Tls(TlsError::CertWithoutKey));
+        let err = split_connection_string("sslmode=require sslcert=/no/c.pem sslkey=/no/k.pem")
+            .unwrap_err();
+        assert!(err.to_string().starts_with("client certificate /no/c.pem"), "{err}");
     }
 
     #[test]
     fn verify_modes_need_a_root_certificate() {
-        let err = PgTls::new(SslMode::VerifyFull, None).unwrap_err();
+        let err = PgTls::new(SslMode::VerifyFull, None, None).unwrap_err();
         assert_eq!(err, TlsError::NeedsRootCert { mode: "verify-full" });
-        assert!(PgTls::new(SslMode::Require, None).unwrap().client_config().is_some());
-        assert!(PgTls::new(SslMode::Disable, None).unwrap().client_config().is_none());
+        assert!(PgTls::new(SslMode::Require, None, None).unwrap().client_config().is_some());
+        assert!(PgTls::new(SslMode::Disable, None, None).unwrap().client_config().is_none());
     }
 }

@@ -38,6 +38,9 @@ pub enum ConnectionError {
     Server(ServerError),
     #[error("authentication failed: {0}")]
     Auth(String),
+    /// `--database-password-command` failed or hung: retried like a refused login.
+    #[error(transparent)]
+    PasswordCommand(crate::postgres::password_command::PasswordCommandError),
     #[error("unexpected replication protocol message: {0}")]
     Protocol(String),
     #[error(transparent)]

@@ -65,9 +65,8 @@ impl Liveness {
         let (tell, verdict) = watch::channel(None);
         let mut config = config.clone();
         config.application_name("pgoutbox liveness check");
-        let rustls = tls.client_config();
         let table = table.map(|(table, publication)| (table.clone(), publication.to_owned()));
-        let check = Check { config, rustls, slot: slot.to_owned(), walsender_pid, table };
+        let check = Check { config, tls: tls.clone(), slot: slot.to_owned(), walsender_pid, table };
         let task = tokio::spawn(check.run(tell));
         Liveness { verdict, task: task.abort_handle() }
     }
@@ -86,7 +85,7 @@ impl Drop for Liveness {
 
 struct Check {
     config: tokio_postgres::Config,
-    rustls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    tls: PgTls,
     slot: String,
     walsender_pid: Option<i32>,
     /// The outbox table and its publication.
@@ -95,13 +94,26 @@ struct Check {
 
 impl Check {
     async fn run(self, tell: watch::Sender<Option<Verdict>>) {
-        let mut client = None;
+        let mut client: Option<Client> = None;
         let mut ticks = tokio::time::interval(CHECK_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ticks.tick().await; // the first tick is immediate; replication just proved the path
         loop {
             ticks.tick().await;
-            let verdict = match tokio::time::timeout(DEADLINE, self.once(&mut client)).await {
+            // The password command runs outside the deadline: a slow token service says
+            // nothing about the path to Postgres.
+            let login = match &client {
+                Some(open) if !open.is_closed() => None,
+                _ => match self.tls.login(&self.config).await {
+                    Ok(config) => Some(config.into_owned()),
+                    Err(err) => {
+                        warn!(error = %err, "liveness check cannot log in; trying again");
+                        continue;
+                    }
+                },
+            };
+            let checked = self.once(&mut client, login.as_ref());
+            let verdict = match tokio::time::timeout(DEADLINE, checked).await {
                 Err(_) => Some(Verdict::Unresponsive(format!(
                     "no answer to the liveness check in {DEADLINE:?}"
                 ))),
@@ -124,13 +136,18 @@ impl Check {
     }
 
     /// One check: `Some(why)` when the slot is no longer ours or the table drifted.
+    /// `login`: the settings to open a new connection with, when there is none open.
     async fn once(
         &self,
         client: &mut Option<Client>,
+        login: Option<&tokio_postgres::Config>,
     ) -> Result<Option<Verdict>, tokio_postgres::Error> {
-        let connected = match client.take() {
-            Some(open) if !open.is_closed() => open,
-            _ => crate::postgres::admin::open(&self.config, self.rustls.clone()).await?,
+        let connected = match (client.take(), login) {
+            (Some(open), _) if !open.is_closed() => open,
+            (_, login) => {
+                let config = login.unwrap_or(&self.config);
+                crate::postgres::admin::open(config, self.tls.client_config()).await?
+            }
         };
         let row = connected
             .query_opt(

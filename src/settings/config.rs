@@ -4,10 +4,18 @@
 use anyhow::{Context, anyhow};
 
 use crate::domain::outbox::{ColumnRoles, SubjectTemplate};
-use crate::nats::connect::{NatsAuth, NatsSettings};
+use crate::nats::connect::NatsSettings;
+use crate::nats::credentials::NatsAuth;
 use crate::postgres::admin::TableName;
 use crate::postgres::conninfo::percent_decode;
+use crate::postgres::libpq_env::{self, Files};
+pub use crate::postgres::libpq_env::{Env, ProcessEnv};
+use crate::postgres::password_command::PasswordCommand;
 use crate::settings::cli::CommonArgs;
+
+/// Where the Postgres settings come from, for errors in them.
+const SETTINGS: &str =
+    "the Postgres connection settings (--database-url, PG* variables, service file)";
 
 pub const DEFAULT_NATS_URL: &str = "nats://127.0.0.1:4222";
 /// `run --max-in-flight-bytes`'s default; other commands never publish.
@@ -45,36 +53,40 @@ pub struct PipelineConfig {
     pub message_prefix: Option<String>,
 }
 
-/// Looks a variable up; a seam so tests need not touch the process environment.
-pub trait Env {
-    fn var(&self, name: &str) -> Option<String>;
-}
-
-pub struct ProcessEnv;
-
-impl Env for ProcessEnv {
-    fn var(&self, name: &str) -> Option<String> {
-        std::env::var(name).ok().filter(|v| !v.is_empty())
-    }
-}
-
 impl Config {
-    pub fn from_args(args: &CommonArgs, env: &dyn Env) -> anyhow::Result<Config> {
+    /// The settings `args` give, with libpq's environment read through `env` and its files
+    /// (service and password files) through `files`. Warnings (an ignored password file)
+    /// are logged here, once.
+    pub fn from_args(
+        args: &CommonArgs,
+        env: &dyn Env,
+        files: &dyn Files,
+    ) -> anyhow::Result<Config> {
         let database_url = args
             .database_url
             .clone()
             .or_else(|| env.var("PGOUTBOX_DATABASE_URL"))
-            .or_else(|| env.var("DATABASE_URL"))
-            .ok_or_else(|| {
-                anyhow!("no database given: pass --database-url or set PGOUTBOX_DATABASE_URL")
-            })?;
-        let (database_url, pg_tls) = crate::postgres::tls::split_connection_string(&database_url)
-            .map_err(|err| anyhow!("--database-url: {err}"))?;
+            .or_else(|| env.var("DATABASE_URL"));
+        let password_command = args
+            .database_password_command
+            .clone()
+            .map(|command| PasswordCommand::new(command, args.database_password_command_timeout));
+        let resolved =
+            libpq_env::resolve(database_url.as_deref(), env, files, password_command.is_some())?;
+        for warning in &resolved.warnings {
+            tracing::warn!("{warning}");
+        }
+        let (database_url, pg_tls) =
+            crate::postgres::tls::split_connection_string(&resolved.conninfo)
+                .map_err(|err| anyhow!("{SETTINGS}: {err}"))?;
+        let pg_tls = pg_tls.with_password_command(password_command);
         let (database_url, tcp) = crate::postgres::conninfo::split_tcp_settings(&database_url)
-            .map_err(|err| anyhow!("--database-url: {err}"))?;
-        let mut database: tokio_postgres::Config = database_url.parse().map_err(|err| {
-            anyhow!("--database-url is not a valid Postgres connection string: {err}")
-        })?;
+            .map_err(|err| anyhow!("{SETTINGS}: {err}"))?;
+        let mut database: tokio_postgres::Config =
+            database_url.parse().map_err(|err| anyhow!("{SETTINGS} are not valid: {err}"))?;
+        if let Some(password) = resolved.password {
+            database.password(password);
+        }
         database.ssl_mode(pg_tls.tokio_postgres_mode());
         tcp.apply(&mut database);
         let nats_url = args

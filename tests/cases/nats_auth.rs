@@ -1,6 +1,6 @@
 //! pgoutbox authenticates to nats-server configured for each method: user and password,
 //! token (both in the URL), an NKey seed file, a creds file, and TLS verified with a CA, with
-//! and without a client certificate.
+//! and without a client certificate; a seed rotated on disk is read again at reconnect.
 
 use std::path::Path;
 use std::time::Duration;
@@ -194,4 +194,48 @@ async fn creds_file_in_operator_mode() {
     let pg = fresh_pg();
     let creds = creds.to_str().expect("UTF-8 path");
     streams_with(&pg, &nats, &nats.url(), &["--nats-creds", creds]).await;
+}
+
+/// The stream's message count as `pgoutbox status --json` reads it with these settings.
+fn stored(pg: &Postgres, nats: &Nats, args: &[&str]) -> serde_json::Value {
+    let mut status = command(pg, nats);
+    let output = status.args(args).args(["status", "--json"]).output().expect("status runs");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+    report["stream"]["messages"].clone()
+}
+
+/// A seed rotated on disk (and the old key no longer accepted) is read again when both
+/// NATS connections reconnect, as a rotated `.creds` file is.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rotated_nkey_seed_is_read_again_at_reconnect() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (old, new) = (nkeys::KeyPair::new_user(), nkeys::KeyPair::new_user());
+    let accepting = |key: &nkeys::KeyPair| {
+        format!("authorization {{ users = [ {{ nkey: {} }} ] }}\n", key.public_key())
+    };
+    let seed = dir.path().join("user.nk");
+    std::fs::write(&seed, old.seed().expect("seed")).expect("write seed");
+    let mut nats = nats_with_config(dir.path(), &accepting(&old));
+    let pg = fresh_pg();
+    let args = ["--nats-nkey", seed.to_str().expect("UTF-8 path")];
+    let mut cmd = command(&pg, &nats);
+    cmd.args(args).arg("run");
+    let app = Pgoutbox::spawn(cmd);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 3, 3));
+    crate::support::eventually(Duration::from_secs(20), "rows with the first key", || async {
+        (stored(&pg, &nats, &args) == 3).then_some(())
+    })
+    .await;
+
+    nats.stop();
+    std::fs::write(dir.path().join("nats.conf"), accepting(&new)).expect("write nats.conf");
+    std::fs::write(&seed, new.seed().expect("seed")).expect("write seed");
+    nats.start_again();
+    pg.psql(&numbered_rows(3, 6, 3));
+    crate::support::eventually(Duration::from_secs(60), "rows with the rotated key", || async {
+        (stored(&pg, &nats, &args) == 6).then_some(())
+    })
+    .await;
+    assert!(app.log().contains("NATS connected"), "{}", app.log());
 }

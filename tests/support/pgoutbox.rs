@@ -15,11 +15,12 @@ pub struct Pgoutbox {
     _dir: tempfile::TempDir,
 }
 
-/// The binary with the servers' URLs set and no PGOUTBOX_* settings inherited.
+/// The binary with the servers' URLs set and no PGOUTBOX_* settings, nor libpq's PG*
+/// variables, inherited.
 pub fn command(pg: &Postgres, nats: &Nats) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
     for (key, _) in std::env::vars() {
-        if key.starts_with("PGOUTBOX_") || key == "DATABASE_URL" || key == "NATS_URL" {
+        if key.starts_with("PG") || key == "DATABASE_URL" || key == "NATS_URL" {
             cmd.env_remove(key);
         }
     }

@@ -17,8 +17,8 @@ use crate::postgres::tls::PgTls;
 use crate::postgres::wire::parse_wal_sender_timeout;
 
 impl ReplicationConnection {
-    /// Opens a `replication=database` session with the same settings as the SQL connection,
-    /// and reads the server's `wal_sender_timeout`.
+    /// Opens a `replication=database` session with the same settings as the SQL connection
+    /// (the password command run again for it), and reads the server's `wal_sender_timeout`.
     ///
     /// As with libpq's `connect_timeout`, each step (reaching a host, then logging in) must
     /// finish in time: behind a proxy that black-holes traffic the TCP connection opens but
@@ -27,6 +27,7 @@ impl ReplicationConnection {
         config: &tokio_postgres::Config,
         tls: &PgTls,
     ) -> Result<Self, ConnectionError> {
+        let config = &*tls.login(config).await.map_err(ConnectionError::PasswordCommand)?;
         let mut last_error = None;
         for endpoint in endpoints(config) {
             match Self::connect_to(&endpoint, config, tls).await {

@@ -18,7 +18,8 @@ fn config(args: &[&str], env: &[(&'static str, &'static str)]) -> anyhow::Result
     argv.extend_from_slice(args);
     argv.push("status");
     let cli = Cli::try_parse_from(argv)?;
-    Config::from_args(&cli.common, &FakeEnv(env.iter().copied().collect()))
+    let files = crate::postgres::libpq_env::RealFiles;
+    Config::from_args(&cli.common, &FakeEnv(env.iter().copied().collect()), &files)
 }
 
 #[test]
