@@ -3,6 +3,7 @@
 mod authenticates_with_each_method;
 mod claim_released;
 mod cli_contract;
+mod cloudevents;
 mod configuration_doc;
 mod container_route;
 mod crash_anywhere;
