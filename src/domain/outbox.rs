@@ -352,7 +352,7 @@ impl RowMapping {
             && let ColumnValue::Text(value) | ColumnValue::Binary(value) = &tuple[i]
         {
             let ttl = controls::ttl_value(utf8(value, || self.name(i))?)
-                .map_err(|why| Rejection(format!("column {}: {why}", self.name(i))))?;
+                .map_err(|Rejection(why)| Rejection(format!("column {}: {why}", self.name(i))))?;
             headers.insert(TTL_HEADER, &ttl);
         }
         let payload = match &tuple[self.payload] {

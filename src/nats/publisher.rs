@@ -100,6 +100,11 @@ impl StreamFeatures {
                  pgoutbox never changes an existing stream: allow them (nats stream edit \
                  {stream} --allow-msg-ttl) or use a new --stream"
             )),
+            Some(config) if config.subject_delete_marker_ttl.is_some() => Some(format!(
+                "--ttl-column cannot be used with stream {stream}: it keeps subject delete \
+                 markers (subject_delete_marker_ttl), messages the server writes into the \
+                 stream when one expires, which break pgoutbox's chain; use a new --stream"
+            )),
             _ => None,
         }
     }

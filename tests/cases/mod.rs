@@ -18,6 +18,7 @@ mod idle_lag_stays_small;
 mod jetstream_unavailable_at_start;
 mod least_privilege;
 mod lost_slot;
+mod message_ttl;
 mod multi_host;
 mod nats_auth;
 mod nats_version_reported;

@@ -9,6 +9,8 @@
 //! of its own into the stream (a scheduled message's target must be in the same stream),
 //! which breaks the chain of expected last sequences; `Nats-TTL` has its own column.
 
+use super::Rejection;
+
 /// The header holding a message's time to live (nats-server 2.11+, `allow_msg_ttl`).
 pub const TTL_HEADER: &str = "Nats-TTL";
 
@@ -49,14 +51,14 @@ pub fn refuse_allowed(name: &str) -> Option<String> {
 /// whole seconds, minutes and hours such as `90s`, `10m`, `1h30m`; at least one second,
 /// as nats-server requires. Checked here so that a bad value is a dead letter saying so
 /// rather than a publish the server refuses.
-pub fn ttl_value(text: &str) -> Result<String, String> {
+pub fn ttl_value(text: &str) -> Result<String, Rejection> {
     let text = text.trim();
     let invalid = || {
-        format!(
+        Rejection(format!(
             "{:?} is not a TTL: give whole seconds (e.g. 30), a duration such as 90s, 10m or \
              1h30m, or never",
             super::dead_letter::shorten(text, 64)
-        )
+        ))
     };
     if text.eq_ignore_ascii_case("never") {
         return Ok("never".into());
@@ -93,7 +95,9 @@ pub fn ttl_value(text: &str) -> Result<String, String> {
     };
     // nats-server keeps a TTL as nanoseconds in an int64.
     if seconds == 0 || seconds > i64::MAX as u64 / 1_000_000_000 {
-        return Err(format!("{text:?} is not a TTL: it must be at least 1s and at most 290 years"));
+        return Err(Rejection(format!(
+            "{text:?} is not a TTL: it must be at least 1s and at most 290 years"
+        )));
     }
     Ok(seconds.to_string())
 }
@@ -115,7 +119,7 @@ mod tests {
             assert_eq!(ttl_value(given).as_deref(), Ok(sent), "{given}");
         }
         for bad in ["0", "0s", "-1", "1.5s", "500ms", "soon", "", "1d", "s", "99999999999999h"] {
-            let why = ttl_value(bad).expect_err(bad);
+            let Rejection(why) = ttl_value(bad).expect_err(bad);
             assert!(why.contains("is not a TTL"), "{why}");
         }
     }
