@@ -25,7 +25,7 @@ mod headers;
 mod roles;
 
 pub use cloudevents::{CloudEvents, ContentMode};
-pub use controls::{TTL_HEADER, refuse_allowed};
+pub use controls::refuse_allowed;
 
 pub use dead_letter::{
     DEAD_LETTER_ID_PREFIX, DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET,
@@ -353,7 +353,7 @@ impl RowMapping {
         {
             let ttl = controls::ttl_value(utf8(value, || self.name(i))?)
                 .map_err(|Rejection(why)| Rejection(format!("column {}: {why}", self.name(i))))?;
-            headers.insert(TTL_HEADER, &ttl);
+            headers.insert(controls::TTL_HEADER, &ttl);
         }
         let payload = match &tuple[self.payload] {
             ColumnValue::Text(bytes) if self.payload_is_bytea => decode_bytea_hex(bytes)
