@@ -38,6 +38,8 @@ tests=(
   nats_auth                    # user and password, token, NKey, creds, TLS with and without a client certificate
   publishing_connection        # our own connection: pings, its name on the server
   publish_permission           # a permissions -ERR ends the attempt
+  message_ttl                  # Nats-TTL from a column on 2.11+, the clear refusal before
+  cloudevents                  # CloudEvents read back by the Python SDK
 )
 cluster_tests=(
   survives_nats_cluster_faults # R3: leader killed, quorum lost

@@ -114,7 +114,7 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
     publisher
-        .ensure_stream(&config.stream_subjects(), config.stream_replicas)
+        .ensure_stream(&config.stream_subjects(), config.stream_replicas, config.stream_features())
         .await
         .with_context(|| format!("preparing stream {}", config.stream))?;
     let id = args.replay_id.clone().unwrap_or_else(new_replay_id);

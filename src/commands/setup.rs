@@ -110,7 +110,7 @@ pub async fn ensure_stream_and_slot(
         }
     }
     publisher
-        .ensure_stream(&config.stream_subjects(), config.stream_replicas)
+        .ensure_stream(&config.stream_subjects(), config.stream_replicas, config.stream_features())
         .await
         .with_context(|| format!("preparing stream {}", config.stream))?;
     let source = identify_source(config).await?;

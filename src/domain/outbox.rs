@@ -17,9 +17,15 @@ use bytes::Bytes;
 
 use crate::domain::row::{ColumnValue, Relation};
 
+mod cloudevents;
+mod controls;
 mod dead_letter;
 mod emitted;
 mod headers;
+mod roles;
+
+pub use cloudevents::{CloudEvents, ContentMode};
+pub use controls::refuse_allowed;
 
 pub use dead_letter::{
     DEAD_LETTER_ID_PREFIX, DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET,
@@ -27,37 +33,11 @@ pub use dead_letter::{
 };
 pub use emitted::log_preview;
 pub use headers::Headers;
+pub use roles::ColumnRoles;
 
 const BYTEA_OID: u32 = 17;
 /// How much of a bad value a rejection's reason quotes.
 const SHOWN_VALUE_BYTES: usize = 64;
-
-/// Which column plays which role; defaults follow `sql/outbox.sql`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ColumnRoles {
-    pub id: String,
-    pub payload: String,
-    /// A JSON object of string pairs added as headers; optional.
-    pub headers: String,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub event_type: String,
-    pub created_at: String,
-}
-
-impl Default for ColumnRoles {
-    fn default() -> Self {
-        ColumnRoles {
-            id: "id".into(),
-            payload: "payload".into(),
-            headers: "headers".into(),
-            aggregate_type: "aggregate_type".into(),
-            aggregate_id: "aggregate_id".into(),
-            event_type: "event_type".into(),
-            created_at: "created_at".into(),
-        }
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Part {
@@ -207,6 +187,9 @@ pub struct RowMapping {
     /// Put before the id in `Nats-Msg-Id`: a replay's rows are messages of their own
     /// (`replay_id_prefix` in domain/seed.rs); empty otherwise.
     id_prefix: String,
+    ttl: Option<usize>,
+    allowed_nats_headers: Vec<String>,
+    envelope: Option<Box<cloudevents::Envelope>>,
 }
 
 impl RowMapping {
@@ -238,6 +221,22 @@ impl RowMapping {
         let header_columns = optional_headers(roles)
             .filter_map(|(header, column)| Some((header, find(column)?)))
             .collect();
+        let ttl = roles.ttl.as_deref().map(|c| require(c, "TTL column")).transpose()?;
+        let envelope = match &roles.cloudevents {
+            None => None,
+            Some(settings) => {
+                let typed = |name: &str| find(name).map(|i| (i, relation.columns[i].type_oid));
+                let payload_type = Some(relation.columns[payload].type_oid);
+                let envelope =
+                    cloudevents::Envelope::new(settings, roles, &table, payload_type, typed);
+                Some(Box::new(envelope.ok_or_else(|| MappingError {
+                    table: table.clone(),
+                    column: roles.event_type.clone(),
+                    role: "event type, ce-type",
+                    hint: "a CloudEvent needs a type: set --event-type-column",
+                })?))
+            }
+        };
         Ok(RowMapping {
             payload_is_bytea: relation.columns[payload].type_oid == BYTEA_OID,
             column_names: relation.columns.iter().map(|c| c.name.clone()).collect(),
@@ -249,6 +248,9 @@ impl RowMapping {
             subject,
             unusable: None,
             id_prefix: String::new(),
+            ttl,
+            allowed_nats_headers: roles.allowed_nats_headers.clone(),
+            envelope,
         })
     }
 
@@ -285,6 +287,9 @@ impl RowMapping {
             subject: Vec::new(),
             unusable: Some(why),
             id_prefix: String::new(),
+            ttl: None,
+            allowed_nats_headers: Vec::new(),
+            envelope: None,
         }
     }
 
@@ -343,6 +348,13 @@ impl RowMapping {
         if let Some(i) = self.headers {
             self.add_user_headers(&tuple[i], &mut headers)?;
         }
+        if let Some(i) = self.ttl
+            && let ColumnValue::Text(value) | ColumnValue::Binary(value) = &tuple[i]
+        {
+            let ttl = controls::ttl_value(utf8(value, || self.name(i))?)
+                .map_err(|Rejection(why)| Rejection(format!("column {}: {why}", self.name(i))))?;
+            headers.insert(controls::TTL_HEADER, &ttl);
+        }
         let payload = match &tuple[self.payload] {
             ColumnValue::Text(bytes) if self.payload_is_bytea => decode_bytea_hex(bytes)
                 .ok_or_else(|| Rejection("bytea payload is not in hex format".into()))?,
@@ -353,6 +365,10 @@ impl RowMapping {
             ColumnValue::UnchangedToast => {
                 return Err(Rejection("payload was not sent (unchanged TOAST)".into()));
             }
+        };
+        let payload = match &self.envelope {
+            None => payload,
+            Some(envelope) => envelope.wrap(self, tuple, text, &mut headers, payload)?,
         };
         Ok(OutboxEvent { id, subject, headers, payload })
     }
@@ -382,7 +398,8 @@ impl RowMapping {
                 return Err(Rejection(format!("an empty header name in column {column}")));
             }
             let lower = key.to_ascii_lowercase();
-            if lower.starts_with("nats-") || lower.starts_with("pgoutbox-") {
+            let allowed = || self.allowed_nats_headers.contains(&lower);
+            if (lower.starts_with("nats-") && !allowed()) || lower.starts_with("pgoutbox-") {
                 return Err(Rejection(format!("header {key:?} in column {column} is reserved")));
             }
             if !headers::valid_name(&key) {

@@ -57,12 +57,56 @@ pub enum PublisherError {
     Unanswered(String),
     #[error("stream {0} has no leader (an election is under way, or quorum is lost)")]
     NoLeader(String),
+    /// The settings ask for something this server or the existing stream cannot do.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl PublisherError {
     /// Whether waiting may mend it: NATS was reachable but JetStream gave no final answer.
     pub fn is_transient(&self) -> bool {
         matches!(self, Self::Unanswered(_) | Self::NoLeader(_))
+    }
+}
+
+/// What the stream must allow, beyond storing messages, for the messages pgoutbox makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StreamFeatures {
+    /// `--ttl-column`: `Nats-TTL` (nats-server 2.11+, the stream's `allow_msg_ttl`).
+    pub message_ttl: bool,
+}
+
+impl StreamFeatures {
+    /// Why the server at `version` or the existing stream's `config` (`None`: pgoutbox
+    /// creates it) cannot take these messages, if it cannot: one line that says what to do.
+    fn refusal(
+        &self,
+        version: &str,
+        stream: &str,
+        config: Option<&stream::Config>,
+    ) -> Option<String> {
+        if !self.message_ttl {
+            return None;
+        }
+        if crate::nats::server_version::older_than(version, (2, 11)) {
+            return Some(format!(
+                "--ttl-column needs nats-server 2.11 or later (per-message TTL); this server \
+                 is {version}: upgrade it, or run without --ttl-column"
+            ));
+        }
+        match config {
+            Some(config) if !config.allow_message_ttl => Some(format!(
+                "--ttl-column needs per-message TTLs, which stream {stream} does not allow; \
+                 pgoutbox never changes an existing stream: allow them (nats stream edit \
+                 {stream} --allow-msg-ttl) or use a new --stream"
+            )),
+            Some(config) if config.subject_delete_marker_ttl.is_some() => Some(format!(
+                "--ttl-column cannot be used with stream {stream}: it keeps subject delete \
+                 markers (subject_delete_marker_ttl), messages the server writes into the \
+                 stream when one expires, which break pgoutbox's chain; use a new --stream"
+            )),
+            _ => None,
+        }
     }
 }
 
@@ -108,15 +152,24 @@ impl Publisher {
         &self.js
     }
 
-    /// Creates the stream if it is missing; an existing stream is only checked, never changed.
+    /// Creates the stream if it is missing, allowing what `features` need; an existing
+    /// stream is only checked, never changed.
     pub async fn ensure_stream(
         &self,
         subjects: &[String],
         replicas: usize,
+        features: StreamFeatures,
     ) -> Result<(), PublisherError> {
+        let version = self.server_version();
+        if let Some(why) = features.refusal(&version, &self.stream, None) {
+            return Err(PublisherError::Unsupported(why));
+        }
         match self.js.get_stream(&self.stream).await {
             Ok(mut existing) => {
                 let info = existing.info().await.map_err(request_error)?;
+                if let Some(why) = features.refusal(&version, &self.stream, Some(&info.config)) {
+                    return Err(PublisherError::Unsupported(why));
+                }
                 if let Some(why) = tail_may_vanish(&info.config) {
                     tracing::warn!(stream = %self.stream, "{why}");
                 }
@@ -140,6 +193,7 @@ impl Publisher {
                     subjects: subjects.to_vec(),
                     storage: stream::StorageType::File,
                     num_replicas: replicas,
+                    allow_message_ttl: features.message_ttl,
                     ..Default::default()
                 };
                 match self.js.create_stream(config).await {
@@ -152,7 +206,7 @@ impl Publisher {
                         if matches!(err.kind(), CreateStreamErrorKind::JetStream(e)
                             if e.error_code() == jetstream::ErrorCode::STREAM_NAME_EXIST) =>
                     {
-                        Box::pin(self.ensure_stream(subjects, replicas)).await
+                        Box::pin(self.ensure_stream(subjects, replicas, features)).await
                     }
                     Err(err) if err.kind() == CreateStreamErrorKind::JetStreamUnavailable => {
                         Err(PublisherError::JetStreamDisabled)

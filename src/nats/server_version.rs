@@ -21,6 +21,15 @@ pub fn unsupported(version: &str) -> Option<String> {
     })
 }
 
+/// Whether `version` is a release before `minor` (as `(2, 11)`); `false` when it cannot be
+/// read, so that a server with an odd version string is left to answer for itself.
+pub fn older_than(version: &str, minor: (u32, u32)) -> bool {
+    let mut parts = version.trim_start_matches('v').split(['.', '-']);
+    let major = parts.next().and_then(|p| p.parse::<u32>().ok());
+    let release = parts.next().and_then(|p| p.parse::<u32>().ok());
+    major.zip(release).is_some_and(|read| read < minor)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -37,5 +46,12 @@ mod tests {
         for unreadable in ["", "x.y", "2", "dev"] {
             assert_eq!(unsupported(unreadable), None, "{unreadable}");
         }
+    }
+
+    #[test]
+    fn features_are_told_by_minor_release() {
+        assert!(older_than("2.10.26", (2, 11)) && older_than("v2.9.10", (2, 11)));
+        assert!(!older_than("2.11.0-RC.1", (2, 11)) && !older_than("3.0.0", (2, 11)));
+        assert!(!older_than("dev", (2, 11)));
     }
 }

@@ -155,6 +155,13 @@ pub struct SlotArgs {
     pub from_standby: bool,
 }
 
+/// `--cloudevents`'s content modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CloudEventsMode {
+    Binary,
+    Structured,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -265,6 +272,25 @@ pub struct CommonArgs {
     /// Column sent as Outbox-Created-At (optional column).
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_CREATED_AT_COLUMN", default_value = "created_at")]
     pub created_at_column: String,
+    /// Send each row as a CloudEvent 1.0 (NATS binding): binary puts the attributes in
+    /// ce- headers and keeps the payload as the body, structured sends the JSON event as
+    /// the body; id is the row's id, type the event type column, time the created-at
+    /// column, subject the aggregate id (see docs/operations.md, CloudEvents)
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_CLOUDEVENTS", value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "binary")]
+    pub cloudevents: Option<CloudEventsMode>,
+    /// The CloudEvents source attribute [default: /postgres/<database>/<schema>.<table>]
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_CLOUDEVENTS_SOURCE", requires = "cloudevents")]
+    pub cloudevents_source: Option<String>,
+    /// Column whose value becomes the message's Nats-TTL: whole seconds, a duration such as
+    /// 90s, 10m or 1h30m, or never; NULL for none (nats-server 2.11+, a stream that allows
+    /// per-message TTLs); a value that is not a TTL makes the row a dead letter
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TTL_COLUMN")]
+    pub ttl_column: Option<String>,
+    /// A Nats- header the headers column may set (repeatable, or comma-separated); any
+    /// other Nats- header makes the row a dead letter. Those pgoutbox's ordering relies
+    /// on (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup, Nats-Schedule*, ...) are refused
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_ALLOW_NATS_HEADERS", value_delimiter = ',')]
+    pub allow_nats_header: Vec<String>,
     /// Log format.
     #[arg(help_heading = OPS, long, global = true, env = "PGOUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

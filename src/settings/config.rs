@@ -3,7 +3,7 @@
 
 use anyhow::{Context, anyhow};
 
-use crate::domain::outbox::{ColumnRoles, SubjectTemplate};
+use crate::domain::outbox::{CloudEvents, ColumnRoles, ContentMode, SubjectTemplate};
 use crate::nats::connect::NatsSettings;
 use crate::nats::credentials::NatsAuth;
 use crate::postgres::admin::TableName;
@@ -11,7 +11,7 @@ use crate::postgres::conninfo::percent_decode;
 use crate::postgres::libpq_env::{self, Files};
 pub use crate::postgres::libpq_env::{Env, ProcessEnv};
 use crate::postgres::password_command::PasswordCommand;
-use crate::settings::cli::CommonArgs;
+use crate::settings::cli::{CloudEventsMode, CommonArgs};
 
 /// Where the Postgres settings come from, for errors in them.
 const SETTINGS: &str =
@@ -125,6 +125,17 @@ impl Config {
             aggregate_id: args.aggregate_id_column.clone(),
             event_type: args.event_type_column.clone(),
             created_at: args.created_at_column.clone(),
+            ttl: args.ttl_column.clone(),
+            allowed_nats_headers: allowed_nats_headers(&args.allow_nats_header)?,
+            cloudevents: args.cloudevents.map(|mode| CloudEvents {
+                mode: match mode {
+                    CloudEventsMode::Binary => ContentMode::Binary,
+                    CloudEventsMode::Structured => ContentMode::Structured,
+                },
+                source: args.cloudevents_source.clone(),
+                // libpq's default database is the user's name.
+                database: database.get_dbname().or(database.get_user()).unwrap_or("").to_owned(),
+            }),
         };
         Ok(Config {
             database,
@@ -170,8 +181,30 @@ impl Config {
         let mut columns =
             vec![("id column", roles.id.as_str()), ("payload column", roles.payload.as_str())];
         columns.extend(self.pipeline.template.columns().map(|c| ("subject placeholder", c)));
+        if let Some(ttl) = &roles.ttl {
+            columns.push(("TTL column", ttl));
+        }
+        if roles.cloudevents.is_some() {
+            columns.push(("event type column (the CloudEvents type)", roles.event_type.as_str()));
+        }
         columns
     }
+
+    /// What the stream must allow for the messages the settings make.
+    pub fn stream_features(&self) -> crate::nats::publisher::StreamFeatures {
+        crate::nats::publisher::StreamFeatures { message_ttl: self.pipeline.roles.ttl.is_some() }
+    }
+}
+
+/// `--allow-nats-header`, lowercase, each checked.
+fn allowed_nats_headers(names: &[String]) -> anyhow::Result<Vec<String>> {
+    names
+        .iter()
+        .map(|name| match crate::domain::outbox::refuse_allowed(name) {
+            Some(why) => Err(anyhow!("--allow-nats-header: {why}")),
+            None => Ok(name.to_ascii_lowercase()),
+        })
+        .collect()
 }
 
 /// The NATS authentication the arguments and the first server's URL ask for.

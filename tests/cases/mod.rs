@@ -3,6 +3,7 @@
 mod authenticates_with_each_method;
 mod claim_released;
 mod cli_contract;
+mod cloudevents;
 mod configuration_doc;
 mod connects_like_psql;
 mod container_route;
@@ -18,6 +19,7 @@ mod idle_lag_stays_small;
 mod jetstream_unavailable_at_start;
 mod least_privilege;
 mod lost_slot;
+mod message_ttl;
 mod multi_host;
 mod nats_auth;
 mod nats_version_reported;

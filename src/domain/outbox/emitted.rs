@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 use serde_json::value::RawValue;
 
+use super::cloudevents::Envelope;
 use super::{ColumnRoles, Part, Rejection, RowMapping, SubjectPart, SubjectTemplate};
 use crate::domain::row::ColumnValue;
 
@@ -50,8 +51,15 @@ impl RowMapping {
                 Part::Column(c) => SubjectPart::Column(position(c)),
             })
             .collect();
+        let ttl = roles.ttl.as_deref().map(&mut position);
+        let table = format!("{NAMESPACE}.{prefix}");
+        // Every column is text: the payload's type is guessed per message.
+        let envelope = roles.cloudevents.as_ref().and_then(|settings| {
+            let typed = |name: &str| column_names.iter().position(|c| c == name).map(|i| (i, 25));
+            Envelope::new(settings, roles, &table, None, typed).map(Box::new)
+        });
         RowMapping {
-            table: format!("{NAMESPACE}.{prefix}"),
+            table,
             column_names,
             id,
             payload,
@@ -61,6 +69,9 @@ impl RowMapping {
             subject,
             unusable: None,
             id_prefix: String::new(),
+            ttl,
+            allowed_nats_headers: roles.allowed_nats_headers.clone(),
+            envelope,
         }
     }
 

@@ -204,3 +204,115 @@ fn templates_parse_and_yield_their_stream_wildcard() {
         assert!(bad.parse::<SubjectTemplate>().is_err(), "{bad} was accepted");
     }
 }
+
+fn mapping_with(roles: ColumnRoles, relation: &Relation) -> RowMapping {
+    let template = "outbox.{aggregate_type}".parse().unwrap();
+    RowMapping::new(relation, &roles, &template).unwrap()
+}
+
+fn cloudevents(mode: ContentMode) -> ColumnRoles {
+    ColumnRoles {
+        cloudevents: Some(CloudEvents { mode, source: None, database: "shop".into() }),
+        ..ColumnRoles::default()
+    }
+}
+
+#[test]
+fn binary_cloudevents_put_the_attributes_in_headers_and_keep_the_rest() {
+    let mapping = mapping_with(cloudevents(ContentMode::Binary), &outbox_relation());
+    let event = mapping.map(&row(text("order"), "order created", ColumnValue::Null)).unwrap();
+    let id = "6f1c1a52-0000-4000-8000-000000000001";
+    for (name, value) in [
+        ("ce-specversion", "1.0"),
+        ("ce-id", id),
+        ("ce-source", "/postgres/shop/public.outbox"),
+        ("ce-type", "order%20created"),
+        ("ce-time", "2026-11-22T10:00:00+00:00"),
+        ("ce-subject", "42"),
+        ("ce-datacontenttype", "application/json"),
+        ("Content-Type", "application/json"),
+        ("Nats-Msg-Id", id),
+        ("Outbox-Event-Type", "order created"),
+    ] {
+        assert_eq!(header(&event, name), Some(value), "{name}");
+    }
+    assert_eq!(&event.payload[..], br#"{"total": 10}"#);
+    // Without --cloudevents, nothing of it.
+    let plain = mapping_with(ColumnRoles::default(), &outbox_relation());
+    let event = plain.map(&row(text("order"), "created", ColumnValue::Null)).unwrap();
+    assert!(event.headers.iter().all(|(name, _)| !name.starts_with("ce-")));
+}
+
+#[test]
+fn structured_cloudevents_carry_json_text_or_bytes_as_data() {
+    let mut relation = outbox_relation();
+    relation.columns[4].type_oid = 17; // bytea
+    let mapping = mapping_with(cloudevents(ContentMode::Structured), &relation);
+    let mut tuple = row(text("order"), "created", ColumnValue::Null);
+    tuple[4] = text("\\x00ff");
+    let event = mapping.map(&tuple).unwrap();
+    assert_eq!(header(&event, "Content-Type"), Some("application/cloudevents+json"));
+    let body: serde_json::Value = serde_json::from_slice(&event.payload).unwrap();
+    assert_eq!(body["data_base64"], "AP8=");
+    assert_eq!(body["datacontenttype"], "application/octet-stream");
+    assert_eq!(body["type"], "created");
+    assert!(body.get("data").is_none());
+
+    let mapping = mapping_with(cloudevents(ContentMode::Structured), &outbox_relation());
+    let event = mapping.map(&row(text("order"), "created", ColumnValue::Null)).unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&event.payload).unwrap();
+    assert_eq!(body["data"], serde_json::json!({"total": 10}));
+    assert_eq!(body["time"], "2026-11-22T10:00:00+00:00");
+}
+
+#[test]
+fn a_cloudevent_without_a_type_or_with_an_unreadable_time_is_a_dead_letter() {
+    let mapping = mapping_with(cloudevents(ContentMode::Binary), &outbox_relation());
+    let mut tuple = row(text("order"), "created", ColumnValue::Null);
+    tuple[3] = ColumnValue::Null;
+    let Rejection(why) = mapping.map(&tuple).unwrap_err();
+    assert!(why.contains("event_type is NULL") && why.contains("ce-type"), "{why}");
+    let mut relation = outbox_relation();
+    relation.columns[6].type_oid = 25; // a text column
+    let mapping = mapping_with(cloudevents(ContentMode::Binary), &relation);
+    let mut tuple = row(text("order"), "created", ColumnValue::Null);
+    tuple[6] = text("yesterday");
+    let Rejection(why) = mapping.map(&tuple).unwrap_err();
+    assert!(why.contains("ce-time"), "{why}");
+    // A timestamp without time zone has no zone to give: ce-time is left out.
+    relation.columns[6].type_oid = 1114;
+    let mapping = mapping_with(cloudevents(ContentMode::Binary), &relation);
+    tuple[6] = text("2026-11-22 10:00:00");
+    assert_eq!(header(&mapping.map(&tuple).unwrap(), "ce-time"), None);
+}
+
+#[test]
+fn a_ttl_column_sets_nats_ttl_and_an_invalid_ttl_is_a_dead_letter() {
+    let mut relation = outbox_relation();
+    relation.columns.push(column("ttl", 25));
+    let roles = ColumnRoles { ttl: Some("ttl".into()), ..ColumnRoles::default() };
+    let mapping = mapping_with(roles, &relation);
+    let mut tuple = row(text("order"), "created", ColumnValue::Null);
+    tuple.push(text("10m"));
+    assert_eq!(header(&mapping.map(&tuple).unwrap(), "Nats-TTL"), Some("600"));
+    tuple[7] = ColumnValue::Null;
+    assert_eq!(header(&mapping.map(&tuple).unwrap(), "Nats-TTL"), None);
+    tuple[7] = text("soon");
+    let Rejection(why) = mapping.map(&tuple).unwrap_err();
+    assert!(why.contains("column ttl") && why.contains("not a TTL"), "{why}");
+}
+
+#[test]
+fn only_allowed_nats_headers_pass_from_the_headers_column() {
+    let trace = text(r#"{"Nats-Trace-Dest": "trace.here"}"#);
+    let Rejection(why) =
+        default_mapping().map(&row(text("order"), "created", trace.clone())).unwrap_err();
+    assert!(why.contains("reserved"), "{why}");
+    let roles = ColumnRoles {
+        allowed_nats_headers: vec!["nats-trace-dest".into()],
+        ..ColumnRoles::default()
+    };
+    let event =
+        mapping_with(roles, &outbox_relation()).map(&row(text("order"), "created", trace)).unwrap();
+    assert_eq!(header(&event, "Nats-Trace-Dest"), Some("trace.here"));
+}

@@ -90,3 +90,23 @@ fn stream_subjects_add_the_dead_letter_subject_unless_covered() {
     let c = config(&["--subject-template", "outbox.{event_type}"], &base).unwrap();
     assert_eq!(c.stream_subjects(), ["outbox.*"]);
 }
+
+#[test]
+fn cloudevents_and_nats_controls_are_read_and_checked() {
+    let db = [("DATABASE_URL", "postgres://u@h:1/shop")];
+    let c =
+        config(&["--cloudevents", "--ttl-column=ttl", "--allow-nats-header=Nats-Trace-Dest"], &db)
+            .unwrap();
+    let roles = &c.pipeline.roles;
+    let cloudevents = roles.cloudevents.as_ref().expect("--cloudevents alone is binary");
+    assert_eq!((cloudevents.mode, cloudevents.database.as_str()), (ContentMode::Binary, "shop"));
+    assert_eq!(roles.allowed_nats_headers, ["nats-trace-dest"]);
+    assert!(c.required_columns().contains(&("TTL column", "ttl")));
+    assert!(c.stream_features().message_ttl);
+    let c = config(&["--cloudevents=structured"], &db).unwrap();
+    assert_eq!(c.pipeline.roles.cloudevents.map(|ce| ce.mode), Some(ContentMode::Structured));
+    for never in ["Nats-Expected-Last-Sequence", "Nats-Schedule", "Trace-Id"] {
+        let err = config(&[&format!("--allow-nats-header={never}")], &db).err().expect(never);
+        assert!(err.to_string().starts_with("--allow-nats-header: "), "{err}");
+    }
+}

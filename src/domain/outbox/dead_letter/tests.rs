@@ -196,6 +196,7 @@ fn mapping_with_names(relation: &Relation) -> RowMapping {
         payload: name(4),
         headers: name(5),
         created_at: name(6),
+        ..ColumnRoles::default()
     };
     let template: SubjectTemplate = "outbox.fixed".parse().unwrap();
     RowMapping::new(relation, &roles, &template).unwrap()
