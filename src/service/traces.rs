@@ -277,3 +277,100 @@ pub fn acknowledged(span: RowSpan, ack: &Ack) {
 fn lsn(value: u64) -> String {
     format!("{:X}/{:X}", value >> 32, value & 0xffff_ffff)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROW_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const ROW_SPAN: &str = "00f067aa0ba902b7";
+
+    /// Spans made by an SDK with no exporter, every one sampled.
+    fn traces() -> Traces {
+        Traces::new(SdkTracerProvider::builder().build().tracer("test"))
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> Headers {
+        let mut headers = Headers::default();
+        for (name, value) in pairs {
+            headers.insert(name, value);
+        }
+        headers
+    }
+
+    fn produce(traces: &mut Traces, headers: &mut Headers) -> (TraceParent, Option<RowSpan>) {
+        let position = Position { commit_lsn: 1, index: 0 };
+        let span = traces.producer("id-1", "outbox.order.created", position, headers);
+        let traceparent = headers.get(TRACEPARENT).expect("pgoutbox's traceparent");
+        (traceparent.parse().expect("a valid traceparent"), span)
+    }
+
+    #[test]
+    fn the_rows_traceparent_is_the_parent_and_is_replaced_by_the_spans_own() {
+        let mut traces = traces();
+        let row = format!("00-{ROW_TRACE}-{ROW_SPAN}-01");
+        let mut headers = headers(&[("Traceparent", &row), ("tracestate", "k=v"), ("a", "1")]);
+        let (ours, span) = produce(&mut traces, &mut headers);
+        let RowSpan(span) = span.expect("sampled: the parent was");
+        let data = span.exported_data().expect("recorded");
+        assert_eq!(data.span_context.trace_id().to_string(), ROW_TRACE);
+        assert_eq!(data.parent_span_id.to_string(), ROW_SPAN);
+        assert_eq!(data.span_kind, SpanKind::Producer);
+        assert_eq!(data.name, "publish outbox.order.created");
+        assert_eq!(ours.trace_id, data.span_context.trace_id().to_bytes());
+        assert_eq!(ours.span_id, data.span_context.span_id().to_bytes());
+        assert_eq!(headers.get("tracestate"), Some("k=v"));
+        assert_eq!(headers.get("Traceparent"), None, "one traceparent, pgoutbox's");
+        assert_eq!(headers.len(), 3);
+    }
+
+    #[test]
+    fn a_malformed_traceparent_names_no_parent_and_its_tracestate_goes_with_it() {
+        let mut traces = traces();
+        let mut headers = headers(&[("traceparent", "00-zz-01"), ("tracestate", "k=v")]);
+        let (ours, span) = produce(&mut traces, &mut headers);
+        let RowSpan(span) = span.expect("sampled");
+        let data = span.exported_data().expect("recorded");
+        assert_eq!(data.parent_span_id, SpanId::INVALID, "a root span");
+        assert_eq!(ours.span_id, data.span_context.span_id().to_bytes());
+        assert_eq!(headers.get("tracestate"), None);
+    }
+
+    #[test]
+    fn an_unsampled_parent_gives_an_unsampled_traceparent_and_no_span_to_keep() {
+        let mut traces = traces();
+        let row = format!("00-{ROW_TRACE}-{ROW_SPAN}-00");
+        let mut headers = headers(&[("traceparent", &row)]);
+        let (ours, span) = produce(&mut traces, &mut headers);
+        assert!(span.is_none());
+        assert!(!ours.sampled());
+        assert_eq!(hex(&ours.trace_id), ROW_TRACE, "the trace goes on");
+        assert_ne!(hex(&ours.span_id), ROW_SPAN);
+    }
+
+    #[test]
+    fn a_transactions_span_waits_for_its_confirmation() {
+        let mut traces = traces();
+        traces.begin();
+        let mut headers = Headers::default();
+        let (_, span) = produce(&mut traces, &mut headers);
+        let RowSpan(span) = span.expect("sampled");
+        assert_eq!(span.exported_data().expect("recorded").links.len(), 1);
+        traces.commit(100);
+        traces.stored(99);
+        assert!(!traces.pending[0].stored);
+        traces.stored(100);
+        traces.confirmed(99);
+        assert_eq!(traces.pending.len(), 1);
+        traces.confirmed(100);
+        assert!(traces.pending.is_empty());
+        // A transaction without a message has no span.
+        traces.begin();
+        traces.commit(200);
+        assert!(traces.pending.is_empty());
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
