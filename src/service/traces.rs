@@ -10,6 +10,11 @@
 //! at its ack; a transaction's when its end LSN is confirmed to Postgres. Spans go to the
 //! SDK's batch processor, a bounded queue exported from a thread of its own: when the queue
 //! is full or the endpoint is down, spans are dropped, never waited for (`traces/export.rs`).
+//!
+//! Spans are made with the OpenTelemetry API itself, not through `tracing` and
+//! tracing-opentelemetry: a message's span begins at its dispatch and ends at its ack, in no
+//! lexical scope, with a remote parent read from the row; a `tracing` span per row would
+//! also cost the log subscriber's span registry on every row, traces on or off.
 
 use std::collections::VecDeque;
 use std::str::FromStr;
