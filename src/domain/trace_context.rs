@@ -62,12 +62,20 @@ impl FromStr for TraceParent {
 }
 
 impl fmt::Display for TraceParent {
+    /// Into one buffer and written once: a `{:02x}` per byte was a third of the cost of a
+    /// message's trace context.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("00-")?;
-        self.trace_id.iter().try_for_each(|b| write!(f, "{b:02x}"))?;
-        f.write_str("-")?;
-        self.span_id.iter().try_for_each(|b| write!(f, "{b:02x}"))?;
-        write!(f, "-{:02x}", self.flags)
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut text = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        let fields = [(3, &self.trace_id[..]), (36, &self.span_id[..]), (53, &[self.flags][..])];
+        for (start, bytes) in fields {
+            for (i, byte) in bytes.iter().enumerate() {
+                text[start + 2 * i] = DIGITS[usize::from(byte >> 4)];
+                text[start + 2 * i + 1] = DIGITS[usize::from(byte & 0xf)];
+            }
+        }
+        // Only ASCII digits and dashes were written.
+        f.write_str(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
     }
 }
 
