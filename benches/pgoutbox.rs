@@ -52,6 +52,10 @@ struct Figures {
     drain: Vec<f64>,
     drain_cpu_us_per_row: Vec<f64>,
     drain_wal_per_row: Vec<f64>,
+    /// The same drain with OpenTelemetry traces sampled at 1 % and at 100 %, exported to a
+    /// receiver in this process: rows/s and CPU µs per row of pgoutbox.
+    traced_drain: [Vec<f64>; 2],
+    traced_cpu_us_per_row: [Vec<f64>; 2],
     /// `pgoutbox replay` of the whole table into a stream of its own, rows/s.
     replay: Vec<f64>,
     /// The same, handed to the pgoutbox streaming into that stream through the WAL.
@@ -116,6 +120,13 @@ async fn one_run(s: &Settings, f: &mut Figures) {
         pg.psql(&format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"));
     }
 
+    // The traced drains' slots, made before the rows so that they decode them too.
+    for (stream, _) in TRACED {
+        let traced = command(&pg, &nats).args(own_slot_and_stream(stream)).arg("setup").output();
+        let traced = traced.expect("pgoutbox setup");
+        assert!(traced.status.success(), "{}", String::from_utf8_lossy(&traced.stderr));
+    }
+
     eprintln!("  inserting {} rows", s.rows);
     let before_insert = wal_lsn(&pg);
     insert_rows(&pg, "outbox", s.rows);
@@ -155,6 +166,8 @@ async fn one_run(s: &Settings, f: &mut Figures) {
     let wal_after_drain = wal_lsn(&pg);
     f.drain_wal_per_row
         .push(wal_bytes(&pg, &wal_before_drain, &wal_after_drain).max(0.0) / s.rows as f64);
+
+    traced_drains(&pg, &nats, &js, s, f).await;
 
     eprintln!("  pgoutbox latency");
     let offset = s.rows as u64;
@@ -474,6 +487,40 @@ fn percentiles(values: &mut [f64]) -> [f64; 3] {
 }
 
 /// The arguments of a pgoutbox with its own slot and stream, both named after `stream`.
+/// The traced drains: their stream (and slot), and the ratio of traces sampled.
+const TRACED: [(&str, &str); 2] = [("TRACED_1", "0.01"), ("TRACED_100", "1.0")];
+
+/// The drain again, from a slot of its own into a stream of its own, with traces sampled at
+/// 1 % and at 100 % (`OTEL_TRACES_SAMPLER_ARG`) and exported to an OTLP receiver.
+async fn traced_drains(
+    pg: &Postgres,
+    nats: &Nats,
+    js: &jetstream::Context,
+    s: &Settings,
+    f: &mut Figures,
+) {
+    let receiver = support::otlp::Receiver::start().await;
+    for (i, (stream, ratio)) in TRACED.into_iter().enumerate() {
+        eprintln!("  pgoutbox drain, traces sampled at {ratio}");
+        let mut run = command(pg, nats);
+        run.args(own_slot_and_stream(stream))
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint())
+            .env("OTEL_TRACES_SAMPLER", "parentbased_traceidratio")
+            .env("OTEL_TRACES_SAMPLER_ARG", ratio)
+            .arg("run");
+        let started = Instant::now();
+        let app = Pgoutbox::spawn(run);
+        wait_for_count(js, stream, s.rows as u64, Duration::from_secs(600)).await;
+        f.traced_drain[i].push(s.rows as f64 / started.elapsed().as_secs_f64());
+        f.traced_cpu_us_per_row[i].push(cpu_seconds(app.pid()) * 1e6 / s.rows as f64);
+        drop(app);
+        let slot = stream.to_lowercase();
+        wait_slot_active(pg, &slot, false).await;
+        pg.psql(&format!("SELECT pg_drop_replication_slot('{slot}')"));
+        let _ = js.delete_stream(stream).await;
+    }
+}
+
 fn own_slot_and_stream(stream: &str) -> Vec<String> {
     let name = stream.to_lowercase();
     let template = format!("{name}.{{aggregate_type}}.x");
@@ -752,6 +799,10 @@ fn print_report(s: &Settings, f: &Figures) {
     row("pgoutbox drain, rows/s", &f.drain, format!("≥ {:.0} (0.85 × c)", 0.85 * both));
     row("pgoutbox drain / limit (c)", &drain_ratio, "≥ 0.85".into());
     row("pgoutbox CPU per row at full drain, µs", &f.drain_cpu_us_per_row, "≤ 4".into());
+    row("  traces sampled at 1 %: drain, rows/s", &f.traced_drain[0], "-".into());
+    row("  traces sampled at 1 %: CPU per row, µs", &f.traced_cpu_us_per_row[0], "-".into());
+    row("  traces sampled at 100 %: drain, rows/s", &f.traced_drain[1], "-".into());
+    row("  traces sampled at 100 %: CPU per row, µs", &f.traced_cpu_us_per_row[1], "-".into());
     let replay_ratio: Vec<f64> = f.replay.iter().zip(&f.drain).map(|(r, d)| r / d).collect();
     row("pgoutbox replay (whole table, own stream), rows/s", &f.replay, "-".into());
     row("  replay / drain", &replay_ratio, "-".into());

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-
+use opentelemetry_sdk::trace::Tracer;
 use tracing::{info, warn};
 
 use super::setup::{ensure_stream_and_slot, prepare_database};
@@ -18,9 +18,10 @@ use crate::service::pipeline::{Ended, Memory};
 use crate::service::seed::SeedKind;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::{self, Metrics, Readiness, ReconnectTarget};
+use crate::service::traces::Tracing;
 use crate::settings::cli::RunArgs;
-use crate::settings::config::Config;
 use crate::settings::config::PipelineConfig;
+use crate::settings::config::{Config, ProcessEnv};
 use attempt::Target;
 use waiting::{
     JETSTREAM_RETRY_CAP, UNANSWERED, UNREACHABLE, jetstream_unanswered, patiently,
@@ -47,6 +48,17 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
             "--retention deletes outbox rows, and --messages-only reads no table: drop one"
         );
     }
+    let tracing = Tracing::from_env(&ProcessEnv);
+    let outcome = serve(config, args, tracing.as_ref().map(Tracing::tracer)).await;
+    if let Some(tracing) = tracing {
+        // Bounded (`traces::SHUTDOWN_TIMEOUT`), and off the runtime's only thread.
+        let _ = tokio::task::spawn_blocking(move || tracing.shutdown()).await;
+    }
+    outcome
+}
+
+/// Sets up, then streams until shutdown; `tracer` makes spans when traces are configured.
+async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyhow::Result<()> {
     // Every task beside the pipeline (signals, HTTP, stall watch, retention), stopped and
     // awaited when `run` ends.
     let mut tasks = tokio::task::JoinSet::new();
@@ -143,6 +155,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
     ));
     let mut memory = Memory::new(progress, nats_disconnects);
     memory.seed_wanted = seeding;
+    memory.tracer = tracer;
     if let Some(keep) = args.retention {
         // Dead letters of earlier runs that lack their payload: those rows must stay.
         let subject = &config.pipeline.dead_letter_subject;

@@ -8,3 +8,4 @@ pub mod retention;
 pub mod seed;
 pub mod shutdown;
 pub mod telemetry;
+pub mod traces;

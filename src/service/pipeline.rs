@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::domain::outbox::{Rejection, RowMapping};
 use crate::domain::progress::{Position, Timing};
@@ -33,6 +33,7 @@ use crate::service::liveness::Verdict;
 use crate::service::seed::Prelude;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::Metrics;
+use crate::service::traces::Traces;
 use crate::settings::config::PipelineConfig;
 
 mod acks;
@@ -58,8 +59,6 @@ const STATUS_INTERVAL: Duration = Duration::from_millis(100);
 /// the slot releases WAL within milliseconds of the acks (it waited for the 100 ms tick,
 /// 99 ms on average), at no more than 100 status messages a second.
 const MIN_STATUS_GAP: Duration = Duration::from_millis(10);
-/// How long a shutdown waits for acks of messages already sent.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A row as it was decoded, kept while its message is in flight.
 struct SentRow {
@@ -119,6 +118,8 @@ pub struct Pipeline<'a> {
     /// Where the slot starts: the seed's rows end there.
     start_lsn: u64,
     metrics: Metrics,
+    /// The spans of this attempt, when traces are configured: `None` costs one branch.
+    traces: Option<Traces>,
 }
 
 /// How a pipeline run ended without error.
@@ -147,6 +148,7 @@ impl<'a> Pipeline<'a> {
             skip_through: resume.skip_through,
         };
         let protocol = Publishing::new(start, std::mem::take(&mut memory.carried));
+        let traces = memory.tracer.clone().map(Traces::new);
         let mut nats_disconnects = memory.nats_disconnects.clone();
         nats_disconnects.mark_unchanged();
         Pipeline {
@@ -180,6 +182,7 @@ impl<'a> Pipeline<'a> {
             prelude: resume.prelude,
             start_lsn,
             metrics: Metrics::new(),
+            traces,
         }
     }
 
@@ -295,34 +298,6 @@ impl<'a> Pipeline<'a> {
         }
     }
 
-    /// Stops taking changes and waits (bounded) for the acks of what was sent. A drain that
-    /// cannot finish is an error that ends `run` non-zero: what was not acknowledged was not
-    /// confirmed and is published again on the next start, and the exit status says so.
-    async fn drain(&mut self) -> Result<(), PipelineError> {
-        let waiting = self.in_flight.len();
-        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
-        while !self.in_flight.is_empty() {
-            let left = self.in_flight.len();
-            let acked = match tokio::time::timeout_at(deadline, self.in_flight.oldest()).await {
-                Ok(ack) => self.on_ack(ack).await,
-                Err(_) => Err(NatsFailure::new(
-                    NatsFailureKind::Timeout,
-                    format!("no ack within {DRAIN_TIMEOUT:?}"),
-                )
-                .into()),
-            };
-            if let Err(cause) = acked {
-                return Err(PipelineError::DrainIncomplete { left, cause: Box::new(cause) });
-            }
-        }
-        info!(
-            drained = waiting,
-            confirmed = %lsn(self.protocol.confirmed()),
-            "shutdown: drained in-flight messages"
-        );
-        Ok(())
-    }
-
     async fn on_wal(&mut self, data: Bytes) -> Result<(), PipelineError> {
         match LogicalMessage::parse(&data)? {
             LogicalMessage::Begin(begin) => {
@@ -330,6 +305,9 @@ impl<'a> Pipeline<'a> {
                     return Err(PipelineError::Protocol("Begin inside a transaction"));
                 }
                 self.transaction = Some(Transaction { commit_lsn: begin.final_lsn, next_index: 0 });
+                if let Some(traces) = &mut self.traces {
+                    traces.begin();
+                }
             }
             LogicalMessage::Commit(commit) => {
                 if self.transaction.take().is_none() {
@@ -338,6 +316,9 @@ impl<'a> Pipeline<'a> {
                 let timing = Timing { committed: commit.commit_time, received: pg_now_micros() };
                 let committed = self.protocol.on_commit(commit.end_lsn, timing);
                 committed.map_err(|err| self.tail_not_in_wal(err))?;
+                if let Some(traces) = &mut self.traces {
+                    traces.commit(commit.end_lsn);
+                }
                 self.metrics.transactions.increment(1);
                 self.observe_confirmed();
             }
@@ -480,6 +461,9 @@ impl<'a> Pipeline<'a> {
             .send_status(StandbyStatus { confirmed, now_micros: pg_now_micros(), reply_requested })
             .await?;
         if confirmed != self.reported {
+            if let Some(traces) = &mut self.traces {
+                traces.confirmed(confirmed);
+            }
             debug!(confirmed = %lsn(confirmed), in_flight = self.protocol.in_flight(), "confirmed");
             if let Some(since) = self.confirmable_since.take() {
                 self.metrics.ack_to_confirm.record(since.elapsed().as_secs_f64());

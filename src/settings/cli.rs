@@ -21,9 +21,22 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// OpenTelemetry: the standard variables, read by `run` only.
+const TRACES_HELP: &str = "\
+OpenTelemetry traces (off unless an endpoint is set; OTLP over http/protobuf only):
+  OTEL_EXPORTER_OTLP_ENDPOINT         collector base URL, e.g. http://localhost:4318
+  OTEL_EXPORTER_OTLP_TRACES_ENDPOINT  full traces URL (…/v1/traces), before the above
+  OTEL_SERVICE_NAME                   service.name [default: pgoutbox]
+  OTEL_RESOURCE_ATTRIBUTES            key=value,… added to every span's resource
+  OTEL_TRACES_SAMPLER, _ARG           e.g. parentbased_traceidratio and 0.01
+  OTEL_SDK_DISABLED=true              traces off
+A producer span per message (child of the row's traceparent; the message carries the
+span's traceparent) and a span per transaction, from its decoding to its confirmation.";
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Stream outbox inserts to JetStream until SIGINT/SIGTERM (runs `setup` first).
+    #[command(after_help = TRACES_HELP)]
     Run(RunArgs),
     /// Create the publication, the replication slot and the stream (idempotent).
     Setup(SlotArgs),

@@ -56,4 +56,5 @@ mod survives_nats_network_faults;
 mod survives_nats_outage;
 mod survives_nats_pauses;
 mod survives_postgres_restart;
+mod traces;
 mod version_matrix;

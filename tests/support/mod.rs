@@ -4,6 +4,7 @@
 pub mod certs;
 pub mod cluster;
 pub mod nats;
+pub mod otlp;
 pub mod pg_bin;
 pub mod pgoutbox;
 pub mod postgres;

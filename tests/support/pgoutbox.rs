@@ -16,11 +16,12 @@ pub struct Pgoutbox {
 }
 
 /// The binary with the servers' URLs set and no PGOUTBOX_* settings, nor libpq's PG*
-/// variables, inherited.
+/// variables, nor OTEL_* ones, inherited.
 pub fn command(pg: &Postgres, nats: &Nats) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
     for (key, _) in std::env::vars() {
-        if key.starts_with("PG") || key == "DATABASE_URL" || key == "NATS_URL" {
+        let ours = key.starts_with("PG") || key.starts_with("OTEL_");
+        if ours || key == "DATABASE_URL" || key == "NATS_URL" {
             cmd.env_remove(key);
         }
     }

@@ -64,9 +64,22 @@ impl Headers {
         "NATS/1.0\r\n".len() + self.lines.len() + "\r\n".len()
     }
 
+    /// Removes every header named `name` in any case and returns the first one's value;
+    /// for a header that HTTP names case-insensitively, such as W3C's `traceparent`. Without
+    /// such a header nothing is allocated.
+    pub fn take_any_case(&mut self, name: &str) -> Option<String> {
+        let value = self.iter().find(|(n, _)| n.eq_ignore_ascii_case(name))?.1.to_owned();
+        self.remove_where(|n| n.eq_ignore_ascii_case(name));
+        Some(value)
+    }
+
     fn remove(&mut self, name: &str) {
+        self.remove_where(|n| n == name);
+    }
+
+    fn remove_where(&mut self, matches: impl Fn(&str) -> bool) {
         let mut kept = String::with_capacity(self.lines.len());
-        for (n, value) in self.iter().filter(|(n, _)| *n != name) {
+        for (n, value) in self.iter().filter(|(n, _)| !matches(n)) {
             kept.push_str(n);
             kept.push_str(": ");
             kept.push_str(value);
@@ -106,6 +119,17 @@ mod tests {
         assert_eq!(headers.get("TRACE"), None, "names compare case-sensitively");
         assert_eq!(headers.len(), 3);
         assert_eq!(headers.wire_len(), "NATS/1.0\r\n".len() + headers.lines().len() + 2);
+    }
+
+    #[test]
+    fn a_header_is_taken_whatever_its_case() {
+        let mut headers = Headers::default();
+        headers.insert("Traceparent", "first");
+        headers.insert("a", "1");
+        headers.insert("TRACEPARENT", "second");
+        assert_eq!(headers.take_any_case("traceparent").as_deref(), Some("first"));
+        assert_eq!(headers.iter().collect::<Vec<_>>(), [("a", "1")]);
+        assert_eq!(headers.take_any_case("traceparent"), None);
     }
 
     #[test]

@@ -1,16 +1,23 @@
 //! What JetStream's answers mean for the attempt: each ack fed to the publish protocol,
-//! a duplicate's origin read when the protocol asks, refusals and overdue acks.
+//! a duplicate's origin read when the protocol asks, refusals and overdue acks, and the
+//! acks a shutdown waits for.
+
+use std::time::Duration;
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-use super::Pipeline;
+use super::{Pipeline, lsn};
 use crate::domain::outbox::{RefusedRows, Rejection};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{Answer, Outcome};
 use crate::domain::source::Source;
 use crate::nats::outbound::Ack;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
+use crate::service::traces;
+
+/// How long a shutdown waits for acks of messages already sent.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// JetStream's answer as the publish protocol reads it: an ack by its sequence and flag, a
 /// refusal by its API code (kept by async-nats as the error's source).
@@ -27,11 +34,14 @@ fn answer_of(ack: &Ack) -> Answer {
 
 impl Pipeline<'_> {
     pub(super) async fn on_ack(&mut self, ack: Ack) -> Result<(), PipelineError> {
-        let Some(done) = self.in_flight.pop_oldest() else {
+        let Some(mut done) = self.in_flight.pop_oldest() else {
             // Nothing was in flight: the publishing connection itself ended.
             let err = ack.err().map(|err| err.to_string()).unwrap_or_default();
             return Err(NatsFailure::new(NatsFailureKind::Request, err).into());
         };
+        if let Some(span) = done.span.take() {
+            traces::acknowledged(span, &ack);
+        }
         let answer = answer_of(&ack);
         let mut outcome = self.protocol.on_answer(answer);
         if let Outcome::CheckDuplicate { sequence } = outcome {
@@ -80,6 +90,34 @@ impl Pipeline<'_> {
         }
         self.acks_unrecorded += 1;
         self.observe_confirmed();
+        Ok(())
+    }
+
+    /// Stops taking changes and waits (bounded) for the acks of what was sent. A drain that
+    /// cannot finish is an error that ends `run` non-zero: what was not acknowledged was not
+    /// confirmed and is published again on the next start, and the exit status says so.
+    pub(super) async fn drain(&mut self) -> Result<(), PipelineError> {
+        let waiting = self.in_flight.len();
+        let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+        while !self.in_flight.is_empty() {
+            let left = self.in_flight.len();
+            let acked = match tokio::time::timeout_at(deadline, self.in_flight.oldest()).await {
+                Ok(ack) => self.on_ack(ack).await,
+                Err(_) => Err(NatsFailure::new(
+                    NatsFailureKind::Timeout,
+                    format!("no ack within {DRAIN_TIMEOUT:?}"),
+                )
+                .into()),
+            };
+            if let Err(cause) = acked {
+                return Err(PipelineError::DrainIncomplete { left, cause: Box::new(cause) });
+            }
+        }
+        info!(
+            drained = waiting,
+            confirmed = %lsn(self.protocol.confirmed()),
+            "shutdown: drained in-flight messages"
+        );
         Ok(())
     }
 

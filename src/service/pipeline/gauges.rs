@@ -22,6 +22,9 @@ impl Pipeline<'_> {
             self.metrics.receive_to_ack.record(seconds(received, now));
             self.memory.published_up_to.advance(committed);
         }
+        if let Some(traces) = &mut self.traces {
+            traces.stored(self.protocol.confirmed());
+        }
     }
 
     /// Tells the stall detector where things stand (`waiting`: something awaits an ack).

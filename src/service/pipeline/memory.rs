@@ -42,6 +42,8 @@ pub struct Memory {
     pub seed: Option<Seed>,
     /// The pace of a seed's and of a replay's rows, for `/metrics`.
     pub paces: Paces,
+    /// Makes the spans of each attempt, when traces are configured (`service::traces`).
+    pub tracer: Option<opentelemetry_sdk::trace::Tracer>,
 }
 
 #[derive(Default)]
@@ -71,6 +73,7 @@ impl Memory {
             seed_wanted: None,
             seed: None,
             paces: Paces::default(),
+            tracer: None,
         }
     }
 

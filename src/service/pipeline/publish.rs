@@ -87,7 +87,11 @@ impl Pipeline<'_> {
         event: OutboxEvent,
         position: Position,
     ) -> Result<(), PublishError> {
-        let OutboxEvent { id, subject, headers, payload } = event;
+        let OutboxEvent { id, subject, mut headers, payload } = event;
+        let span = match &mut self.traces {
+            None => None,
+            Some(traces) => traces.producer(&id, &subject, position, &mut headers),
+        };
         let (source, guard) = (&self.source_header, self.protocol.guard());
         let seed = self.prelude.as_ref();
         let replay = self.replays.id_at(position);
@@ -110,7 +114,7 @@ impl Pipeline<'_> {
             block.add_lines(headers.lines());
         };
         let token = self.outbound.send(&subject, header_block, &payload)?;
-        self.in_flight.push(token, position, payload.len());
+        self.in_flight.push(token, position, payload.len(), span);
         self.protocol.on_sent(id);
         Ok(())
     }

@@ -8,6 +8,7 @@ use async_nats::jetstream::context::PublishError;
 
 use crate::domain::progress::Position;
 use crate::nats::outbound::{Ack, Acks};
+use crate::service::traces::RowSpan;
 
 /// How many messages may await their ack at once.
 pub const MAX_IN_FLIGHT: usize = 4096;
@@ -21,6 +22,8 @@ pub(super) struct InFlight {
     pub(super) position: Position,
     /// The message's payload bytes, counted against `--max-in-flight-bytes` until its ack.
     pub(super) bytes: usize,
+    /// Its producer span, when traces are on and it was sampled: it ends at the ack.
+    pub(super) span: Option<RowSpan>,
 }
 
 /// The in-flight window: bounded by count and by bytes held, fed by one attempt's acks.
@@ -51,10 +54,16 @@ impl Window {
 
     /// Adds a message just sent with `token`, `bytes` long; tokens grow with every send, so
     /// the window stays sorted.
-    pub(super) fn push(&mut self, token: u64, position: Position, bytes: usize) {
+    pub(super) fn push(
+        &mut self,
+        token: u64,
+        position: Position,
+        bytes: usize,
+        span: Option<RowSpan>,
+    ) {
         let sent_at = Instant::now();
         self.bytes += bytes;
-        self.entries.push_back(InFlight { token, sent_at, ack: None, position, bytes });
+        self.entries.push_back(InFlight { token, sent_at, ack: None, position, bytes, span });
     }
 
     pub(super) fn pop_oldest(&mut self) -> Option<InFlight> {
