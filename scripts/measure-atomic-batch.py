@@ -726,7 +726,13 @@ def main() -> int:
     p.add_argument("--skip-semantics", action="store_true")
     args = p.parse_args()
 
-    srv = NatsServer(args.server)
+    return run_against_server(args.server, lambda srv: measure(args, srv))
+
+
+def run_against_server(server: str, measure) -> int:
+    """Starts nats-server, runs `measure(srv)` (a coroutine) against it, and stops the
+    server whatever happens: an exception, SIGTERM or SIGHUP."""
+    srv = NatsServer(server)
     atexit.register(srv.stop)  # also on uncaught exceptions
 
     def on_signal(signum, _frame):
@@ -736,7 +742,7 @@ def main() -> int:
     signal.signal(signal.SIGHUP, on_signal)
     try:
         srv.start()
-        asyncio.run(measure(args, srv))
+        asyncio.run(measure(srv))
     finally:
         srv.stop()
     return 0

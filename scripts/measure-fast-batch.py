@@ -47,12 +47,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import atexit
 import base64
 import importlib.util
 import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -641,20 +639,7 @@ def main() -> int:
     p.add_argument("--skip-semantics", action="store_true")
     args = p.parse_args()
 
-    srv = NatsServer(args.server)
-    atexit.register(srv.stop)  # also on uncaught exceptions
-
-    def on_signal(signum, _frame):
-        raise SystemExit(128 + signum)  # unwinds through finally/atexit
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
-    try:
-        srv.start()
-        asyncio.run(measure(args, srv))
-    finally:
-        srv.stop()
-    return 0
+    return _atomic.run_against_server(args.server, lambda srv: measure(args, srv))
 
 
 if __name__ == "__main__":
