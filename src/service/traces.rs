@@ -80,7 +80,7 @@ impl Tracing {
 
     fn start(settings: &TraceSettings) -> anyhow::Result<Tracing> {
         use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
-        let client = export::Client::start(settings.timeout)?;
+        let client = export::Client::start(settings.timeout, settings.certificate.as_deref())?;
         // The exporter reads the endpoint, headers and compression from the same variables.
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()

@@ -26,6 +26,7 @@ const TRACES_HELP: &str = "\
 OpenTelemetry traces (off unless an endpoint is set; OTLP over http/protobuf only):
   OTEL_EXPORTER_OTLP_ENDPOINT         collector base URL, e.g. http://localhost:4318
   OTEL_EXPORTER_OTLP_TRACES_ENDPOINT  full traces URL (…/v1/traces), before the above
+  OTEL_EXPORTER_OTLP_CERTIFICATE      CA (PEM) for an https:// endpoint [default: system]
   OTEL_SERVICE_NAME                   service.name [default: pgoutbox]
   OTEL_RESOURCE_ATTRIBUTES            key=value,… added to every span's resource
   OTEL_TRACES_SAMPLER, _ARG           e.g. parentbased_traceidratio and 0.01

@@ -7,6 +7,7 @@
 use std::process::Command;
 use std::time::Duration;
 
+use crate::support::certs;
 use crate::support::otlp::{Received, Receiver};
 use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::stream::{Stored, audit, count, jetstream, read_all};
@@ -153,6 +154,40 @@ async fn a_rows_traceparent_parents_pgoutboxs_span_and_the_message_names_that_sp
     assert_eq!(events, ["stored", "confirmed"]);
     let link = span.span.links.first().expect("the row's span links to its transaction");
     assert_eq!(link.span_id, transaction.span.span_id);
+}
+
+/// An `https://` endpoint, verified with the CA `OTEL_EXPORTER_OTLP_CERTIFICATE` names.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_https_endpoint_verified_with_the_given_ca_receives_the_spans() {
+    let receiver = Receiver::start().await;
+    let dir = tempfile::tempdir().expect("certificates");
+    certs::ca_and_server(dir.path(), "DNS:localhost,IP:127.0.0.1");
+    let front = receiver.https_front(dir.path()).await;
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let mut cmd = traced(&pg, &nats, &front.endpoint());
+    cmd.env("OTEL_EXPORTER_OTLP_CERTIFICATE", dir.path().join("ca.pem"));
+    let app = Pgoutbox::spawn(cmd);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&row("secure", None));
+
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "the row stored", || async {
+        (count(&js, "OUTBOX").await >= 1).then_some(())
+    })
+    .await;
+    let messages = read_all(&js, "OUTBOX").await;
+    let (_, stored) = message(&messages, "secure");
+    let id = stored.header("Nats-Msg-Id").expect("a message id").to_owned();
+    let span = eventually(Duration::from_secs(30), "the row's span over https", || async {
+        producer_span(&receiver.spans(), &id).cloned()
+    })
+    .await;
+    let (trace, span_id, _) = parts(stored.header("traceparent").expect("a traceparent"));
+    assert_eq!((hex(&span.span.trace_id), hex(&span.span.span_id)), (trace, span_id));
+    let log = app.log();
+    assert!(!log.contains("traces are off") && !log.contains("traces are dropped"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

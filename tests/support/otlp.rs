@@ -65,8 +65,63 @@ impl Receiver {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// A TLS front to the receiver, with the server certificate `dir/server.pem` (see
+    /// `certs::ca_and_server`): `https://localhost:<port>`, served until dropped.
+    pub async fn https_front(&self, dir: &std::path::Path) -> TlsFront {
+        use rustls_pki_types::pem::PemObject;
+        use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+        let chain = CertificateDer::pem_file_iter(dir.join("server.pem"))
+            .expect("read server.pem")
+            .collect::<Result<Vec<_>, _>>()
+            .expect("parse server.pem");
+        let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("read server.key");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("server certificate");
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind TLS");
+        let port = listener.local_addr().expect("TLS address").port();
+        let plain = self.port;
+        let server = tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut tls) = acceptor.accept(socket).await else { return };
+                    let Ok(mut inner) = tokio::net::TcpStream::connect(("127.0.0.1", plain)).await
+                    else {
+                        return;
+                    };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut inner).await;
+                });
+            }
+        });
+        TlsFront { port, server }
+    }
+
     pub fn spans(&self) -> Vec<Received> {
         self.spans.lock().map(|spans| spans.clone()).unwrap_or_default()
+    }
+}
+
+/// TLS in front of a [`Receiver`].
+pub struct TlsFront {
+    port: u16,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl TlsFront {
+    pub fn endpoint(&self) -> String {
+        format!("https://localhost:{}", self.port)
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        self.server.abort();
     }
 }
 

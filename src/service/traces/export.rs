@@ -5,9 +5,14 @@
 //! drops what does not fit its queue. (opentelemetry-http's own hyper client would link
 //! HTTP/2 as well, for nothing.)
 //!
+//! An `https://` endpoint is reached over TLS (rustls, as every other connection of
+//! pgoutbox), verified against `OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE` or the system's
+//! roots.
+//!
 //! An endpoint that fails is said once, in one warning, and once more when exports work
 //! again: never once per span or per batch.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -34,11 +39,15 @@ pub struct Client {
     connection: Connection,
     /// The last export failed, and that was said.
     failing: Arc<AtomicBool>,
+    /// For `https://` endpoints.
+    tls: Arc<rustls::ClientConfig>,
 }
 
 impl Client {
     /// Starts the exporting thread and its runtime; they last as long as the process.
-    pub fn start(timeout: Duration) -> anyhow::Result<Client> {
+    /// `certificate`: the CA an `https://` endpoint is verified with (else the system's).
+    pub fn start(timeout: Duration, certificate: Option<&Path>) -> anyhow::Result<Client> {
+        let tls = Arc::new(tls_config(certificate)?);
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -48,7 +57,8 @@ impl Client {
             .name("otlp-export".into())
             .spawn(move || runtime.block_on(std::future::pending::<()>()))
             .context("starting the thread that exports traces")?;
-        Ok(Client { runtime: handle, timeout, connection: Arc::default(), failing: Arc::default() })
+        let (connection, failing) = (Arc::default(), Arc::default());
+        Ok(Client { runtime: handle, timeout, connection, failing, tls })
     }
 
     fn failed(&self, why: &dyn std::fmt::Display) {
@@ -61,9 +71,9 @@ impl Client {
 #[async_trait::async_trait]
 impl HttpClient for Client {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        let (timeout, connection) = (self.timeout, self.connection.clone());
+        let (timeout, connection, tls) = (self.timeout, self.connection.clone(), self.tls.clone());
         let send = async move {
-            match tokio::time::timeout(timeout, send(&connection, request)).await {
+            match tokio::time::timeout(timeout, send(&connection, &tls, request)).await {
                 Ok(answer) => answer,
                 Err(_) => Err(format!("no answer within {timeout:?}").into()),
             }
@@ -85,17 +95,22 @@ impl HttpClient for Client {
 /// Sends `request` on the open connection, or on a new one to the request's host.
 async fn send(
     connection: &Connection,
+    tls: &Arc<rustls::ClientConfig>,
     request: Request<Bytes>,
 ) -> Result<Response<Bytes>, HttpError> {
     let (mut parts, body) = request.into_parts();
     let authority = parts.uri.authority().cloned().ok_or("the endpoint names no host")?;
+    let tls = (parts.uri.scheme_str() == Some("https")).then_some(tls);
     parts.headers.insert(HOST, HeaderValue::from_str(authority.as_str())?);
     // HTTP/1.1 asks a server for the path (origin form); the host is in `Host`.
     parts.uri = parts.uri.path_and_query().map_or("/", |p| p.as_str()).parse()?;
     let mut held = connection.lock().await;
     let sender = match held.take().filter(|sender| !sender.is_closed()) {
         Some(sender) => sender,
-        None => connect(authority.host(), authority.port_u16().unwrap_or(80)).await?,
+        None => {
+            let default_port = if tls.is_some() { 443 } else { 80 };
+            connect(authority.host(), authority.port_u16().unwrap_or(default_port), tls).await?
+        }
     };
     let sender = held.insert(sender);
     sender.ready().await?;
@@ -112,13 +127,53 @@ async fn send(
     Ok(Response::from_parts(parts, body))
 }
 
-async fn connect(host: &str, port: u16) -> Result<SendRequest<Full<Bytes>>, HttpError> {
+async fn connect(
+    host: &str,
+    port: u16,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<SendRequest<Full<Bytes>>, HttpError> {
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let stream = tokio::net::TcpStream::connect((host, port)).await?;
     stream.set_nodelay(true)?;
+    let Some(tls) = tls else {
+        return handshake(stream).await;
+    };
+    let name = rustls_pki_types::ServerName::try_from(host.to_owned())?;
+    let stream = tokio_rustls::TlsConnector::from(tls.clone()).connect(name, stream).await?;
+    handshake(stream).await
+}
+
+/// HTTP/1.1 on `stream`, the connection driven by a task of its own.
+async fn handshake<S>(stream: S) -> Result<SendRequest<Full<Bytes>>, HttpError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(async move {
         let _ = connection.await;
     });
     Ok(sender)
+}
+
+/// Verifies an `https://` endpoint against `certificate` (PEM) or the system's roots.
+fn tls_config(certificate: Option<&Path>) -> anyhow::Result<rustls::ClientConfig> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match certificate {
+        Some(path) => {
+            let unreadable = || format!("reading the OTLP endpoint's CA {}", path.display());
+            for cert in CertificateDer::pem_file_iter(path).with_context(unreadable)? {
+                roots.add(cert.with_context(unreadable)?).with_context(unreadable)?;
+            }
+        }
+        None => {
+            roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }

@@ -2,6 +2,7 @@
 //! sampler, the resource, the exporter's headers and compression and the batch queue are
 //! read from the same variables by the OpenTelemetry SDK itself.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::settings::config::Env;
@@ -13,6 +14,9 @@ pub struct TraceSettings {
     pub endpoint: String,
     /// How long one export may take (`OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT`, milliseconds).
     pub timeout: Duration,
+    /// An `https://` endpoint's CA (`OTEL_EXPORTER_OTLP_[TRACES_]CERTIFICATE`, PEM); the
+    /// system's roots when not given.
+    pub certificate: Option<PathBuf>,
     /// Neither `OTEL_SERVICE_NAME` nor `OTEL_RESOURCE_ATTRIBUTES` names the service: it is
     /// `pgoutbox`, not the SDK's `unknown_service`.
     pub default_service_name: bool,
@@ -27,11 +31,8 @@ pub enum Refusal {
          http/protobuf, with the collector's HTTP endpoint (port 4318)"
     )]
     Protocol(String),
-    #[error(
-        "{0}: pgoutbox exports traces over plain http only; point it at a collector or agent \
-         beside it (http://<host>:4318)"
-    )]
-    Https(String),
+    #[error("{0}: the endpoint must be an http:// or https:// URL (http://<host>:4318)")]
+    Scheme(String),
     #[error("OTEL_TRACES_EXPORTER={0}: pgoutbox exports traces over OTLP only (otlp or none)")]
     Exporter(String),
 }
@@ -64,9 +65,13 @@ impl TraceSettings {
         {
             return Err(Refusal::Protocol(format!("{protocol_name}={protocol}")));
         }
-        if !endpoint.to_ascii_lowercase().starts_with("http://") {
-            return Err(Refusal::Https(format!("{name}={endpoint}")));
+        let scheme = endpoint.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
+        if !matches!(scheme.as_deref(), Some("http" | "https")) {
+            return Err(Refusal::Scheme(format!("{name}={endpoint}")));
         }
+        let certificates =
+            ["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"];
+        let certificate = first(certificates).map(|(_, path)| PathBuf::from(path));
         let timeouts = ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"];
         let timeout = first(timeouts)
             .and_then(|(_, ms)| ms.parse().ok())
@@ -77,7 +82,7 @@ impl TraceSettings {
                 .any(|pair| pair.split('=').next().map(str::trim) == Some("service.name"))
         });
         let default_service_name = var("OTEL_SERVICE_NAME").is_none() && !names_service;
-        Ok(Some(TraceSettings { endpoint, timeout, default_service_name }))
+        Ok(Some(TraceSettings { endpoint, timeout, certificate, default_service_name }))
     }
 }
 
@@ -132,7 +137,13 @@ mod tests {
         let grpc = settings(&[ENDPOINT, ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")]).unwrap_err();
         assert!(grpc.to_string().starts_with("OTEL_EXPORTER_OTLP_PROTOCOL=grpc: "), "{grpc}");
         let https = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")]);
-        assert!(matches!(https, Err(Refusal::Https(_))));
+        assert!(matches!(https, Ok(Some(TraceSettings { certificate: None, .. }))), "{https:?}");
+        let ca = ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/ca.pem");
+        let https = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318"), ca]);
+        let certificate = https.ok().flatten().and_then(|on| on.certificate);
+        assert_eq!(certificate, Some(PathBuf::from("/etc/ca.pem")));
+        let unix = settings(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "unix:///run/otel.sock")]);
+        assert!(matches!(unix, Err(Refusal::Scheme(_))));
         let zipkin = settings(&[ENDPOINT, ("OTEL_TRACES_EXPORTER", "zipkin")]);
         assert_eq!(zipkin, Err(Refusal::Exporter("zipkin".into())));
     }
