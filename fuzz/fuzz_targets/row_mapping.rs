@@ -8,11 +8,11 @@ use arbitrary::Arbitrary;
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use pgoutbox::domain::outbox::{
-    ColumnRoles, Headers, MIN_BUDGET, PAYLOAD_OMITTED_HEADER, Rejection, RowMapping,
-    SubjectTemplate,
+    CloudEvents, ColumnRoles, ContentMode, Headers, MIN_BUDGET, PAYLOAD_OMITTED_HEADER, Rejection,
+    RowMapping, SubjectTemplate, refuse_allowed,
 };
-use pgoutbox::postgres::pgoutput::{Column, ColumnValue, Relation};
 use pgoutbox::domain::progress::Position;
+use pgoutbox::postgres::pgoutput::{Column, ColumnValue, Relation};
 
 #[derive(Arbitrary, Debug)]
 enum Value {
@@ -36,6 +36,11 @@ struct Input {
     columns: Vec<(String, u32)>,
     /// id, payload, headers, aggregate_type, aggregate_id, event_type, created_at.
     roles: [Role; 7],
+    /// `--ttl-column`, `--allow-nats-header`s, and `--cloudevents` (structured or binary,
+    /// with a source or not).
+    ttl: Option<Role>,
+    allowed_nats_headers: Vec<String>,
+    cloudevents: Option<(bool, Option<String>)>,
     /// Placeholders of the subject template, as roles; the template's literal prefix.
     placeholders: Vec<Role>,
     prefix: String,
@@ -81,6 +86,19 @@ fuzz_target!(|input: Input| {
         aggregate_id: role(aggregate_id),
         event_type: role(event_type),
         created_at: role(created_at),
+        ttl: input.ttl.as_ref().map(role),
+        // As the settings take them: valid names only, lowercase.
+        allowed_nats_headers: input
+            .allowed_nats_headers
+            .iter()
+            .filter(|name| refuse_allowed(name).is_none())
+            .map(|name| name.to_ascii_lowercase())
+            .collect(),
+        cloudevents: input.cloudevents.clone().map(|(structured, source)| CloudEvents {
+            mode: if structured { ContentMode::Structured } else { ContentMode::Binary },
+            source,
+            database: "db".into(),
+        }),
     };
     let mut placeholders = String::new();
     for placeholder in &input.placeholders {
