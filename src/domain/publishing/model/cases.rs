@@ -8,6 +8,14 @@ use super::{Broken, Faults, Legacy, World};
 
 const ALL_CHECKS: [Checks; 5] = Checks::ALL;
 
+/// Explores the world `world` makes for each check order; any broken promise fails the
+/// test, naming the order.
+fn in_every_check_order(world: impl Fn(Checks) -> World) {
+    for checks in ALL_CHECKS {
+        explore(world(checks), 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
+    }
+}
+
 #[test]
 fn every_interleaving_of_late_writes_keeps_the_chain_whole() {
     let faults = Faults { give_ups: 2, ..Faults::NONE };
@@ -23,10 +31,7 @@ fn every_interleaving_of_late_writes_keeps_the_chain_whole() {
 fn kills_restarts_and_an_expired_window_keep_the_chain_whole() {
     let faults =
         Faults { give_ups: 1, crashes: 1, server_restarts: 1, window_expiries: 1, ..Faults::NONE };
-    for checks in ALL_CHECKS {
-        let world = World::new(vec![0, 1], 2, checks, faults);
-        explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
-    }
+    in_every_check_order(|checks| World::new(vec![0, 1], 2, checks, faults));
 }
 
 #[test]
@@ -47,20 +52,18 @@ fn the_model_check_finds_the_loss_of_the_sequence_chain() {
 #[test]
 fn a_reused_tail_id_lets_no_later_row_pass_it() {
     let faults = Faults { give_ups: 1, window_expiries: 1, ..Faults::NONE };
-    for checks in ALL_CHECKS {
-        let world = World::with_ids(vec![0, 0, 1], vec![7, 1, 2], &[7], 3, checks, faults);
-        explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
-    }
+    in_every_check_order(|checks| {
+        World::with_ids(vec![0, 0, 1], vec![7, 1, 2], &[7], 3, checks, faults)
+    });
 }
 
 /// Rows that reuse each other's ids and an old message's, with late writes and give-ups.
 #[test]
 fn every_interleaving_of_reused_ids_keeps_every_row() {
     let faults = Faults { give_ups: 2, ..Faults::NONE };
-    for checks in ALL_CHECKS {
-        let world = World::with_ids(vec![0, 1, 1], vec![5, 5, 6], &[6], 2, checks, faults);
-        explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
-    }
+    in_every_check_order(|checks| {
+        World::with_ids(vec![0, 1, 1], vec![5, 5, 6], &[6], 2, checks, faults)
+    });
 }
 
 /// The id chain alone, as before issue 28: the model check finds F1's loss.
@@ -97,10 +100,7 @@ fn staged_ids_never_stall_the_stream() {
 #[test]
 fn a_foreign_writer_never_makes_a_row_lost_doubled_or_out_of_order() {
     let faults = Faults { give_ups: 1, foreign_writes: 1, ..Faults::NONE };
-    for checks in ALL_CHECKS {
-        let world = World::new(vec![0, 1, 1], 2, checks, faults);
-        explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
-    }
+    in_every_check_order(|checks| World::new(vec![0, 1, 1], 2, checks, faults));
 }
 
 /// Duplicate entries that expire one at a time, the oldest first, beside reused ids: a row
@@ -108,10 +108,9 @@ fn a_foreign_writer_never_makes_a_row_lost_doubled_or_out_of_order() {
 #[test]
 fn entries_expiring_one_at_a_time_keep_every_row() {
     let faults = Faults { give_ups: 1, oldest_expiries: 2, ..Faults::NONE };
-    for checks in ALL_CHECKS {
-        let world = World::with_ids(vec![0, 0, 1], vec![7, 1, 2], &[7], 2, checks, faults);
-        explore(world, 2_000_000).unwrap_or_else(|err| panic!("{checks:?}: {err:?}"));
-    }
+    in_every_check_order(|checks| {
+        World::with_ids(vec![0, 0, 1], vec![7, 1, 2], &[7], 2, checks, faults)
+    });
 }
 
 proptest! {
