@@ -10,6 +10,7 @@
 mod support;
 
 mod floor;
+mod small_transactions;
 
 use std::collections::VecDeque;
 use std::future::IntoFuture;
@@ -22,6 +23,10 @@ use futures_util::StreamExt;
 use support::cluster::NatsCluster;
 use support::pgoutbox::{Pgoutbox, command};
 use support::{Nats, Postgres};
+
+/// The single-row steps: rate, and whether two CPU hogs contend the cores.
+const SMALL_STEPS: [(u64, bool); 3] = [(1_000, false), (3_000, false), (3_000, true)];
+const SMALL_LABELS: [&str; 3] = ["@1,000/s", "@3,000/s", "@3,000/s, contended"];
 
 /// Payloads of about 250 bytes, 100 rows a transaction, as the issue specifies.
 const PAD: usize = 220;
@@ -42,6 +47,8 @@ struct Settings {
     latency_seconds: u64,
     /// How long rows are written at 1,000/s while the R3 stream's leader is killed.
     election_seconds: u64,
+    /// `--small-transactions`: only the single-row steps (issue 31's tail and CPU figures).
+    only_small: bool,
 }
 
 #[derive(Default)]
@@ -75,6 +82,9 @@ struct Figures {
     /// acked → confirmed.
     stages_5k: Vec<[f64; 3]>,
     lat_10k: Vec<[f64; 4]>,
+    /// Single-row transactions beside their floor: at 1,000/s, 3,000/s, and 3,000/s with
+    /// the cores contended.
+    small: [Vec<small_transactions::Step>; 3],
     relay_drain: Vec<f64>,
     relay_wal_per_row: Vec<f64>,
     insert_wal_per_row: Vec<f64>,
@@ -95,10 +105,11 @@ fn main() {
         return;
     }
     let quick = args.iter().any(|a| a == "--quick");
+    let only_small = args.iter().any(|a| a == "--small-transactions");
     let settings = if quick {
-        Settings { rows: 20_000, runs: 1, latency_seconds: 3, election_seconds: 8 }
+        Settings { rows: 20_000, runs: 1, latency_seconds: 3, election_seconds: 8, only_small }
     } else {
-        Settings { rows: 200_000, runs: 3, latency_seconds: 10, election_seconds: 12 }
+        Settings { rows: 200_000, runs: 3, latency_seconds: 10, election_seconds: 12, only_small }
     };
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
     let mut figures = Figures::default();
@@ -116,6 +127,9 @@ async fn one_run(s: &Settings, f: &mut Figures) {
     pg.psql(include_str!("../sql/outbox.sql"));
     let setup = command(&pg, &nats).arg("setup").output().expect("pgoutbox setup");
     assert!(setup.status.success(), "{}", String::from_utf8_lossy(&setup.stderr));
+    if s.only_small {
+        return small_steps(&pg, &nats, &js, s, f).await;
+    }
     for slot in ["limit_a", "limit_c"] {
         pg.psql(&format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"));
     }
@@ -235,14 +249,11 @@ async fn one_run(s: &Settings, f: &mut Figures) {
     let before = stage_sums(app.http_port());
     let offset = stream_count(&js, "OUTBOX").await;
     f.lat_5k.push(latency(&pg, &js, "OUTBOX", offset, 5_000, s.latency_seconds).await);
-    let after = stage_sums(app.http_port());
-    f.stages_5k.push(std::array::from_fn(|i| {
-        let (sum, count) = (after[i].0 - before[i].0, after[i].1 - before[i].1);
-        if count > 0.0 { sum / count * 1e3 } else { f64::NAN }
-    }));
+    f.stages_5k.push(stage_means(before, stage_sums(app.http_port())));
     let offset = stream_count(&js, "OUTBOX").await;
     f.lat_10k.push(latency(&pg, &js, "OUTBOX", offset, 10_000, s.latency_seconds).await);
     drop(app);
+    small_steps(&pg, &nats, &js, s, f).await;
 
     eprintln!("  polling relay");
     pg.psql(
@@ -271,6 +282,21 @@ async fn one_run(s: &Settings, f: &mut Figures) {
     relay.stop().await;
 
     r3_cluster(&pg, s, f).await;
+}
+
+async fn small_steps(
+    pg: &Postgres,
+    nats: &Nats,
+    js: &jetstream::Context,
+    s: &Settings,
+    f: &mut Figures,
+) {
+    for (i, (rate, contended)) in SMALL_STEPS.into_iter().enumerate() {
+        let how = if contended { ", cores contended" } else { "" };
+        eprintln!("  single-row transactions at {rate}/s{how}: floor, then pgoutbox");
+        let step = small_transactions::step(pg, nats, js, rate, s.latency_seconds, contended);
+        f.small[i].push(step.await);
+    }
 }
 
 /// The drain into an R3 stream on a three-server cluster, then the longest pause in stored
@@ -601,6 +627,14 @@ fn stage_sums(port: u16) -> [(f64, f64); 3] {
     })
 }
 
+/// Each stage's mean in ms between two readings of [`stage_sums`].
+fn stage_means(before: [(f64, f64); 3], after: [(f64, f64); 3]) -> [f64; 3] {
+    std::array::from_fn(|i| {
+        let (sum, count) = (after[i].0 - before[i].0, after[i].1 - before[i].1);
+        if count > 0.0 { sum / count * 1e3 } else { f64::NAN }
+    })
+}
+
 /// For `count` messages after sequence `skip`: when JetStream stored each, and when its row
 /// committed (the payload's `t`), in seconds since the Unix epoch, in stream order.
 async fn stored_and_committed(
@@ -777,11 +811,52 @@ fn stats(values: &[f64]) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
+fn row(name: &str, values: &[f64], target: String) {
+    let (median, min, max) = stats(values);
+    println!("| {name:<46} | {median:>11.1} | {min:>11.1} | {max:>11.1} | {target} |");
+}
+
+/// The single-row steps: each figure beside the floor of the same run.
+fn print_small(f: &Figures) {
+    for (steps, label) in f.small.iter().zip(SMALL_LABELS) {
+        let of = |pick: &dyn Fn(&small_transactions::Step) -> f64| -> Vec<f64> {
+            steps.iter().map(pick).collect()
+        };
+        let floor_p99 = of(&|s| s.floor.arrival[1]);
+        let floor_cpu = of(&|s| s.floor.reader_cpu_us_per_row);
+        let p99 = of(&|s| s.latency[1]);
+        let cpu = of(&|s| s.cpu_us_per_row);
+        let over_floor: Vec<f64> = p99.iter().zip(&floor_p99).map(|(p, f)| p - f).collect();
+        let cpu_ratio: Vec<f64> = cpu.iter().zip(&floor_cpu).map(|(c, f)| c / f).collect();
+        println!("| single-row transactions {label} | | | | |");
+        row("  floor: pg_recvlogical p50, ms", &of(&|s| s.floor.arrival[0]), "-".into());
+        row("  floor: pg_recvlogical p99, ms", &floor_p99, "-".into());
+        row("  floor + NATS hop p99, ms", &of(&|s| s.floor.stored[1]), "-".into());
+        row("  pgoutbox p50, ms", &of(&|s| s.latency[0]), "-".into());
+        let target = format!("≤ {:.1} (floor + 2)", stats(&floor_p99).0 + 2.0);
+        row("  pgoutbox p99, ms", &p99, target);
+        row("  pgoutbox p99 − floor p99, ms", &over_floor, "≤ 2".into());
+        row("  pg_recvlogical CPU per transaction, µs", &floor_cpu, "-".into());
+        let target = format!("≤ {:.1} (1.3 × pg_recvlogical)", 1.3 * stats(&floor_cpu).0);
+        row("  pgoutbox CPU per transaction, µs", &cpu, target);
+        row("  pgoutbox CPU / pg_recvlogical CPU", &cpu_ratio, "≤ 1.3".into());
+        row("  pgoutbox stage: commit → received, mean ms", &of(&|s| s.stages[0]), "-".into());
+        row("  pgoutbox stage: received → acked, mean ms", &of(&|s| s.stages[1]), "-".into());
+        row("  pgoutbox stage: acked → confirmed, mean ms", &of(&|s| s.stages[2]), "-".into());
+        row(
+            "  pg_recvlogical wake-ups per transaction",
+            &of(&|s| s.floor.reader_wakeups_per_row),
+            "-".into(),
+        );
+        row("  pgoutbox wake-ups per transaction", &of(&|s| s.wakeups_per_row), "-".into());
+    }
+}
+
 fn print_report(s: &Settings, f: &Figures) {
-    let row = |name: &str, values: &[f64], target: String| {
-        let (median, min, max) = stats(values);
-        println!("| {name:<46} | {median:>11.1} | {min:>11.1} | {max:>11.1} | {target} |");
-    };
+    if s.only_small {
+        println!("\n| figure | median | min | max | target |\n| --- | ---: | ---: | ---: | --- |");
+        return print_small(f);
+    }
     let column = |values: &[[f64; 4]], i: usize| values.iter().map(|v| v[i]).collect::<Vec<_>>();
     let both = stats(&f.both).0;
     let drain_ratio: Vec<f64> = f.drain.iter().zip(&f.both).map(|(d, b)| d / b).collect();
@@ -837,6 +912,7 @@ fn print_report(s: &Settings, f: &Figures) {
     row("pgoutbox latency @10,000/s p99, ms", &column(&f.lat_10k, 1), "-".into());
     row("pgoutbox latency @10,000/s p99.9, ms", &column(&f.lat_10k, 2), "-".into());
     row("  achieved insert rate, rows/s", &column(&f.lat_10k, 3), "10,000".into());
+    print_small(f);
     row("polling relay drain (100 ms), rows/s", &f.relay_drain, "-".into());
     row("pgoutbox drain / relay drain", &relay_ratio, "≥ 5".into());
     row("relay latency @1,000/s, 100 ms poll, p50, ms", &column(&f.relay_lat_100ms, 0), "-".into());

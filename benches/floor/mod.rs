@@ -1,7 +1,8 @@
 //! The latency floor, measured in the same run as pgoutbox: Postgres's own walsender
 //! delivering the same single-row load (test_decoding to pg_recvlogical), each row stamped
 //! when its line arrives; and the same rows taken one hop further, published to JetStream as
-//! they arrive (acks pipelined, no ordering guard), timed by when JetStream stored them.
+//! they arrive (acks pipelined, each message shaped as pgoutbox's: its headers, its guards,
+//! its size), timed by when JetStream stored them.
 //! pgoutbox is stopped meanwhile and the rows go to a table outside its publication, so
 //! the floor has the machine to itself as pgoutbox has in its own step.
 
@@ -15,17 +16,25 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use super::support::Postgres;
 use super::{create_stream, percentiles, pg_bin, steady_writer_at, stored_and_committed};
 
-/// p50, p99 and p99.9 in milliseconds: without the NATS hop, then with it.
+/// p50, p99 and p99.9 in milliseconds: without the NATS hop, then with it; and the CPU
+/// pg_recvlogical spent per row (µs), the client's share of the floor's work.
 pub struct Floor {
     pub arrival: [f64; 3],
     pub stored: [f64; 3],
+    pub reader_cpu_us_per_row: f64,
+    /// pg_recvlogical's wake-ups per row.
+    pub reader_wakeups_per_row: f64,
 }
 
 pub async fn measure(pg: &Postgres, js: &jetstream::Context, rate: u64, seconds: u64) -> Floor {
     pg.psql("CREATE TABLE IF NOT EXISTS outbox_floor (LIKE outbox INCLUDING DEFAULTS)");
     pg.psql("SELECT pg_create_logical_replication_slot('floor', 'test_decoding')");
-    let _ = js.delete_stream("FLOOR").await;
-    create_stream(js, "FLOOR", "floor.>", 1).await;
+    // Kept from step to step, as pgoutbox's stream is: the server's cost per message depends
+    // on what the stream already holds (docs/performance.md, "The tail at 3,000/s").
+    if js.get_stream("FLOOR").await.is_err() {
+        create_stream(js, "FLOOR", "floor.>", 1).await;
+    }
+    let held = super::stream_count(js, "FLOOR").await as usize;
     let mut reader = tokio::process::Command::new(pg_bin().join("pg_recvlogical"))
         .args(["-h", "127.0.0.1", "-p", &pg.port().to_string(), "-U", "postgres"])
         .args(["-d", "postgres", "--slot", "floor", "--start", "-f", "-", "--no-loop"])
@@ -46,8 +55,9 @@ pub async fn measure(pg: &Postgres, js: &jetstream::Context, rate: u64, seconds:
         while let Ok(Some(line)) = lines.next_line().await {
             let Some(committed) = row_time(&line) else { continue };
             arrivals.push((now_seconds() - committed) * 1e3);
-            let body = format!("{{\"t\": {committed}}}");
-            let ack = relay_js.publish("floor.row", body.into()).await.expect("floor publish");
+            let (headers, body) = pgoutbox_like(committed, held + arrivals.len() - 1);
+            let ack = relay_js.publish_with_headers("floor.row", headers, body).await;
+            let ack = ack.expect("floor publish");
             let _ = acks.send(Box::pin(ack.into_future()));
         }
         arrivals
@@ -55,17 +65,48 @@ pub async fn measure(pg: &Postgres, js: &jetstream::Context, rate: u64, seconds:
     let (inserted, _) = steady_writer_at(&pg.url(), "outbox_floor", rate, seconds).await;
     // The rows are all committed; wait for their lines, then stop the reader.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while super::stream_count(js, "FLOOR").await < inserted {
+    while super::stream_count(js, "FLOOR").await < held as u64 + inserted {
         assert!(tokio::time::Instant::now() < deadline, "the floor's rows never all arrived");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let reader_pid = reader.id().unwrap_or(0);
+    let reader_cpu = super::small_transactions::thread_cpu_seconds(reader_pid);
+    let reader_wakeups = super::small_transactions::wakeups(reader_pid);
     let _ = reader.kill().await;
     let mut arrivals = relay.await.expect("floor relay");
     ack_task.await.expect("floor acks");
     pg.psql("SELECT pg_drop_replication_slot('floor')");
-    let times = stored_and_committed(js, "FLOOR", 0, inserted).await;
+    let times = stored_and_committed(js, "FLOOR", held as u64, inserted).await;
     let mut stored: Vec<f64> = times.iter().map(|(s, c)| ((s - c) * 1e3).max(0.0)).collect();
-    Floor { arrival: percentiles(&mut arrivals), stored: percentiles(&mut stored) }
+    Floor {
+        arrival: percentiles(&mut arrivals),
+        stored: percentiles(&mut stored),
+        reader_cpu_us_per_row: reader_cpu * 1e6 / inserted.max(1) as f64,
+        reader_wakeups_per_row: reader_wakeups / inserted.max(1) as f64,
+    }
+}
+
+/// A message shaped as pgoutbox's for the same row: the same headers with values of the same
+/// length (each chained to the one before by id and sequence, as pgoutbox's are), the same
+/// payload size. The server's work per message grows with its headers and bytes, so the NATS hop of
+/// the floor stores what pgoutbox stores.
+fn pgoutbox_like(committed: f64, n: usize) -> (async_nats::HeaderMap, bytes::Bytes) {
+    let id = |n: usize| format!("00000000-0000-4000-8000-{n:012}");
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", id(n).as_str());
+    if n > 0 {
+        headers.insert("Nats-Expected-Last-Msg-Id", id(n - 1).as_str());
+        headers.insert("Nats-Expected-Last-Sequence", n.to_string().as_str());
+    }
+    headers.insert("Outbox-Aggregate-Type", "order");
+    headers.insert("Outbox-Aggregate-Id", format!("{n}").as_str());
+    headers.insert("Outbox-Event-Type", "created");
+    headers.insert("Outbox-Created-At", "2026-11-26T18:00:00.000000+00:00");
+    headers.insert("Pgoutbox-Position", "0/1A2B3C4D:0");
+    headers.insert("Pgoutbox-Source", "7305123456789012345/1");
+    let pad = "x".repeat(super::PAD);
+    let body = format!("{{\"n\": \"{n}\", \"t\": {committed}, \"pad\": \"{pad}\"}}");
+    (headers, body.into())
 }
 
 /// The payload's `t` (its transaction's clock, seconds since the Unix epoch) in a
