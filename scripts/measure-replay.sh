@@ -79,7 +79,7 @@ psql -f sql/outbox.sql >/dev/null
 "$bin" $(own DRAIN) setup >/dev/null 2>"$work/setup.err"
 # SQL to run after setup (an experiment's change to the schema), when given.
 [ -n "${PRE_SQL:-}" ] && psql -c "$PRE_SQL" >/dev/null
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $rows rows; $("$bin" --version 2>/dev/null || true); commit $(git rev-parse --short HEAD)"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $rows rows; $("$bin" --version 2>/dev/null || true); $bin; worktree at $(git rev-parse --short HEAD)"
 psql -c "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
   SELECT 'order', n::text, 'created', jsonb_build_object('n', n, 't', 0, 'pad', repeat('x', 220))
   FROM generate_series(1, $rows) n" >/dev/null
