@@ -41,6 +41,7 @@ mod replay;
 mod replay_authorization;
 mod replay_ids_never_collide;
 mod replay_past_a_foreign_tail;
+mod replay_reports;
 mod retention;
 mod rotating_password;
 mod schema_change_mid_stream;

@@ -22,6 +22,8 @@ use tokio_postgres::types::PgLsn;
 
 use super::{Plan, Progress, Tally, next_rows};
 use crate::domain::outbox::RowMapping;
+use crate::domain::seed::{REPLAY_HEADER, replay_id_prefix};
+use crate::nats::publisher::{Publisher, ReadFrom};
 use crate::postgres::admin::TableName;
 use crate::postgres::outbox_table::replay_table;
 use crate::postgres::pgoutput::{ReplayFrame, ReplayedRow};
@@ -159,6 +161,7 @@ pub(super) async fn hand_over(
                 tuple,
             };
             let frame = ReplayFrame::Row(row).encode();
+            tally.last_handed = seen;
             chunk_bytes += frame.len();
             chunk.push((seen as i64, frame));
             if chunk.len() < chunk_size && chunk_bytes < CHUNK_BYTES {
@@ -218,6 +221,48 @@ pub(super) async fn hand_over(
     Ok(tally)
 }
 
+/// How many of the rows handed to the running pgoutbox are in the stream, now that the slot
+/// confirmed them all: a pgoutbox older than this replay confirms past the rows without
+/// publishing them. pgoutbox confirms a row only once JetStream stored it, in commit order,
+/// so the last row handed over, found in the stream after `first` carrying this replay's id,
+/// shows that this pgoutbox published them all; it is near the end, and one or a few reads
+/// find it. Otherwise (not found among the newest messages, or the last row became a dead
+/// letter under another id) the messages of this run are read back and counted, as before.
+pub(super) async fn published(
+    publisher: &Publisher,
+    id: &str,
+    first: u64,
+    tally: &Tally,
+) -> anyhow::Result<u64> {
+    /// Messages looked at from the end: live rows committed after the replay's end.
+    const NEWEST: u64 = 1_000;
+    if tally.stored == 0 {
+        return Ok(0);
+    }
+    let last = publisher
+        .newest_with_header(first, (REPLAY_HEADER, id), NEWEST)
+        .await
+        .context("looking for this replay's last row in the stream")?;
+    let last_row = replay_id_prefix(id, tally.last_handed);
+    if last.is_some_and(|(_, msg_id)| msg_id.contains(&last_row)) {
+        return Ok(tally.stored);
+    }
+    let (stored, _) = publisher
+        .row_ids(ReadFrom::After(first), None, Some((REPLAY_HEADER, id)))
+        .await
+        .context("reading back what this replay stored")?;
+    let stored = stored.len() as u64;
+    if stored < tally.stored {
+        anyhow::bail!(
+            "replay {id}: {} rows were handed to pgoutbox and only {stored} are in the \
+             stream: is the running pgoutbox older than this replay? Upgrade it and run the \
+             replay again with --replay-id {id}",
+            tally.stored
+        );
+    }
+    Ok(stored)
+}
+
 /// Where a replay's rows are handed over.
 struct Handover<'a> {
     table: TableName,
@@ -229,6 +274,10 @@ impl Handover<'_> {
     /// Commits `frames` (each with its row's place in the selection) as one transaction of
     /// rows of the replay table, in order, deleted again before the commit (the inserts are
     /// in the WAL), and answers a WAL position past its commit.
+    ///
+    /// The delete names the rows the insert made by their `ctid`s (a TID scan), not by a
+    /// condition: a condition scans the whole table, whose dead rows pile up between two
+    /// vacuums, so each transaction of a replay took longer than the one before.
     async fn insert(
         &self,
         client: &Client,
@@ -241,15 +290,17 @@ impl Handover<'_> {
         let (insert, delete) = (
             format!(
                 "INSERT INTO {table} (slot, replay_id, row_index, total, frame) \
-                 SELECT $1, $2, i, $3, f FROM unnest($4::bigint[], $5::bytea[]) AS u(i, f)"
+                 SELECT $1, $2, i, $3, f FROM unnest($4::bigint[], $5::bytea[]) AS u(i, f) \
+                 RETURNING ctid::text"
             ),
-            format!("DELETE FROM {table} WHERE slot = $1 AND replay_id = $2"),
+            format!("DELETE FROM {table} WHERE ctid = ANY($1::text[]::tid[])"),
         );
         let (slot, id, total) = (self.slot, self.replay_id, total as i64);
         let handed = async {
             client.batch_execute("BEGIN").await?;
-            client.execute(&insert, &[&slot, &id, &total, &indexes, &frames_only]).await?;
-            client.execute(&delete, &[&slot, &id]).await?;
+            let rows = client.query(&insert, &[&slot, &id, &total, &indexes, &frames_only]).await?;
+            let ctids = rows.iter().map(|row| row.try_get(0)).collect::<Result<Vec<&str>, _>>()?;
+            client.execute(&delete, &[&ctids]).await?;
             client.batch_execute("COMMIT").await
         };
         handed.await.context("handing replayed rows over through the replay table")?;

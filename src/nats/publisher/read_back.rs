@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use super::{Publisher, PublisherError, request_error};
+use super::{Publisher, PublisherError, is_no_message, request_error};
 use crate::domain::outbox::{
     DEAD_LETTER_ID_PREFIX, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER, letter_row,
 };
@@ -45,6 +45,39 @@ impl Publisher {
             })
             .await?;
         Ok((ids, last))
+    }
+
+    /// The stream's last sequence now (0 when empty).
+    pub async fn last_sequence(&self) -> Result<u64, PublisherError> {
+        let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        Ok(stream.info().await.map_err(request_error)?.state.last_sequence)
+    }
+
+    /// The newest message after sequence `after` that carries header `name` with `value`,
+    /// looked for from the stream's end backwards, one message at a time and at most
+    /// `tries` of them: its sequence and its `Nats-Msg-Id`. A replay through pgoutbox asks
+    /// for its own last row right after pgoutbox confirmed it, so it is found near the end,
+    /// where reading the whole replay back cost as much as handing it over.
+    pub async fn newest_with_header(
+        &self,
+        after: u64,
+        (name, value): (&str, &str),
+        tries: u64,
+    ) -> Result<Option<(u64, String)>, PublisherError> {
+        let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
+        let end = stream.info().await.map_err(request_error)?.state.last_sequence;
+        for sequence in (after.saturating_add(1)..=end).rev().take(tries as usize) {
+            let message = match stream.get_raw_message(sequence).await {
+                Ok(message) => message,
+                Err(err) if is_no_message(&err) => continue,
+                Err(err) => return Err(request_error(err)),
+            };
+            let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
+            if header(name).as_deref() == Some(value) {
+                return Ok(Some((sequence, header(MESSAGE_ID_HEADER).unwrap_or_default())));
+            }
+        }
+        Ok(None)
     }
 
     /// The rows the messages from `from` to the stream's end hold, each by its id and its

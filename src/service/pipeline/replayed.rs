@@ -264,13 +264,25 @@ impl Pipeline<'_> {
 /// server's `bytea_output` says so.
 fn bytea(text: &[u8]) -> Option<Bytes> {
     if let Some(hex) = text.strip_prefix(b"\\x") {
-        let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        // Every replayed row's frame passes here, twice its size in hex: one pass into a
+        // buffer of the right size (collecting `Option`s cost a fifth of pgoutbox's CPU in
+        // a replay).
+        fn digit(c: u8) -> Option<u8> {
+            match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                b'A'..=b'F' => Some(c - b'A' + 10),
+                _ => None,
+            }
+        }
         if hex.len() % 2 != 0 {
             return None;
         }
-        let bytes: Option<Vec<u8>> =
-            hex.chunks(2).map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?)).collect();
-        return bytes.map(Bytes::from);
+        let mut out = Vec::with_capacity(hex.len() / 2);
+        for pair in hex.chunks_exact(2) {
+            out.push(digit(pair[0])? << 4 | digit(pair[1])?);
+        }
+        return Some(Bytes::from(out));
     }
     let mut out = Vec::with_capacity(text.len());
     let mut rest = text;
