@@ -39,7 +39,10 @@ pub async fn prepare_database(
     if config.messages_only {
         admin::check_server(&client).await?;
     } else {
-        admin::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
+        for entry in &config.pipeline.tables {
+            let columns = Config::required_columns(entry);
+            admin::check_prerequisites(&client, &entry.table, &columns).await?;
+        }
     }
     if admin::in_recovery(&client).await? {
         if !from_standby {

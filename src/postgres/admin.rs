@@ -8,41 +8,7 @@ use postgres_protocol::escape::escape_identifier as quote_ident;
 use crate::postgres::tls::PgTls;
 use crate::postgres::walsender::user_name;
 
-/// A schema-qualified table name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableName {
-    pub schema: String,
-    pub name: String,
-}
-
-/// A `--table` value that names no table.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid table name {0:?}: expected schema.table or table")]
-pub struct InvalidTableName(String);
-
-impl std::str::FromStr for TableName {
-    type Err = InvalidTableName;
-
-    fn from_str(s: &str) -> Result<Self, InvalidTableName> {
-        let (schema, name) = s.split_once('.').unwrap_or(("public", s));
-        if schema.is_empty() || name.is_empty() || name.contains('.') {
-            return Err(InvalidTableName(s.to_owned()));
-        }
-        Ok(TableName { schema: schema.to_owned(), name: name.to_owned() })
-    }
-}
-
-impl std::fmt::Display for TableName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.schema, self.name)
-    }
-}
-
-impl TableName {
-    pub fn quoted(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
-    }
-}
+pub use crate::domain::outbox::TableName;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {

@@ -3,7 +3,9 @@
 
 use anyhow::{Context, anyhow};
 
-use crate::domain::outbox::{CloudEvents, ColumnRoles, ContentMode, SubjectTemplate};
+use crate::domain::outbox::{
+    CloudEvents, ColumnRoles, ContentMode, MessageId, SubjectTemplate, TableEntry,
+};
 use crate::nats::connect::NatsSettings;
 use crate::nats::credentials::NatsAuth;
 use crate::postgres::admin::TableName;
@@ -26,6 +28,7 @@ pub struct Config {
     pub database: tokio_postgres::Config,
     pub pg_tls: crate::postgres::tls::PgTls,
     pub nats: NatsSettings,
+    /// The first outbox table: the one `replay`, the seed and `--retention` serve.
     pub table: TableName,
     /// `--messages-only`: no table is read or checked.
     pub messages_only: bool,
@@ -41,16 +44,23 @@ pub struct Config {
 /// Where rows come from and how they become messages.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
-    /// The outbox table whose rows are streamed; `None` with `--messages-only`.
-    pub table: Option<TableName>,
-    pub roles: ColumnRoles,
-    pub template: SubjectTemplate,
-    pub dead_letter_subject: String,
+    /// The outbox tables whose rows are streamed, each with its own settings; none with
+    /// `--messages-only`.
+    pub tables: Vec<TableEntry>,
+    /// The settings given for no table in particular: emitted messages are mapped by them.
+    pub defaults: TableEntry,
     /// Stop reading WAL while this many payload bytes wait for acks (`--max-in-flight-bytes`).
     pub max_in_flight_bytes: usize,
     /// Stream `pg_logical_emit_message` events with this prefix (`--message-prefix`);
     /// `None` when turned off.
     pub message_prefix: Option<String>,
+}
+
+impl PipelineConfig {
+    /// The first table's entry, the defaults with `--messages-only`.
+    pub fn first(&self) -> &TableEntry {
+        self.tables.first().unwrap_or(&self.defaults)
+    }
 }
 
 impl Config {
@@ -137,15 +147,23 @@ impl Config {
                 database: database.get_dbname().or(database.get_user()).unwrap_or("").to_owned(),
             }),
         };
+        let entry = TableEntry {
+            table: table.clone(),
+            roles,
+            template,
+            dead_letter_subject: args.dead_letter_subject.clone(),
+            message_id: MessageId::Row,
+        };
         Ok(Config {
             database,
             pg_tls,
             nats: NatsSettings { servers: nats_servers, auth },
             pipeline: PipelineConfig {
-                table: (!args.messages_only).then(|| table.clone()),
-                roles,
-                template,
-                dead_letter_subject: args.dead_letter_subject.clone(),
+                tables: match args.messages_only {
+                    true => Vec::new(),
+                    false => vec![entry.clone()],
+                },
+                defaults: entry,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
                 message_prefix: None,
             },
@@ -164,23 +182,48 @@ impl Config {
         self
     }
 
-    /// The subjects the stream must cover: the template's wildcard and the dead-letter subject.
-    pub fn stream_subjects(&self) -> Vec<String> {
-        let wildcard = self.pipeline.template.wildcard();
-        let dead_letter = &self.pipeline.dead_letter_subject;
-        if crate::nats::publisher::subject_covers(&wildcard, dead_letter) {
-            vec![wildcard]
-        } else {
-            vec![wildcard, dead_letter.clone()]
+    /// The first table's entry (the defaults with `--messages-only`): the one `replay`,
+    /// the seed and `--retention` serve.
+    pub fn entry(&self) -> &TableEntry {
+        self.pipeline.first()
+    }
+
+    /// Every entry: each table's, or the defaults alone with `--messages-only`.
+    fn entries(&self) -> &[TableEntry] {
+        match self.pipeline.tables.is_empty() {
+            true => std::slice::from_ref(&self.pipeline.defaults),
+            false => &self.pipeline.tables,
         }
     }
 
-    /// Columns that must exist in the table, with their role.
-    pub fn required_columns(&self) -> Vec<(&str, &str)> {
-        let roles = &self.pipeline.roles;
+    /// The subjects the stream must cover: each entry's wildcard and dead-letter subject,
+    /// and the defaults' (emitted messages), each once and none covered by another.
+    pub fn stream_subjects(&self) -> Vec<String> {
+        let defaults = std::iter::once(&self.pipeline.defaults);
+        let mut wanted = Vec::new();
+        for entry in self.entries().iter().chain(defaults) {
+            wanted.push(entry.template.wildcard());
+            wanted.push(entry.dead_letter_subject.clone());
+        }
+        let covers = crate::nats::publisher::subject_covers;
+        let mut subjects: Vec<String> = Vec::new();
+        for (i, subject) in wanted.iter().enumerate() {
+            let covered_by_other = wanted.iter().enumerate().any(|(j, other)| {
+                j != i && covers(other, subject) && (!covers(subject, other) || j < i)
+            });
+            if !covered_by_other {
+                subjects.push(subject.clone());
+            }
+        }
+        subjects
+    }
+
+    /// Columns that must exist in `entry`'s table, with their role.
+    pub fn required_columns(entry: &TableEntry) -> Vec<(&str, &str)> {
+        let roles = &entry.roles;
         let mut columns =
             vec![("id column", roles.id.as_str()), ("payload column", roles.payload.as_str())];
-        columns.extend(self.pipeline.template.columns().map(|c| ("subject placeholder", c)));
+        columns.extend(entry.template.columns().map(|c| ("subject placeholder", c)));
         if let Some(ttl) = &roles.ttl {
             columns.push(("TTL column", ttl));
         }
@@ -192,7 +235,8 @@ impl Config {
 
     /// What the stream must allow for the messages the settings make.
     pub fn stream_features(&self) -> crate::nats::publisher::StreamFeatures {
-        crate::nats::publisher::StreamFeatures { message_ttl: self.pipeline.roles.ttl.is_some() }
+        let message_ttl = self.entries().iter().any(|entry| entry.roles.ttl.is_some());
+        crate::nats::publisher::StreamFeatures { message_ttl }
     }
 }
 

@@ -89,7 +89,7 @@ async fn read(config: &Config, slot_in_use: bool, report: &mut NatsReport) {
     report.stream["bytes"] = json!(info.state.bytes);
     report.stream["last_sequence"] = json!(info.state.last_sequence);
     report.stream["duplicate_window_seconds"] = json!(info.config.duplicate_window.as_secs_f64());
-    match publisher.count_on_subject(&config.pipeline.dead_letter_subject).await {
+    match publisher.count_on_subject(&config.entry().dead_letter_subject).await {
         Ok(count) => report.stream["dead_letters"] = json!(count),
         Err(err) => report.critical(format!("counting the dead letters: {err}")),
     }

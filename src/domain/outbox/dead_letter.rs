@@ -121,9 +121,9 @@ impl RowMapping {
     /// apart, not for publishing.
     pub fn row_id<'t>(&self, tuple: &'t [ColumnValue]) -> Option<Cow<'t, str>> {
         let id = tuple.get(self.id).and_then(lossy_text)?;
-        match self.id_prefix.is_empty() {
+        match self.id_prefix.is_empty() && self.id_qualifier.is_empty() {
             true => Some(id),
-            false => Some(Cow::Owned(format!("{}{id}", self.id_prefix))),
+            false => Some(Cow::Owned(format!("{}{}{id}", self.id_prefix, self.id_qualifier))),
         }
     }
 

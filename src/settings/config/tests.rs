@@ -97,14 +97,17 @@ fn cloudevents_and_nats_controls_are_read_and_checked() {
     let c =
         config(&["--cloudevents", "--ttl-column=ttl", "--allow-nats-header=Nats-Trace-Dest"], &db)
             .unwrap();
-    let roles = &c.pipeline.roles;
+    let roles = &c.entry().roles;
     let cloudevents = roles.cloudevents.as_ref().expect("--cloudevents alone is binary");
     assert_eq!((cloudevents.mode, cloudevents.database.as_str()), (ContentMode::Binary, "shop"));
     assert_eq!(roles.allowed_nats_headers, ["nats-trace-dest"]);
-    assert!(c.required_columns().contains(&("TTL column", "ttl")));
+    assert!(Config::required_columns(c.entry()).contains(&("TTL column", "ttl")));
     assert!(c.stream_features().message_ttl);
     let c = config(&["--cloudevents=structured"], &db).unwrap();
-    assert_eq!(c.pipeline.roles.cloudevents.map(|ce| ce.mode), Some(ContentMode::Structured));
+    assert_eq!(
+        c.entry().roles.cloudevents.as_ref().map(|ce| ce.mode),
+        Some(ContentMode::Structured)
+    );
     for never in ["Nats-Expected-Last-Sequence", "Nats-Schedule", "Trace-Id"] {
         let err = config(&[&format!("--allow-nats-header={never}")], &db).err().expect(never);
         assert!(err.to_string().starts_with("--allow-nats-header: "), "{err}");
