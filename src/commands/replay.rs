@@ -107,6 +107,7 @@ struct Tally {
 }
 
 pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
+    config.refuse_several_tables("replay")?;
     if config.messages_only {
         anyhow::bail!("replay publishes rows of the outbox table, and --messages-only reads none");
     }

@@ -58,8 +58,10 @@ pub async fn prepare_database(
             info!(publication = %config.publication, "publication created (messages only)");
         }
     } else {
-        if admin::ensure_publication(&client, &config.publication, &config.table).await? {
-            info!(publication = %config.publication, table = %config.table, "publication created");
+        let tables: Vec<_> = config.pipeline.tables.iter().map(|e| e.table.clone()).collect();
+        if admin::ensure_publication(&client, &config.publication, &tables).await? {
+            let tables = tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            info!(publication = %config.publication, %tables, "publication created");
         }
         ensure_replay_table(config, &client).await;
     }

@@ -46,6 +46,23 @@ pub const MESSAGE_ID_HEADER: &str = "Nats-Msg-Id";
 /// letters included: with several tables, consumers and `pgoutbox` itself tell them apart.
 pub const TABLE_HEADER: &str = "Pgoutbox-Table";
 
+/// `schema.table` as a header value: control characters (a quoted identifier may hold
+/// them) are written escaped, as Rust writes them, and at most 512 bytes are kept, so a
+/// dead letter of the smallest budget still fits.
+fn header_safe_table(table: &str) -> String {
+    let mut safe = String::with_capacity(table.len());
+    for c in table.chars() {
+        match c.is_control() {
+            true => safe.extend(c.escape_default()),
+            false => safe.push(c),
+        }
+        if safe.len() > 512 {
+            break;
+        }
+    }
+    safe
+}
+
 /// A ready-to-publish message.
 #[derive(Debug, Clone)]
 pub struct OutboxEvent {
@@ -183,6 +200,7 @@ impl RowMapping {
             MessageId::Row => String::new(),
             MessageId::Qualified => format!("{table}:"),
         };
+        self.source_table = header_safe_table(&table);
         self
     }
 

@@ -219,9 +219,12 @@ pub struct CommonArgs {
     /// Client key (PEM) for NATS mutual TLS, with --nats-tls-cert
     #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_TLS_KEY", requires = "nats_tls_cert")]
     pub nats_tls_key: Option<std::path::PathBuf>,
-    /// The outbox table, schema-qualified or in `public`.
-    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TABLE", default_value = "public.outbox")]
-    pub table: String,
+    /// The outbox table, schema-qualified or in `public`; repeatable (or comma-separated)
+    /// for several tables that share every other setting, streamed into one stream in
+    /// commit order, each message naming its table in Pgoutbox-Table and, with several
+    /// tables, in its Nats-Msg-Id (<schema>.<table>:<id>)
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TABLE", value_delimiter = ',', default_value = "public.outbox")]
+    pub table: Vec<String>,
     /// Logical replication slot name.
     #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_SLOT", default_value = "pgoutbox")]
     pub slot: String,

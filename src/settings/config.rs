@@ -119,7 +119,8 @@ impl Config {
         // The credentials now live in `auth`; async-nats logs server addresses with `Debug`
         // (at debug level), so the addresses keep none.
         let nats_servers = nats_servers.into_iter().map(without_credentials).collect();
-        let table: TableName = args.table.parse().map_err(|e| anyhow!("--table: {e}"))?;
+        let tables = table_names(&args.table)?;
+        let table = tables[0].clone();
         let template: SubjectTemplate =
             args.subject_template.parse().context("--subject-template")?;
         check_name("--slot", &args.slot, |c| {
@@ -152,7 +153,10 @@ impl Config {
             roles,
             template,
             dead_letter_subject: args.dead_letter_subject.clone(),
-            message_id: MessageId::Row,
+            message_id: match tables.len() {
+                1 => MessageId::Row,
+                _ => MessageId::Qualified,
+            },
         };
         Ok(Config {
             database,
@@ -161,7 +165,10 @@ impl Config {
             pipeline: PipelineConfig {
                 tables: match args.messages_only {
                     true => Vec::new(),
-                    false => vec![entry.clone()],
+                    false => tables
+                        .into_iter()
+                        .map(|table| TableEntry { table, ..entry.clone() })
+                        .collect(),
                 },
                 defaults: entry,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
@@ -186,6 +193,19 @@ impl Config {
     /// the seed and `--retention` serve.
     pub fn entry(&self) -> &TableEntry {
         self.pipeline.first()
+    }
+
+    /// Refuses `what` (a seed, `--retention`, `replay`: each reads one table so far) when
+    /// several tables are configured, rather than serve only the first of them.
+    pub fn refuse_several_tables(&self, what: &str) -> anyhow::Result<()> {
+        if self.pipeline.tables.len() > 1 {
+            return Err(anyhow!(
+                "{what} with several tables is not supported yet: it reads one table and \
+                 would leave the other tables' rows out (see docs/operations.md, Several \
+                 tables)"
+            ));
+        }
+        Ok(())
     }
 
     /// Every entry: each table's, or the defaults alone with `--messages-only`.
@@ -238,6 +258,22 @@ impl Config {
         let message_ttl = self.entries().iter().any(|entry| entry.roles.ttl.is_some());
         crate::nats::publisher::StreamFeatures { message_ttl }
     }
+}
+
+/// `--table`'s tables, each once.
+fn table_names(values: &[String]) -> anyhow::Result<Vec<TableName>> {
+    let mut tables: Vec<TableName> = Vec::with_capacity(values.len());
+    for value in values.iter().map(|v| v.trim()) {
+        let table: TableName = value.parse().map_err(|e| anyhow!("--table: {e}"))?;
+        if tables.contains(&table) {
+            return Err(anyhow!("--table names {table} twice"));
+        }
+        tables.push(table);
+    }
+    if tables.is_empty() {
+        return Err(anyhow!("--table names no table"));
+    }
+    Ok(tables)
 }
 
 /// `--allow-nats-header`, lowercase, each checked.

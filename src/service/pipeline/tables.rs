@@ -3,8 +3,10 @@
 //!
 //! A relation is matched by OID first, as the catalog had it at the attempt's start
 //! (`postgres::outbox_table`): a table renamed since keeps its OID, and its rows are still
-//! published. A relation that matches nothing is another table of the publication, and its
-//! rows are ignored. Rows of every table go to
+//! published. A relation no entry's OID names is matched by its `schema.name`: a table
+//! added to the publication, or created again under its configured name, since the
+//! attempt's start. A relation that matches nothing is another table of the publication,
+//! and its rows are ignored. Rows of every table go to
 //! the one chain in the order pgoutput sends them: commit order.
 
 use std::collections::HashMap;
@@ -44,9 +46,14 @@ impl<'a> TableSet<'a> {
         Some((self.entries.first()?, self.tables.first()?))
     }
 
-    /// Which entry `relation` belongs to, by OID.
+    /// Which entry `relation` belongs to, by OID, else by name.
     fn entry_of(&self, relation: &Relation) -> Option<usize> {
-        self.tables.iter().position(|t| t.oid == relation.rel_id)
+        let by_oid = self.tables.iter().position(|t| t.oid == relation.rel_id);
+        by_oid.or_else(|| {
+            self.entries.iter().position(|entry| {
+                entry.table.schema == relation.namespace && entry.table.name == relation.name
+            })
+        })
     }
 
     /// Whether `relation` is the first entry's table (by OID).

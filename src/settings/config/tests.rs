@@ -113,3 +113,22 @@ fn cloudevents_and_nats_controls_are_read_and_checked() {
         assert!(err.to_string().starts_with("--allow-nats-header: "), "{err}");
     }
 }
+
+#[test]
+fn several_tables_share_the_settings_and_qualify_their_ids() {
+    let db = [("DATABASE_URL", "dbname=x")];
+    let c = config(&["--table", "orders.outbox", "--table", "billing.outbox"], &db).unwrap();
+    let tables: Vec<String> = c.pipeline.tables.iter().map(|e| e.table.to_string()).collect();
+    assert_eq!(tables, ["orders.outbox", "billing.outbox"]);
+    assert!(c.pipeline.tables.iter().all(|e| e.message_id == MessageId::Qualified));
+    assert_eq!(c.table.to_string(), "orders.outbox");
+    assert_eq!(c.stream_subjects(), ["outbox.*.*", "outbox.dead_letter"]);
+    let one = config(&["--table", "outbox"], &db).unwrap();
+    assert_eq!(one.entry().message_id, MessageId::Row, "one table keeps its plain ids");
+    let err = config(&["--table", "a.t,public.t,t"], &db).err().unwrap().to_string();
+    assert!(err.contains("names public.t twice"), "{err}");
+    let several = config(&["--table", "a.t,b.t"], &db).unwrap();
+    let err = several.refuse_several_tables("--backfill").unwrap_err().to_string();
+    assert!(err.starts_with("--backfill with several tables is not supported yet"), "{err}");
+    assert!(one.refuse_several_tables("--backfill").is_ok());
+}
