@@ -14,6 +14,7 @@ use crate::postgres::libpq_env::{self, Files};
 pub use crate::postgres::libpq_env::{Env, ProcessEnv};
 use crate::postgres::password_command::PasswordCommand;
 use crate::settings::cli::{CloudEventsMode, CommonArgs};
+use crate::settings::file::FileSettings;
 
 /// Where the Postgres settings come from, for errors in them.
 const SETTINGS: &str =
@@ -72,6 +73,45 @@ impl Config {
         env: &dyn Env,
         files: &dyn Files,
     ) -> anyhow::Result<Config> {
+        Self::with_tables(args, &[], env, files)
+    }
+
+    /// The settings `args` give with the file `--config` names read in: `given(id)` says
+    /// whether clap's argument `id` came from the command line or its variable, which
+    /// then wins over the file's top level (`settings::file`).
+    pub fn load(
+        args: &CommonArgs,
+        given: &dyn Fn(&str) -> bool,
+        env: &dyn Env,
+        files: &dyn Files,
+    ) -> anyhow::Result<Config> {
+        match &args.config {
+            None => Self::from_args(args, env, files),
+            Some(path) => {
+                let file = FileSettings::read(path)?;
+                // clap sees no variable for these two: `from_args` reads their fallbacks.
+                let fallbacks = |id: &str| match id {
+                    "database_url" => ["PGOUTBOX_DATABASE_URL", "DATABASE_URL"],
+                    "nats_url" => ["PGOUTBOX_NATS_URL", "NATS_URL"],
+                    _ => ["", ""],
+                };
+                let given = |id: &str| {
+                    given(id) || fallbacks(id).iter().any(|v| !v.is_empty() && env.var(v).is_some())
+                };
+                let (args, tables) = crate::settings::file::merge(args.clone(), &file, &given)?;
+                Self::with_tables(&args, &tables, env, files)
+            }
+        }
+    }
+
+    /// `per_table`: the arguments of each `[[table]]` entry of the file (none: `--table`
+    /// names the tables, which share `args`).
+    fn with_tables(
+        args: &CommonArgs,
+        per_table: &[CommonArgs],
+        env: &dyn Env,
+        files: &dyn Files,
+    ) -> anyhow::Result<Config> {
         let database_url = args
             .database_url
             .clone()
@@ -119,57 +159,45 @@ impl Config {
         // The credentials now live in `auth`; async-nats logs server addresses with `Debug`
         // (at debug level), so the addresses keep none.
         let nats_servers = nats_servers.into_iter().map(without_credentials).collect();
-        let tables = table_names(&args.table)?;
-        let table = tables[0].clone();
-        let template: SubjectTemplate =
-            args.subject_template.parse().context("--subject-template")?;
         check_name("--slot", &args.slot, |c| {
             c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'
         })?;
         check_name("--stream", &args.stream, |c| !c.is_whitespace() && !".*>/\\".contains(c))?;
-        check_subject("--dead-letter-subject", &args.dead_letter_subject)?;
-        let roles = ColumnRoles {
-            id: args.id_column.clone(),
-            payload: args.payload_column.clone(),
-            headers: args.headers_column.clone(),
-            aggregate_type: args.aggregate_type_column.clone(),
-            aggregate_id: args.aggregate_id_column.clone(),
-            event_type: args.event_type_column.clone(),
-            created_at: args.created_at_column.clone(),
-            ttl: args.ttl_column.clone(),
-            allowed_nats_headers: allowed_nats_headers(&args.allow_nats_header)?,
-            cloudevents: args.cloudevents.map(|mode| CloudEvents {
-                mode: match mode {
-                    CloudEventsMode::Binary => ContentMode::Binary,
-                    CloudEventsMode::Structured => ContentMode::Structured,
-                },
-                source: args.cloudevents_source.clone(),
-                // libpq's default database is the user's name.
-                database: database.get_dbname().or(database.get_user()).unwrap_or("").to_owned(),
-            }),
+        let names = match per_table.is_empty() {
+            true => table_names(&args.table)?,
+            false => {
+                table_names(&per_table.iter().flat_map(|a| a.table.clone()).collect::<Vec<_>>())?
+            }
         };
-        let entry = TableEntry {
-            table: table.clone(),
-            roles,
-            template,
-            dead_letter_subject: args.dead_letter_subject.clone(),
-            message_id: match tables.len() {
-                1 => MessageId::Row,
-                _ => MessageId::Qualified,
-            },
+        let message_id = match names.len() {
+            1 => MessageId::Row,
+            _ => MessageId::Qualified,
         };
+        // libpq's default database is the user's name.
+        let database_name = database.get_dbname().or(database.get_user()).unwrap_or("");
+        let entry = table_entry(args, names[0].clone(), database_name, message_id)?;
+        let tables = match (args.messages_only, per_table.is_empty()) {
+            (true, _) => Vec::new(),
+            (false, true) => names
+                .iter()
+                .map(|table| TableEntry { table: table.clone(), ..entry.clone() })
+                .collect(),
+            (false, false) => per_table
+                .iter()
+                .zip(&names)
+                .map(|(args, table)| {
+                    table_entry(args, table.clone(), database_name, message_id)
+                        .with_context(|| format!("[[table]] {table} in --config"))
+                })
+                .collect::<anyhow::Result<_>>()?,
+        };
+        let table = names[0].clone();
         Ok(Config {
             database,
             pg_tls,
             nats: NatsSettings { servers: nats_servers, auth },
             pipeline: PipelineConfig {
-                tables: match args.messages_only {
-                    true => Vec::new(),
-                    false => tables
-                        .into_iter()
-                        .map(|table| TableEntry { table, ..entry.clone() })
-                        .collect(),
-                },
+                tables,
                 defaults: entry,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
                 message_prefix: None,
@@ -260,10 +288,48 @@ impl Config {
     }
 }
 
+/// One table's entry from its arguments.
+fn table_entry(
+    args: &CommonArgs,
+    table: TableName,
+    database: &str,
+    message_id: MessageId,
+) -> anyhow::Result<TableEntry> {
+    let template: SubjectTemplate = args.subject_template.parse().context("--subject-template")?;
+    check_subject("--dead-letter-subject", &args.dead_letter_subject)?;
+    let roles = ColumnRoles {
+        id: args.id_column.clone(),
+        payload: args.payload_column.clone(),
+        headers: args.headers_column.clone(),
+        aggregate_type: args.aggregate_type_column.clone(),
+        aggregate_id: args.aggregate_id_column.clone(),
+        event_type: args.event_type_column.clone(),
+        created_at: args.created_at_column.clone(),
+        ttl: args.ttl_column.clone(),
+        allowed_nats_headers: allowed_nats_headers(&args.allow_nats_header)?,
+        cloudevents: args.cloudevents.map(|mode| CloudEvents {
+            mode: match mode {
+                CloudEventsMode::Binary => ContentMode::Binary,
+                CloudEventsMode::Structured => ContentMode::Structured,
+            },
+            source: args.cloudevents_source.clone(),
+            database: database.to_owned(),
+        }),
+    };
+    let dead_letter_subject = args.dead_letter_subject.clone();
+    Ok(TableEntry { table, roles, template, dead_letter_subject, message_id })
+}
+
 /// `--table`'s tables, each once.
 fn table_names(values: &[String]) -> anyhow::Result<Vec<TableName>> {
     let mut tables: Vec<TableName> = Vec::with_capacity(values.len());
     for value in values.iter().map(|v| v.trim()) {
+        if value.contains('*') {
+            return Err(anyhow!(
+                "--table {value:?}: tables named by a pattern are not supported yet; name \
+                 each table"
+            ));
+        }
         let table: TableName = value.parse().map_err(|e| anyhow!("--table: {e}"))?;
         if tables.contains(&table) {
             return Err(anyhow!("--table names {table} twice"));

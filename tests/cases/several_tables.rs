@@ -257,3 +257,61 @@ async fn a_second_table_unpublished_while_streaming_stops_pgoutbox() {
     assert!(!status.success(), "restarted, it added the table back: {}", again.log());
     assert!(again.log().contains(says), "no {says:?} in:\n{}", again.log());
 }
+
+/// `--config`: two tables with their own subject templates and dead-letter subjects, a
+/// top-level default for the second, and a flag that wins over the file's top level.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_file_gives_each_table_its_own_subjects() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    let dir = tempfile::tempdir().expect("a directory for the file");
+    let file = dir.path().join("pgoutbox.toml");
+    std::fs::write(
+        &file,
+        r#"
+stream = "FROM_FILE"                           # the --stream flag below wins
+dead-letter-subject = "events.dead_letter"
+
+[[table]]
+table = "public.outbox"
+subject-template = "orders.{event_type}"
+dead-letter-subject = "orders.dead_letter"
+
+[[table]]
+table = "billing.outbox"
+subject-template = "billing.{aggregate_type}.{event_type}"
+"#,
+    )
+    .expect("write the config file");
+    let config = file.to_str().expect("a UTF-8 path");
+    let app = Pgoutbox::run(&pg, &nats, &["--config", config, "--stream", "EVENTS"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&format!(
+        "BEGIN; {}{}COMMIT; BEGIN; {}{}COMMIT;",
+        insert('A', 0, 0),
+        insert('B', 0, 1),
+        insert('X', 0, 2),
+        insert('A', 0, 3).replace("'created'", "'bad.type'"),
+    ));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "four messages in EVENTS", || async {
+        (count(&js, "EVENTS").await >= 4).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "EVENTS").await;
+    let got: Vec<_> =
+        stored.iter().map(|m| (m.subject.as_str(), m.header("Pgoutbox-Table"))).collect();
+    assert_eq!(
+        got,
+        [
+            ("orders.created", Some("public.outbox")),
+            ("billing.invoice.created", Some("billing.outbox")),
+            ("events.dead_letter", Some("billing.outbox")),
+            ("orders.dead_letter", Some("public.outbox")),
+        ],
+        "{}",
+        app.log()
+    );
+    assert_eq!(count(&js, "FROM_FILE").await, 0, "the flag won over the file");
+}

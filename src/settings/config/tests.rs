@@ -132,3 +132,64 @@ fn several_tables_share_the_settings_and_qualify_their_ids() {
     assert!(err.starts_with("--backfill with several tables is not supported yet"), "{err}");
     assert!(one.refuse_several_tables("--backfill").is_ok());
 }
+
+/// `Config::load` with a file holding `toml`; `explicit`: the arguments given.
+fn loaded(
+    toml: &str,
+    args: &[&str],
+    env: &[(&'static str, &'static str)],
+) -> anyhow::Result<Config> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgoutbox.toml");
+    std::fs::write(&path, toml).unwrap();
+    let path = path.to_str().unwrap().to_owned();
+    let mut argv = vec!["pgoutbox", "--config", path.as_str()];
+    argv.extend_from_slice(args);
+    argv.push("status");
+    let cli = Cli::try_parse_from(argv)?;
+    let given: Vec<String> =
+        args.iter().filter_map(|a| a.strip_prefix("--")).map(|a| a.replace('-', "_")).collect();
+    let explicit = |id: &str| given.iter().any(|g| g == id);
+    let files = crate::postgres::libpq_env::RealFiles;
+    Config::load(&cli.common, &explicit, &FakeEnv(env.iter().copied().collect()), &files)
+}
+
+#[test]
+fn a_config_file_gives_each_table_its_subjects() {
+    let toml = r#"
+        database-url = "dbname=file"
+        dead-letter-subject = "events.dead_letter"
+        [[table]]
+        table = "orders.outbox"
+        subject-template = "orders.{event_type}"
+        dead-letter-subject = "orders.dead_letter"
+        [[table]]
+        table = "billing.outbox"
+        subject-template = "billing.{aggregate_type}.{event_type}"
+    "#;
+    let c = loaded(toml, &[], &[]).unwrap();
+    assert_eq!(c.database.get_dbname(), Some("file"));
+    let subjects: Vec<_> = c.pipeline.tables.iter().map(|e| e.template.to_string()).collect();
+    assert_eq!(subjects, ["orders.{event_type}", "billing.{aggregate_type}.{event_type}"]);
+    assert_eq!(c.pipeline.tables[1].dead_letter_subject, "events.dead_letter");
+    assert!(c.pipeline.tables.iter().all(|e| e.message_id == MessageId::Qualified));
+    assert_eq!(
+        c.stream_subjects(),
+        ["orders.*", "billing.*.*", "events.dead_letter", "outbox.*.*"],
+        "orders.* covers orders.dead_letter; outbox.*.* is the emitted messages'"
+    );
+    // PGOUTBOX_DATABASE_URL, read by pgoutbox rather than clap, wins over the file too.
+    let c = loaded(toml, &[], &[("PGOUTBOX_DATABASE_URL", "dbname=env")]).unwrap();
+    assert_eq!(c.database.get_dbname(), Some("env"));
+    let err =
+        loaded("[[table]]\ntable = \"tenant_*.outbox\"\n", &[], &[("DATABASE_URL", "dbname=x")]);
+    let err = err.err().unwrap().to_string();
+    assert!(err.contains("pattern are not supported yet"), "{err}");
+    let err = loaded(
+        "[[table]]\ntable = \"a.t\"\nsubject-template = \"a.{\"\n",
+        &[],
+        &[("DATABASE_URL", "dbname=x")],
+    );
+    let err = format!("{:#}", err.err().unwrap());
+    assert!(err.contains("[[table]] a.t in --config"), "{err}");
+}
