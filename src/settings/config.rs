@@ -266,6 +266,17 @@ impl Config {
         subjects
     }
 
+    /// Every dead-letter subject, each once: the tables' and the emitted messages'.
+    pub fn dead_letter_subjects(&self) -> Vec<&str> {
+        let mut subjects: Vec<&str> = Vec::new();
+        for entry in self.entries().iter().chain([&self.pipeline.defaults]) {
+            if !subjects.contains(&entry.dead_letter_subject.as_str()) {
+                subjects.push(&entry.dead_letter_subject);
+            }
+        }
+        subjects
+    }
+
     /// Columns that must exist in `entry`'s table, with their role.
     pub fn required_columns(entry: &TableEntry) -> Vec<(&str, &str)> {
         let roles = &entry.roles;

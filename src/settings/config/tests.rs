@@ -178,6 +178,7 @@ fn a_config_file_gives_each_table_its_subjects() {
         ["orders.*", "billing.*.*", "events.dead_letter", "outbox.*.*"],
         "orders.* covers orders.dead_letter; outbox.*.* is the emitted messages'"
     );
+    assert_eq!(c.dead_letter_subjects(), ["orders.dead_letter", "events.dead_letter"]);
     // PGOUTBOX_DATABASE_URL, read by pgoutbox rather than clap, wins over the file too.
     let c = loaded(toml, &[], &[("PGOUTBOX_DATABASE_URL", "dbname=env")]).unwrap();
     assert_eq!(c.database.get_dbname(), Some("env"));
