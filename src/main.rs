@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use pgoutbox::commands;
 use pgoutbox::postgres::libpq_env::RealFiles;
 use pgoutbox::settings::cli::{Cli, Command, LogFormat};
@@ -14,7 +14,11 @@ use pgoutbox::settings::config::{Config, ProcessEnv};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(err) => err.exit(),
+    };
     // `run` is a service and logs its lifecycle; the other commands print their result and
     // nothing else unless RUST_LOG asks for more.
     let default_level = match cli.command {
@@ -30,7 +34,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(dispatch(cli));
+    let result = runtime.block_on(dispatch(cli, &matches));
     match result {
         Ok(code) => code,
         Err(err) if err.downcast_ref::<commands::replay::NothingSelected>().is_some() => {
@@ -48,8 +52,9 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    let config = Config::from_args(&cli.common, &ProcessEnv, &RealFiles)?;
+async fn dispatch(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> {
+    let given = |id: &str| pgoutbox::settings::cli::explicit(matches, id);
+    let config = Config::load(&cli.common, &given, &ProcessEnv, &RealFiles)?;
     match cli.command {
         Command::Run(args) => {
             let config = config.with_stream_replicas(args.slot.stream_replicas);

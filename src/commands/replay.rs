@@ -109,6 +109,7 @@ struct Tally {
 }
 
 pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
+    config.refuse_several_tables("replay")?;
     if config.messages_only {
         anyhow::bail!("replay publishes rows of the outbox table, and --messages-only reads none");
     }
@@ -140,7 +141,7 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
         &config.pg_tls,
         None,
         &config.table,
-        &config.pipeline.roles,
+        &config.entry().roles,
     )
     .await?;
     let total = snapshot.count(&selection).await?;
@@ -236,7 +237,7 @@ async fn selection(
             Ok(Selection::Created { from: args.created_from.clone(), to: args.created_to.clone() })
         }
         (false, false, true) => {
-            let subject = &config.pipeline.dead_letter_subject;
+            let subject = &config.entry().dead_letter_subject;
             let (ids, _) = publisher
                 .row_ids(ReadFrom::Start, Some(subject), None)
                 .await
@@ -398,8 +399,7 @@ async fn publish(
     plan: &Plan,
 ) -> anyhow::Result<Tally> {
     let Plan { selection, id, total, .. } = plan;
-    let roles = &config.pipeline.roles;
-    let mapping = RowMapping::new(snapshot.relation(), roles, &config.pipeline.template)?;
+    let mapping = RowMapping::of_entry(snapshot.relation(), config.entry())?;
     let (mut rows, _reader) = snapshot.read(selection);
     let mut pace = args.rate.map(|rate| {
         let mut pace = tokio::time::interval(Duration::from_secs(1) / rate.get());

@@ -48,6 +48,15 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
             "--retention deletes outbox rows, and --messages-only reads no table: drop one"
         );
     }
+    for (asked, what) in [
+        (args.recover, "--recover"),
+        (args.backfill, "--backfill"),
+        (args.retention.is_some(), "--retention"),
+    ] {
+        if asked {
+            config.refuse_several_tables(what)?;
+        }
+    }
     let tracing = Tracing::from_env(&ProcessEnv);
     let outcome = serve(config, args, tracing.as_ref().map(Tracing::tracer)).await;
     if let Some(tracing) = tracing {
@@ -96,7 +105,7 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         super::setup::warn_if_public_may_emit(&client).await;
     }
     if args.retention.is_some() {
-        let column = &config.pipeline.roles.created_at;
+        let column = &config.entry().roles.created_at;
         crate::postgres::admin::check_prerequisites(
             &client,
             &config.table,
@@ -158,7 +167,7 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
     memory.tracer = tracer;
     if let Some(keep) = args.retention {
         // Dead letters of earlier runs that lack their payload: those rows must stay.
-        let subject = &config.pipeline.dead_letter_subject;
+        let subject = &config.entry().dead_letter_subject;
         let read = || async {
             publisher.ids_of_letters_without_payload(subject).await.with_context(|| {
                 format!("reading the dead letters on {subject} that --retention must keep")
@@ -173,7 +182,7 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         for id in ids {
             memory.kept_rows.keep_letter_id(&id);
         }
-        let roles = &config.pipeline.roles;
+        let roles = &config.entry().roles;
         let columns = crate::service::retention::Columns {
             created_at: roles.created_at.clone(),
             id: roles.id.clone(),

@@ -39,7 +39,10 @@ pub async fn prepare_database(
     if config.messages_only {
         admin::check_server(&client).await?;
     } else {
-        admin::check_prerequisites(&client, &config.table, &config.required_columns()).await?;
+        for entry in &config.pipeline.tables {
+            let columns = Config::required_columns(entry);
+            admin::check_prerequisites(&client, &entry.table, &columns).await?;
+        }
     }
     if admin::in_recovery(&client).await? {
         if !from_standby {
@@ -55,8 +58,10 @@ pub async fn prepare_database(
             info!(publication = %config.publication, "publication created (messages only)");
         }
     } else {
-        if admin::ensure_publication(&client, &config.publication, &config.table).await? {
-            info!(publication = %config.publication, table = %config.table, "publication created");
+        let tables: Vec<_> = config.pipeline.tables.iter().map(|e| e.table.clone()).collect();
+        if admin::ensure_publication(&client, &config.publication, &tables).await? {
+            let tables = tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            info!(publication = %config.publication, %tables, "publication created");
         }
         ensure_replay_table(config, &client).await;
     }

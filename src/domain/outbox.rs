@@ -10,9 +10,6 @@
 //! (every header name and value is checked before it is set), so it is unit-, property- and
 //! fuzz-tested on values alone.
 
-use std::fmt;
-use std::str::FromStr;
-
 use bytes::Bytes;
 
 use crate::domain::row::{ColumnValue, Relation};
@@ -23,6 +20,7 @@ mod dead_letter;
 mod emitted;
 mod headers;
 mod roles;
+mod template;
 
 pub use cloudevents::{CloudEvents, ContentMode};
 pub use controls::refuse_allowed;
@@ -33,113 +31,37 @@ pub use dead_letter::{
 };
 pub use emitted::log_preview;
 pub use headers::Headers;
-pub use roles::ColumnRoles;
+pub use roles::{ColumnRoles, InvalidTableName, MessageId, TableEntry, TableName};
+use template::Part;
+pub use template::{SubjectTemplate, TemplateError};
 
 const BYTEA_OID: u32 = 17;
 /// How much of a bad value a rejection's reason quotes.
 const SHOWN_VALUE_BYTES: usize = 64;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Literal(String),
-    Column(String),
-}
-
-/// A subject such as `outbox.{aggregate_type}.{event_type}`: placeholders name columns.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubjectTemplate {
-    parts: Vec<Part>,
-    source: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid subject template {template:?}: {reason}")]
-pub struct TemplateError {
-    template: String,
-    reason: &'static str,
-}
-
-impl FromStr for SubjectTemplate {
-    type Err = TemplateError;
-
-    fn from_str(template: &str) -> Result<Self, Self::Err> {
-        let fail = |reason| TemplateError { template: template.to_owned(), reason };
-        let mut parts = Vec::new();
-        let mut rest = template;
-        while let Some(open) = rest.find('{') {
-            if open > 0 {
-                parts.push(Part::Literal(rest[..open].to_owned()));
-            }
-            let close = rest[open..].find('}').ok_or_else(|| fail("a `{` is never closed"))?;
-            let column = &rest[open + 1..open + close];
-            if column.is_empty() || column.contains('{') {
-                return Err(fail("a placeholder must be a column name, as in {event_type}"));
-            }
-            parts.push(Part::Column(column.to_owned()));
-            rest = &rest[open + close + 1..];
-        }
-        if rest.contains('}') {
-            return Err(fail("a `}` has no matching `{`"));
-        }
-        if !rest.is_empty() {
-            parts.push(Part::Literal(rest.to_owned()));
-        }
-        let template = SubjectTemplate { parts, source: template.to_owned() };
-        // Every token must be valid once each placeholder holds a valid token.
-        let sample = template.wildcard();
-        // Any whitespace or control character, not only ' ' and '\t': NATS splits a protocol
-        // line on them, and `\0` is `wildcard`'s own placeholder mark (found by fuzzing).
-        let bad = |c: char| c.is_whitespace() || c.is_control() || c == '>';
-        if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains(bad)))
-            || sample.split('.').any(|t| t.is_empty() || t.contains('>'))
-        {
-            return Err(fail(
-                "it must be dot-separated, non-empty tokens without whitespace, control \
-                 characters or `>`",
-            ));
-        }
-        if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains('*'))) {
-            return Err(fail("`*` is a wildcard and cannot appear in a subject"));
-        }
-        Ok(template)
-    }
-}
-
-impl fmt::Display for SubjectTemplate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.source)
-    }
-}
-
-impl SubjectTemplate {
-    /// The subject filter that covers every subject this template can produce
-    /// (each token holding a placeholder becomes `*`). The stream is created with it.
-    pub fn wildcard(&self) -> String {
-        let mut rendered = String::new();
-        for part in &self.parts {
-            match part {
-                Part::Literal(l) => rendered.push_str(l),
-                Part::Column(_) => rendered.push('\u{0}'),
-            }
-        }
-        rendered
-            .split('.')
-            .map(|token| if token.contains('\u{0}') { "*" } else { token })
-            .collect::<Vec<_>>()
-            .join(".")
-    }
-
-    /// The columns the template reads.
-    pub fn columns(&self) -> impl Iterator<Item = &str> {
-        self.parts.iter().filter_map(|p| match p {
-            Part::Column(c) => Some(c.as_str()),
-            Part::Literal(_) => None,
-        })
-    }
-}
-
 /// The header JetStream deduplicates by: the row's id.
 pub const MESSAGE_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// The table a row came from, `<schema>.<table>`, on every message of a table row, dead
+/// letters included: with several tables, consumers and `pgoutbox` itself tell them apart.
+pub const TABLE_HEADER: &str = "Pgoutbox-Table";
+
+/// `schema.table` as a header value: control characters (a quoted identifier may hold
+/// them) are written escaped, as Rust writes them, and at most 512 bytes are kept, so a
+/// dead letter of the smallest budget still fits.
+fn header_safe_table(table: &str) -> String {
+    let mut safe = String::with_capacity(table.len());
+    for c in table.chars() {
+        match c.is_control() {
+            true => safe.extend(c.escape_default()),
+            false => safe.push(c),
+        }
+        if safe.len() > 512 {
+            break;
+        }
+    }
+    safe
+}
 
 /// A ready-to-publish message.
 #[derive(Debug, Clone)]
@@ -190,6 +112,12 @@ pub struct RowMapping {
     ttl: Option<usize>,
     allowed_nats_headers: Vec<String>,
     envelope: Option<Box<cloudevents::Envelope>>,
+    /// The entry's own (see [`RowMapping::in_entry`]); empty until then.
+    dead_letter_subject: String,
+    /// `Pgoutbox-Table`'s value, header-safe; empty: no such header (emitted messages).
+    source_table: String,
+    /// Put between the id prefix and the id: `<schema>.<table>:` with several tables.
+    id_qualifier: String,
 }
 
 impl RowMapping {
@@ -251,7 +179,40 @@ impl RowMapping {
             ttl,
             allowed_nats_headers: roles.allowed_nats_headers.clone(),
             envelope,
+            dead_letter_subject: String::new(),
+            source_table: String::new(),
+            id_qualifier: String::new(),
         })
+    }
+
+    /// The mapping of a row of `entry`'s table, as pgoutput described it in `relation`.
+    pub fn of_entry(relation: &Relation, entry: &TableEntry) -> Result<Self, MappingError> {
+        Ok(Self::new(relation, &entry.roles, &entry.template)?.in_entry(entry))
+    }
+
+    /// The same mapping, as one of `entry`'s table: its dead-letter subject, its
+    /// `Pgoutbox-Table` header (dead letters too) and, with several tables, its ids
+    /// qualified by the table's name (`MessageId::Qualified`).
+    pub fn in_entry(mut self, entry: &TableEntry) -> Self {
+        let table = entry.table.to_string();
+        self.dead_letter_subject = entry.dead_letter_subject.clone();
+        self.id_qualifier = match entry.message_id {
+            MessageId::Row => String::new(),
+            MessageId::Qualified => format!("{table}:"),
+        };
+        self.source_table = header_safe_table(&table);
+        self
+    }
+
+    /// The same mapping, its dead letters sent to `subject`.
+    pub fn with_dead_letter_subject(mut self, subject: &str) -> Self {
+        subject.clone_into(&mut self.dead_letter_subject);
+        self
+    }
+
+    /// The subject this mapping's dead letters go to.
+    pub fn dead_letter_subject(&self) -> &str {
+        &self.dead_letter_subject
     }
 
     /// The same mapping, with `prefix` before every id it reads.
@@ -290,6 +251,9 @@ impl RowMapping {
             ttl: None,
             allowed_nats_headers: Vec::new(),
             envelope: None,
+            dead_letter_subject: String::new(),
+            source_table: String::new(),
+            id_qualifier: String::new(),
         }
     }
 
@@ -312,7 +276,7 @@ impl RowMapping {
                 self.name(self.id)
             )));
         }
-        let id = format!("{}{text}", self.id_prefix);
+        let id = format!("{}{}{text}", self.id_prefix, self.id_qualifier);
         let mut subject = String::with_capacity(64);
         for part in &self.subject {
             match part {
@@ -339,6 +303,9 @@ impl RowMapping {
         }
         let mut headers = Headers::with_capacity(256);
         headers.insert(MESSAGE_ID_HEADER, header_value(&id, || self.name(self.id))?);
+        if !self.source_table.is_empty() {
+            headers.insert(TABLE_HEADER, &self.source_table);
+        }
         for &(header, i) in &self.header_columns {
             if let ColumnValue::Text(value) = &tuple[i] {
                 let value = utf8(value, || self.name(i))?;

@@ -8,41 +8,7 @@ use postgres_protocol::escape::escape_identifier as quote_ident;
 use crate::postgres::tls::PgTls;
 use crate::postgres::walsender::user_name;
 
-/// A schema-qualified table name.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableName {
-    pub schema: String,
-    pub name: String,
-}
-
-/// A `--table` value that names no table.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid table name {0:?}: expected schema.table or table")]
-pub struct InvalidTableName(String);
-
-impl std::str::FromStr for TableName {
-    type Err = InvalidTableName;
-
-    fn from_str(s: &str) -> Result<Self, InvalidTableName> {
-        let (schema, name) = s.split_once('.').unwrap_or(("public", s));
-        if schema.is_empty() || name.is_empty() || name.contains('.') {
-            return Err(InvalidTableName(s.to_owned()));
-        }
-        Ok(TableName { schema: schema.to_owned(), name: name.to_owned() })
-    }
-}
-
-impl std::fmt::Display for TableName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}.{}", self.schema, self.name)
-    }
-}
-
-impl TableName {
-    pub fn quoted(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
-    }
-}
+pub use crate::domain::outbox::TableName;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
@@ -218,16 +184,70 @@ pub async fn ensure_publication_for_messages(
     }
 }
 
-/// Creates the publication if missing; safe when two instances race. A partitioned outbox
-/// is published through its root (`publish_via_partition_root`), so rows of every partition,
-/// attached now or later, arrive under the outbox's own name; a publication that would name
-/// the partitions instead, and a table with inheritance children, are refused before
-/// anything streams.
+/// Creates the publication for `tables` if missing; safe when two instances race. A
+/// partitioned outbox is published through its root (`publish_via_partition_root`), so rows
+/// of every partition, attached now or later, arrive under the outbox's own name; a
+/// publication that would name the partitions instead, and a table with inheritance
+/// children, are refused before anything streams. An existing publication is never changed:
+/// one that lacks a table is refused with the line that adds it, since a table an operator
+/// dropped from it and that pgoutbox added back would lose the rows committed in between.
 pub async fn ensure_publication(
     client: &Client,
     publication: &str,
-    table: &TableName,
+    tables: &[TableName],
 ) -> Result<bool, SetupError> {
+    let mut partitioned = Vec::with_capacity(tables.len());
+    for table in tables {
+        partitioned.push(publishable(client, table).await?);
+    }
+    let existing = client
+        .query_opt(
+            "SELECT p.pubinsert, p.pubviaroot FROM pg_publication p WHERE p.pubname = $1",
+            &[&publication],
+        )
+        .await?;
+    if let Some(row) = existing {
+        let (inserts, via_root): (bool, bool) = (row.get(0), row.get(1));
+        for (table, partitioned) in tables.iter().zip(partitioned) {
+            if partitioned && !via_root {
+                return Err(SetupError::PartitionsNotViaRoot {
+                    publication: publication.to_owned(),
+                    table: table.to_string(),
+                });
+            }
+            let covers: bool = client
+                .query_one(
+                    "SELECT EXISTS (SELECT 1 FROM pg_publication_tables t \
+                       WHERE t.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3)",
+                    &[&publication, &table.schema, &table.name],
+                )
+                .await?
+                .get(0);
+            if !(inserts && covers) {
+                return Err(SetupError::PublicationMismatch {
+                    publication: publication.to_owned(),
+                    table: table.to_string(),
+                });
+            }
+        }
+        return Ok(false);
+    }
+    let listed: Vec<String> = tables.iter().map(TableName::quoted).collect();
+    let sql = format!(
+        "CREATE PUBLICATION {} FOR TABLE {} \
+         WITH (publish = 'insert', publish_via_partition_root = true)",
+        quote_ident(publication),
+        listed.join(", ")
+    );
+    match client.batch_execute(&sql).await {
+        Ok(()) => Ok(true),
+        Err(err) if is_duplicate(&err) => Ok(false),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Whether `table` is partitioned; a table with inheritance children is refused.
+async fn publishable(client: &Client, table: &TableName) -> Result<bool, SetupError> {
     let shape = client
         .query_one(
             "SELECT c.relkind = 'p', \
@@ -243,41 +263,7 @@ pub async fn ensure_publication(
     {
         return Err(SetupError::InheritanceChildren { table: table.to_string(), children });
     }
-    let existing = client
-        .query_opt(
-            "SELECT p.pubinsert, p.pubviaroot, EXISTS (SELECT 1 FROM pg_publication_tables t \
-               WHERE t.pubname = p.pubname AND t.schemaname = $2 AND t.tablename = $3) \
-             FROM pg_publication p WHERE p.pubname = $1",
-            &[&publication, &table.schema, &table.name],
-        )
-        .await?;
-    if let Some(row) = existing {
-        let (inserts, via_root, covers): (bool, bool, bool) = (row.get(0), row.get(1), row.get(2));
-        if partitioned && !via_root {
-            return Err(SetupError::PartitionsNotViaRoot {
-                publication: publication.to_owned(),
-                table: table.to_string(),
-            });
-        }
-        if !(inserts && covers) {
-            return Err(SetupError::PublicationMismatch {
-                publication: publication.to_owned(),
-                table: table.to_string(),
-            });
-        }
-        return Ok(false);
-    }
-    let sql = format!(
-        "CREATE PUBLICATION {} FOR TABLE {} \
-         WITH (publish = 'insert', publish_via_partition_root = true)",
-        quote_ident(publication),
-        table.quoted()
-    );
-    match client.batch_execute(&sql).await {
-        Ok(()) => Ok(true),
-        Err(err) if is_duplicate(&err) => Ok(false),
-        Err(err) => Err(err.into()),
-    }
+    Ok(partitioned)
 }
 
 /// `pg_replication_slots.wal_status`: whether the WAL the slot needs is still there.

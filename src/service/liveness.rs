@@ -54,19 +54,26 @@ pub struct Liveness {
 
 impl Liveness {
     /// Starts checking that `slot` stays held by `walsender_pid` (when known), and that
-    /// `table` (when streamed) stays in `publication`, over a connection made from `config`.
+    /// each of `tables` (none with `--messages-only`) stays in `publication`, over a
+    /// connection made from `config`.
     pub fn spawn(
         config: &tokio_postgres::Config,
         tls: &PgTls,
         slot: &str,
         walsender_pid: Option<i32>,
-        table: Option<(&TableName, &str)>,
+        (tables, publication): (Vec<TableName>, &str),
     ) -> Liveness {
         let (tell, verdict) = watch::channel(None);
         let mut config = config.clone();
         config.application_name("pgoutbox liveness check");
-        let table = table.map(|(table, publication)| (table.clone(), publication.to_owned()));
-        let check = Check { config, tls: tls.clone(), slot: slot.to_owned(), walsender_pid, table };
+        let check = Check {
+            config,
+            tls: tls.clone(),
+            slot: slot.to_owned(),
+            walsender_pid,
+            tables,
+            publication: publication.to_owned(),
+        };
         let task = tokio::spawn(check.run(tell));
         Liveness { verdict, task: task.abort_handle() }
     }
@@ -88,8 +95,9 @@ struct Check {
     tls: PgTls,
     slot: String,
     walsender_pid: Option<i32>,
-    /// The outbox table and its publication.
-    table: Option<(TableName, String)>,
+    /// The outbox tables and their publication.
+    tables: Vec<TableName>,
+    publication: String,
 }
 
 impl Check {
@@ -160,7 +168,8 @@ impl Check {
         if let Some(why) = verdict(&self.slot, self.walsender_pid, holder) {
             return Ok(Some(Verdict::Unresponsive(why)));
         }
-        if let Some((table, publication)) = &self.table {
+        let publication = &self.publication;
+        for table in &self.tables {
             let answer = connected.simple_query(&outbox_table::query(table, publication)).await?;
             let rows: Vec<_> = answer
                 .iter()

@@ -11,12 +11,11 @@
 //! from [`LsnTracker::confirmed`], in [`Pipeline::send_status`]: that is the single place
 //! where an LSN is confirmed.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::domain::outbox::{Rejection, RowMapping};
 use crate::domain::progress::{Position, Timing};
@@ -24,7 +23,6 @@ use crate::domain::publishing::{Publishing, RowStep, Start, TailNotInWal};
 use crate::domain::source::Source;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher, refused_for_itself};
-use crate::postgres::outbox_table::OutboxTable;
 use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
@@ -44,12 +42,14 @@ mod memory;
 mod publish;
 mod replayed;
 mod seed;
+mod tables;
 mod window;
 
 use interruption::{Interruption, Interruptions};
 pub use memory::{Memory, Resume};
 use replayed::Replays;
 use seed::next_seed_row;
+use tables::{Described, TableSet};
 use window::{MAX_IN_FLIGHT, Window};
 
 /// How often acks are checked and gauges updated, and a report goes out when none did for
@@ -80,10 +80,8 @@ pub struct Pipeline<'a> {
     /// What each message is chained to, what its answer means, what may be confirmed.
     protocol: Publishing,
     in_flight: Window,
-    /// Shared so that a row's mapping stays at hand while the row is published.
-    mappings: HashMap<u32, Option<Arc<RowMapping>>>,
-    /// The outbox table as it is now (see `crate::postgres::outbox_table`).
-    table: Option<OutboxTable>,
+    /// The outbox tables, and the mapping of each relation described.
+    tables: TableSet<'a>,
     /// The mapping of `pg_logical_emit_message` events, when they are streamed.
     emitted: Option<Arc<RowMapping>>,
     /// The rows `pgoutbox replay` hands over through the replay table.
@@ -163,10 +161,12 @@ impl<'a> Pipeline<'a> {
             memory,
             protocol,
             in_flight: Window::new(acks),
-            mappings: HashMap::new(),
-            table: resume.table,
+            tables: TableSet::new(&config.tables, resume.tables),
             emitted: config.message_prefix.as_ref().map(|prefix| {
-                Arc::new(RowMapping::for_emitted_messages(prefix, &config.roles, &config.template))
+                let defaults = &config.defaults;
+                let mapping =
+                    RowMapping::for_emitted_messages(prefix, &defaults.roles, &defaults.template);
+                Arc::new(mapping.with_dead_letter_subject(&defaults.dead_letter_subject))
             }),
             replays: Replays::default(),
             transaction: None,
@@ -323,47 +323,15 @@ impl<'a> Pipeline<'a> {
                 self.observe_confirmed();
             }
             LogicalMessage::Relation(relation)
-                if Replays::is_replay_relation(
-                    &relation,
-                    self.table.as_ref(),
-                    self.config.table.as_ref(),
-                ) =>
+                if Replays::is_replay_relation(&relation, self.tables.first()) =>
             {
                 self.replays.describe(relation);
             }
             LogicalMessage::Relation(relation) => {
-                let ours = self.table.as_ref().is_some_and(|t| t.oid == relation.rel_id);
-                if let Some(table) = self.config.table.as_ref().filter(|_| ours)
-                    && (relation.namespace != table.schema || relation.name != table.name)
-                {
-                    warn!(%table, named = %format!("{}.{}", relation.namespace, relation.name),
-                        "the outbox table had another name when these rows were written; \
-                         they are published all the same (matched by the table's OID)");
-                }
-                let mapping = if ours {
+                if self.tables.is_first(&relation) {
                     self.replays.outbox_described(&relation);
-                    let roles = &self.config.roles;
-                    let mapping = match RowMapping::new(&relation, roles, &self.config.template) {
-                        Ok(mapping) => mapping,
-                        // A column the table has today, missing from this older version.
-                        Err(missing)
-                            if self
-                                .table
-                                .as_ref()
-                                .is_some_and(|t| t.columns.contains(&missing.column)) =>
-                        {
-                            warn!(%missing, "rows written before the column was added become \
-                                dead letters");
-                            RowMapping::unusable(&relation, roles, &missing)
-                        }
-                        Err(missing) => return Err(missing.into()),
-                    };
-                    Some(Arc::new(mapping))
-                } else {
-                    None
-                };
-                debug!(rel_id = relation.rel_id, ours, "relation");
-                self.mappings.insert(relation.rel_id, mapping);
+                }
+                self.tables.describe(&relation)?;
             }
             LogicalMessage::Insert(insert) => self.on_insert(insert).await?,
             LogicalMessage::Message(message) => self.on_emitted(message).await?,
@@ -381,10 +349,10 @@ impl<'a> Pipeline<'a> {
             return self.on_replayed(insert.tuple).await;
         }
         let position = self.next_position("Insert outside a transaction")?;
-        let mapping = match self.mappings.get(&insert.rel_id) {
-            Some(Some(mapping)) => Arc::clone(mapping),
-            Some(None) => return Ok(()), // another table in the publication
-            None => {
+        let mapping = match self.tables.mapping(insert.rel_id) {
+            Described::Ours(mapping) => mapping,
+            Described::Other => return Ok(()), // another table in the publication
+            Described::Never => {
                 return Err(PipelineError::Protocol("Insert for a relation never described"));
             }
         };

@@ -166,7 +166,7 @@ impl Seed {
             &config.pg_tls,
             Some(&exported.name),
             &config.table,
-            &config.pipeline.roles,
+            &config.entry().roles,
         )
         .await?;
         // Imported: the exporting session may go.
@@ -175,14 +175,12 @@ impl Seed {
         let since = match kind {
             SeedKind::Backfill => None,
             SeedKind::Recover => {
-                let pipeline = &config.pipeline;
-                let mapping =
-                    RowMapping::new(snapshot.relation(), &pipeline.roles, &pipeline.template)?;
+                let mapping = RowMapping::of_entry(snapshot.relation(), config.entry())?;
                 bound(publisher, &snapshot, &mapping, margin).await?
             }
         };
         let from = since.map_or(ReadFrom::Start, |since| ReadFrom::Time(since - margin));
-        let payload_column = config.pipeline.roles.payload.clone();
+        let payload_column = config.entry().roles.payload.clone();
         let (held, read_up_to) = publisher.held_rows(from, &payload_column).await?;
         let total = snapshot.count(&Selection::Since(since)).await?;
         info!(
@@ -243,8 +241,7 @@ impl Seed {
 
     /// The rows to publish, from the first, for one attempt.
     pub fn prelude(&mut self, config: &PipelineConfig) -> Result<Prelude, MappingError> {
-        let mapping =
-            Arc::new(RowMapping::new(self.snapshot.relation(), &config.roles, &config.template)?);
+        let mapping = Arc::new(RowMapping::of_entry(self.snapshot.relation(), config.first())?);
         let (rows, reader) = self.snapshot.read(&Selection::Since(self.since));
         self.done = 0;
         let mut marks = vec![(

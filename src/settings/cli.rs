@@ -2,6 +2,17 @@
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// Whether argument `id` was given on the command line or by its variable, before or
+/// after the subcommand (a default was not): such a value wins over `--config`'s top level.
+pub fn explicit(matches: &clap::ArgMatches, id: &str) -> bool {
+    use clap::parser::ValueSource;
+    let given = |m: &clap::ArgMatches| {
+        let source = m.try_get_raw(id).ok().and_then(|_| m.value_source(id));
+        matches!(source, Some(ValueSource::CommandLine | ValueSource::EnvVariable))
+    };
+    given(matches) || matches.subcommand().is_some_and(|(_, sub)| given(sub))
+}
+
 /// `--help` groups the flags under these headings, the same in every subcommand.
 const POSTGRES: &str = "Postgres";
 const NATS: &str = "NATS";
@@ -170,7 +181,8 @@ pub struct SlotArgs {
 }
 
 /// `--cloudevents`'s content modes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum CloudEventsMode {
     Binary,
     Structured,
@@ -184,8 +196,15 @@ pub enum LogFormat {
 
 /// Settings shared by every subcommand. `DATABASE_URL` and `NATS_URL` are read as
 /// fallbacks in `config`, since clap reads one environment variable per argument.
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct CommonArgs {
+    /// A TOML file of settings, keys spelled as these flags (database-url, stream, ...);
+    /// [[table]] entries name several tables, each with its own subject-template,
+    /// dead-letter-subject, column roles, cloudevents and ttl-column. A flag or variable
+    /// given wins over the file's top level, never over a [[table]] key (see
+    /// docs/operations.md, Several tables)
+    #[arg(long, global = true, env = "PGOUTBOX_CONFIG")]
+    pub config: Option<std::path::PathBuf>,
     /// Postgres connection string, URL or key=value, as libpq reads it; unset parameters
     /// come from a service (service=, PGSERVICE), then libpq's PG* variables (PGHOST,
     /// PGPORT, PGUSER, PGDATABASE, PGSSLMODE, ...), the password from ~/.pgpass or
@@ -219,9 +238,12 @@ pub struct CommonArgs {
     /// Client key (PEM) for NATS mutual TLS, with --nats-tls-cert
     #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_TLS_KEY", requires = "nats_tls_cert")]
     pub nats_tls_key: Option<std::path::PathBuf>,
-    /// The outbox table, schema-qualified or in `public`.
-    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TABLE", default_value = "public.outbox")]
-    pub table: String,
+    /// The outbox table, schema-qualified or in `public`; repeatable (or comma-separated)
+    /// for several tables that share every other setting, streamed into one stream in
+    /// commit order, each message naming its table in Pgoutbox-Table and, with several
+    /// tables, in its Nats-Msg-Id (<schema>.<table>:<id>)
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TABLE", value_delimiter = ',', default_value = "public.outbox")]
+    pub table: Vec<String>,
     /// Logical replication slot name.
     #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_SLOT", default_value = "pgoutbox")]
     pub slot: String,

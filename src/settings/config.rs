@@ -3,7 +3,9 @@
 
 use anyhow::{Context, anyhow};
 
-use crate::domain::outbox::{CloudEvents, ColumnRoles, ContentMode, SubjectTemplate};
+use crate::domain::outbox::{
+    CloudEvents, ColumnRoles, ContentMode, MessageId, SubjectTemplate, TableEntry,
+};
 use crate::nats::connect::NatsSettings;
 use crate::nats::credentials::NatsAuth;
 use crate::postgres::admin::TableName;
@@ -12,6 +14,7 @@ use crate::postgres::libpq_env::{self, Files};
 pub use crate::postgres::libpq_env::{Env, ProcessEnv};
 use crate::postgres::password_command::PasswordCommand;
 use crate::settings::cli::{CloudEventsMode, CommonArgs};
+use crate::settings::file::FileSettings;
 
 /// Where the Postgres settings come from, for errors in them.
 const SETTINGS: &str =
@@ -26,6 +29,7 @@ pub struct Config {
     pub database: tokio_postgres::Config,
     pub pg_tls: crate::postgres::tls::PgTls,
     pub nats: NatsSettings,
+    /// The first outbox table: the one `replay`, the seed and `--retention` serve.
     pub table: TableName,
     /// `--messages-only`: no table is read or checked.
     pub messages_only: bool,
@@ -41,16 +45,23 @@ pub struct Config {
 /// Where rows come from and how they become messages.
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
-    /// The outbox table whose rows are streamed; `None` with `--messages-only`.
-    pub table: Option<TableName>,
-    pub roles: ColumnRoles,
-    pub template: SubjectTemplate,
-    pub dead_letter_subject: String,
+    /// The outbox tables whose rows are streamed, each with its own settings; none with
+    /// `--messages-only`.
+    pub tables: Vec<TableEntry>,
+    /// The settings given for no table in particular: emitted messages are mapped by them.
+    pub defaults: TableEntry,
     /// Stop reading WAL while this many payload bytes wait for acks (`--max-in-flight-bytes`).
     pub max_in_flight_bytes: usize,
     /// Stream `pg_logical_emit_message` events with this prefix (`--message-prefix`);
     /// `None` when turned off.
     pub message_prefix: Option<String>,
+}
+
+impl PipelineConfig {
+    /// The first table's entry, the defaults with `--messages-only`.
+    pub fn first(&self) -> &TableEntry {
+        self.tables.first().unwrap_or(&self.defaults)
+    }
 }
 
 impl Config {
@@ -59,6 +70,45 @@ impl Config {
     /// are logged here, once.
     pub fn from_args(
         args: &CommonArgs,
+        env: &dyn Env,
+        files: &dyn Files,
+    ) -> anyhow::Result<Config> {
+        Self::with_tables(args, &[], env, files)
+    }
+
+    /// The settings `args` give with the file `--config` names read in: `given(id)` says
+    /// whether clap's argument `id` came from the command line or its variable, which
+    /// then wins over the file's top level (`settings::file`).
+    pub fn load(
+        args: &CommonArgs,
+        given: &dyn Fn(&str) -> bool,
+        env: &dyn Env,
+        files: &dyn Files,
+    ) -> anyhow::Result<Config> {
+        match &args.config {
+            None => Self::from_args(args, env, files),
+            Some(path) => {
+                let file = FileSettings::read(path)?;
+                // clap sees no variable for these two: `from_args` reads their fallbacks.
+                let fallbacks = |id: &str| match id {
+                    "database_url" => ["PGOUTBOX_DATABASE_URL", "DATABASE_URL"],
+                    "nats_url" => ["PGOUTBOX_NATS_URL", "NATS_URL"],
+                    _ => ["", ""],
+                };
+                let given = |id: &str| {
+                    given(id) || fallbacks(id).iter().any(|v| !v.is_empty() && env.var(v).is_some())
+                };
+                let (args, tables) = crate::settings::file::merge(args.clone(), &file, &given)?;
+                Self::with_tables(&args, &tables, env, files)
+            }
+        }
+    }
+
+    /// `per_table`: the arguments of each `[[table]]` entry of the file (none: `--table`
+    /// names the tables, which share `args`).
+    fn with_tables(
+        args: &CommonArgs,
+        per_table: &[CommonArgs],
         env: &dyn Env,
         files: &dyn Files,
     ) -> anyhow::Result<Config> {
@@ -109,43 +159,46 @@ impl Config {
         // The credentials now live in `auth`; async-nats logs server addresses with `Debug`
         // (at debug level), so the addresses keep none.
         let nats_servers = nats_servers.into_iter().map(without_credentials).collect();
-        let table: TableName = args.table.parse().map_err(|e| anyhow!("--table: {e}"))?;
-        let template: SubjectTemplate =
-            args.subject_template.parse().context("--subject-template")?;
         check_name("--slot", &args.slot, |c| {
             c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'
         })?;
         check_name("--stream", &args.stream, |c| !c.is_whitespace() && !".*>/\\".contains(c))?;
-        check_subject("--dead-letter-subject", &args.dead_letter_subject)?;
-        let roles = ColumnRoles {
-            id: args.id_column.clone(),
-            payload: args.payload_column.clone(),
-            headers: args.headers_column.clone(),
-            aggregate_type: args.aggregate_type_column.clone(),
-            aggregate_id: args.aggregate_id_column.clone(),
-            event_type: args.event_type_column.clone(),
-            created_at: args.created_at_column.clone(),
-            ttl: args.ttl_column.clone(),
-            allowed_nats_headers: allowed_nats_headers(&args.allow_nats_header)?,
-            cloudevents: args.cloudevents.map(|mode| CloudEvents {
-                mode: match mode {
-                    CloudEventsMode::Binary => ContentMode::Binary,
-                    CloudEventsMode::Structured => ContentMode::Structured,
-                },
-                source: args.cloudevents_source.clone(),
-                // libpq's default database is the user's name.
-                database: database.get_dbname().or(database.get_user()).unwrap_or("").to_owned(),
-            }),
+        let names = match per_table.is_empty() {
+            true => table_names(&args.table)?,
+            false => {
+                table_names(&per_table.iter().flat_map(|a| a.table.clone()).collect::<Vec<_>>())?
+            }
         };
+        let message_id = match names.len() {
+            1 => MessageId::Row,
+            _ => MessageId::Qualified,
+        };
+        // libpq's default database is the user's name.
+        let database_name = database.get_dbname().or(database.get_user()).unwrap_or("");
+        let entry = table_entry(args, names[0].clone(), database_name, message_id)?;
+        let tables = match (args.messages_only, per_table.is_empty()) {
+            (true, _) => Vec::new(),
+            (false, true) => names
+                .iter()
+                .map(|table| TableEntry { table: table.clone(), ..entry.clone() })
+                .collect(),
+            (false, false) => per_table
+                .iter()
+                .zip(&names)
+                .map(|(args, table)| {
+                    table_entry(args, table.clone(), database_name, message_id)
+                        .with_context(|| format!("[[table]] {table} in --config"))
+                })
+                .collect::<anyhow::Result<_>>()?,
+        };
+        let table = names[0].clone();
         Ok(Config {
             database,
             pg_tls,
             nats: NatsSettings { servers: nats_servers, auth },
             pipeline: PipelineConfig {
-                table: (!args.messages_only).then(|| table.clone()),
-                roles,
-                template,
-                dead_letter_subject: args.dead_letter_subject.clone(),
+                tables,
+                defaults: entry,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
                 message_prefix: None,
             },
@@ -164,23 +217,72 @@ impl Config {
         self
     }
 
-    /// The subjects the stream must cover: the template's wildcard and the dead-letter subject.
-    pub fn stream_subjects(&self) -> Vec<String> {
-        let wildcard = self.pipeline.template.wildcard();
-        let dead_letter = &self.pipeline.dead_letter_subject;
-        if crate::nats::publisher::subject_covers(&wildcard, dead_letter) {
-            vec![wildcard]
-        } else {
-            vec![wildcard, dead_letter.clone()]
+    /// The first table's entry (the defaults with `--messages-only`): the one `replay`,
+    /// the seed and `--retention` serve.
+    pub fn entry(&self) -> &TableEntry {
+        self.pipeline.first()
+    }
+
+    /// Refuses `what` (a seed, `--retention`, `replay`: each reads one table so far) when
+    /// several tables are configured, rather than serve only the first of them.
+    pub fn refuse_several_tables(&self, what: &str) -> anyhow::Result<()> {
+        if self.pipeline.tables.len() > 1 {
+            return Err(anyhow!(
+                "{what} with several tables is not supported yet: it reads one table and \
+                 would leave the other tables' rows out (see docs/operations.md, Several \
+                 tables)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every entry: each table's, or the defaults alone with `--messages-only`.
+    fn entries(&self) -> &[TableEntry] {
+        match self.pipeline.tables.is_empty() {
+            true => std::slice::from_ref(&self.pipeline.defaults),
+            false => &self.pipeline.tables,
         }
     }
 
-    /// Columns that must exist in the table, with their role.
-    pub fn required_columns(&self) -> Vec<(&str, &str)> {
-        let roles = &self.pipeline.roles;
+    /// The subjects the stream must cover: each entry's wildcard and dead-letter subject,
+    /// and the defaults' (emitted messages), each once and none covered by another.
+    pub fn stream_subjects(&self) -> Vec<String> {
+        let defaults = std::iter::once(&self.pipeline.defaults);
+        let mut wanted = Vec::new();
+        for entry in self.entries().iter().chain(defaults) {
+            wanted.push(entry.template.wildcard());
+            wanted.push(entry.dead_letter_subject.clone());
+        }
+        let covers = crate::nats::publisher::subject_covers;
+        let mut subjects: Vec<String> = Vec::new();
+        for (i, subject) in wanted.iter().enumerate() {
+            let covered_by_other = wanted.iter().enumerate().any(|(j, other)| {
+                j != i && covers(other, subject) && (!covers(subject, other) || j < i)
+            });
+            if !covered_by_other {
+                subjects.push(subject.clone());
+            }
+        }
+        subjects
+    }
+
+    /// Every dead-letter subject, each once: the tables' and the emitted messages'.
+    pub fn dead_letter_subjects(&self) -> Vec<&str> {
+        let mut subjects: Vec<&str> = Vec::new();
+        for entry in self.entries().iter().chain([&self.pipeline.defaults]) {
+            if !subjects.contains(&entry.dead_letter_subject.as_str()) {
+                subjects.push(&entry.dead_letter_subject);
+            }
+        }
+        subjects
+    }
+
+    /// Columns that must exist in `entry`'s table, with their role.
+    pub fn required_columns(entry: &TableEntry) -> Vec<(&str, &str)> {
+        let roles = &entry.roles;
         let mut columns =
             vec![("id column", roles.id.as_str()), ("payload column", roles.payload.as_str())];
-        columns.extend(self.pipeline.template.columns().map(|c| ("subject placeholder", c)));
+        columns.extend(entry.template.columns().map(|c| ("subject placeholder", c)));
         if let Some(ttl) = &roles.ttl {
             columns.push(("TTL column", ttl));
         }
@@ -192,8 +294,63 @@ impl Config {
 
     /// What the stream must allow for the messages the settings make.
     pub fn stream_features(&self) -> crate::nats::publisher::StreamFeatures {
-        crate::nats::publisher::StreamFeatures { message_ttl: self.pipeline.roles.ttl.is_some() }
+        let message_ttl = self.entries().iter().any(|entry| entry.roles.ttl.is_some());
+        crate::nats::publisher::StreamFeatures { message_ttl }
     }
+}
+
+/// One table's entry from its arguments.
+fn table_entry(
+    args: &CommonArgs,
+    table: TableName,
+    database: &str,
+    message_id: MessageId,
+) -> anyhow::Result<TableEntry> {
+    let template: SubjectTemplate = args.subject_template.parse().context("--subject-template")?;
+    check_subject("--dead-letter-subject", &args.dead_letter_subject)?;
+    let roles = ColumnRoles {
+        id: args.id_column.clone(),
+        payload: args.payload_column.clone(),
+        headers: args.headers_column.clone(),
+        aggregate_type: args.aggregate_type_column.clone(),
+        aggregate_id: args.aggregate_id_column.clone(),
+        event_type: args.event_type_column.clone(),
+        created_at: args.created_at_column.clone(),
+        ttl: args.ttl_column.clone(),
+        allowed_nats_headers: allowed_nats_headers(&args.allow_nats_header)?,
+        cloudevents: args.cloudevents.map(|mode| CloudEvents {
+            mode: match mode {
+                CloudEventsMode::Binary => ContentMode::Binary,
+                CloudEventsMode::Structured => ContentMode::Structured,
+            },
+            source: args.cloudevents_source.clone(),
+            database: database.to_owned(),
+        }),
+    };
+    let dead_letter_subject = args.dead_letter_subject.clone();
+    Ok(TableEntry { table, roles, template, dead_letter_subject, message_id })
+}
+
+/// `--table`'s tables, each once.
+fn table_names(values: &[String]) -> anyhow::Result<Vec<TableName>> {
+    let mut tables: Vec<TableName> = Vec::with_capacity(values.len());
+    for value in values.iter().map(|v| v.trim()) {
+        if value.contains('*') {
+            return Err(anyhow!(
+                "--table {value:?}: tables named by a pattern are not supported yet; name \
+                 each table"
+            ));
+        }
+        let table: TableName = value.parse().map_err(|e| anyhow!("--table: {e}"))?;
+        if tables.contains(&table) {
+            return Err(anyhow!("--table names {table} twice"));
+        }
+        tables.push(table);
+    }
+    if tables.is_empty() {
+        return Err(anyhow!("--table names no table"));
+    }
+    Ok(tables)
 }
 
 /// `--allow-nats-header`, lowercase, each checked.

@@ -4,4 +4,5 @@
 
 pub mod cli;
 pub mod config;
+pub mod file;
 pub mod units;

@@ -46,6 +46,7 @@ mod retention;
 mod rotating_password;
 mod schema_change_mid_stream;
 mod seed_from_table;
+mod several_tables;
 mod short_wal_sender_timeout;
 mod sigterm_drains_then_exits_zero;
 mod stall_detector;

@@ -140,14 +140,12 @@ impl Target<'_> {
         {
             return Err(PipelineError::InRecovery { slot: slot.clone() });
         }
-        let outbox_table = match &pipeline.table {
-            Some(table) => {
-                let query = outbox_table::query(table, &config.publication);
-                let rows = conn.simple_query(&query).await?;
-                Some(outbox_table::judge(&rows, table, &config.publication)?)
-            }
-            None => None,
-        };
+        let mut outbox_tables = Vec::with_capacity(pipeline.tables.len());
+        for entry in &pipeline.tables {
+            let query = outbox_table::query(&entry.table, &config.publication);
+            let rows = conn.simple_query(&query).await?;
+            outbox_tables.push(outbox_table::judge(&rows, &entry.table, &config.publication)?);
+        }
         // The source is named by the slot it streams from for good, also while seeding.
         let source =
             Source::new(identity.system_id, identity.timeline, &identity.database, &config.slot);
@@ -230,7 +228,8 @@ impl Target<'_> {
             .await
             .map_err(|err| PipelineError::from_start_replication(slot, err))?;
         // Stopped when this attempt ends, with the guard.
-        let watched = pipeline.table.as_ref().map(|table| (table, config.publication.as_str()));
+        let watched: Vec<_> = pipeline.tables.iter().map(|entry| entry.table.clone()).collect();
+        let watched = (watched, config.publication.as_str());
         let liveness = Liveness::spawn(database, &config.pg_tls, slot, conn.backend_pid(), watched);
         info!(
             %slot,
@@ -248,7 +247,7 @@ impl Target<'_> {
             skip_through,
             source,
             message_limit: tail.message_limit,
-            table: outbox_table,
+            tables: outbox_tables,
             prelude: memory.seed.as_mut().map(|seed| seed.prelude(pipeline)).transpose()?,
         };
         let outbound = publisher.outbound(dialer).await.map_err(|err| {

@@ -89,9 +89,19 @@ async fn read(config: &Config, slot_in_use: bool, report: &mut NatsReport) {
     report.stream["bytes"] = json!(info.state.bytes);
     report.stream["last_sequence"] = json!(info.state.last_sequence);
     report.stream["duplicate_window_seconds"] = json!(info.config.duplicate_window.as_secs_f64());
-    match publisher.count_on_subject(&config.pipeline.dead_letter_subject).await {
-        Ok(count) => report.stream["dead_letters"] = json!(count),
-        Err(err) => report.critical(format!("counting the dead letters: {err}")),
+    let mut dead_letters = Some(0);
+    for subject in config.dead_letter_subjects() {
+        match publisher.count_on_subject(subject).await {
+            Ok(count) => dead_letters = dead_letters.map(|sum| sum + count),
+            Err(err) => {
+                report.critical(format!("counting the dead letters: {err}"));
+                dead_letters = None;
+                break;
+            }
+        }
+    }
+    if let Some(count) = dead_letters {
+        report.stream["dead_letters"] = json!(count);
     }
     report.replay = publisher.last_replay().await.ok().flatten().map(replay_report);
     judge_writer(config, &publisher, slot_in_use, report).await;

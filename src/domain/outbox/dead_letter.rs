@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::{Headers, MESSAGE_ID_HEADER, OutboxEvent, Rejection, RowMapping};
+use super::{Headers, MESSAGE_ID_HEADER, OutboxEvent, Rejection, RowMapping, TABLE_HEADER};
 use crate::domain::progress::Position;
 use crate::domain::row::ColumnValue;
 
@@ -121,9 +121,9 @@ impl RowMapping {
     /// apart, not for publishing.
     pub fn row_id<'t>(&self, tuple: &'t [ColumnValue]) -> Option<Cow<'t, str>> {
         let id = tuple.get(self.id).and_then(lossy_text)?;
-        match self.id_prefix.is_empty() {
+        match self.id_prefix.is_empty() && self.id_qualifier.is_empty() {
             true => Some(id),
-            false => Some(Cow::Owned(format!("{}{id}", self.id_prefix))),
+            false => Some(Cow::Owned(format!("{}{}{id}", self.id_prefix, self.id_qualifier))),
         }
     }
 
@@ -172,12 +172,13 @@ impl RowMapping {
             .into_iter()
             .map(|shape| {
                 let omitted = !matches!(shape, Shape::Whole);
-                let headers = headers(&message_id, &reason, omitted);
+                let headers = headers(&message_id, &self.source_table, &reason, omitted);
                 (headers, letter.body(shape), omitted)
             })
             .find(|(headers, body, _)| headers.wire_len() + body.len() <= budget)
             .unwrap_or_else(|| {
-                (headers(&message_id, &reason, true), letter.body(Shape::LastResort), true)
+                let headers = headers(&message_id, &self.source_table, &reason, true);
+                (headers, letter.body(Shape::LastResort), true)
             });
         DeadLetter {
             event: OutboxEvent {
@@ -269,14 +270,19 @@ impl DeadLetter {
     /// id an older message has, since a letter named by that id could collide as well.
     pub fn named_by_position(mut self, position: Position) -> DeadLetter {
         self.event.id = format!("{DEAD_LETTER_ID_PREFIX}{position}");
-        self.event.headers = headers(&self.event.id, &self.reason, self.payload_omitted);
+        let table = self.event.headers.get(TABLE_HEADER).unwrap_or_default().to_owned();
+        self.event.headers = headers(&self.event.id, &table, &self.reason, self.payload_omitted);
         self
     }
 }
 
-fn headers(message_id: &str, reason: &str, payload_omitted: bool) -> Headers {
+/// `table`: the `Pgoutbox-Table` value (header-safe already), none when empty.
+fn headers(message_id: &str, table: &str, reason: &str, payload_omitted: bool) -> Headers {
     let mut headers = Headers::with_capacity(128 + message_id.len() + reason.len());
     headers.insert(MESSAGE_ID_HEADER, &one_line(message_id));
+    if !table.is_empty() {
+        headers.insert(TABLE_HEADER, table);
+    }
     headers.insert(DEAD_LETTER_REASON_HEADER, &one_line(reason));
     headers.insert(PAYLOAD_OMITTED_HEADER, if payload_omitted { "true" } else { "false" });
     headers

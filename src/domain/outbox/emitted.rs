@@ -72,6 +72,9 @@ impl RowMapping {
             ttl,
             allowed_nats_headers: roles.allowed_nats_headers.clone(),
             envelope,
+            dead_letter_subject: String::new(),
+            source_table: String::new(),
+            id_qualifier: String::new(),
         }
     }
 

@@ -1,7 +1,7 @@
 //! One table's settings: which column plays which role, and what the message makes of
-//! them. Kept together so that each table could later have its own.
+//! them, gathered in a [`TableEntry`], so that each table of several has its own.
 
-use super::CloudEvents;
+use super::{CloudEvents, SubjectTemplate};
 
 /// Which column plays which role, and what the message makes of them; defaults follow
 /// `sql/outbox.sql`. One table's settings, so that each table could have its own.
@@ -38,4 +38,62 @@ impl Default for ColumnRoles {
             cloudevents: None,
         }
     }
+}
+
+/// A schema-qualified table name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TableName {
+    pub schema: String,
+    pub name: String,
+}
+
+/// A `--table` value that names no table.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid table name {0:?}: expected schema.table or table")]
+pub struct InvalidTableName(String);
+
+impl std::str::FromStr for TableName {
+    type Err = InvalidTableName;
+
+    fn from_str(s: &str) -> Result<Self, InvalidTableName> {
+        let (schema, name) = s.split_once('.').unwrap_or(("public", s));
+        if schema.is_empty() || name.is_empty() || name.contains('.') {
+            return Err(InvalidTableName(s.to_owned()));
+        }
+        Ok(TableName { schema: schema.to_owned(), name: name.to_owned() })
+    }
+}
+
+impl std::fmt::Display for TableName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+impl TableName {
+    pub fn quoted(&self) -> String {
+        use postgres_protocol::escape::escape_identifier as quote_ident;
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+    }
+}
+
+/// What a row's `Nats-Msg-Id` is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageId {
+    /// The id column's text, as with one table: what consumers deduplicated by so far.
+    Row,
+    /// `<schema>.<table>:<id>`: with several tables, bigserial ids of two tables collide,
+    /// and JetStream would take the second row for a duplicate of the first.
+    Qualified,
+}
+
+/// One outbox table and everything that is its own: the column roles, the subject
+/// template, the dead-letter subject and how its message ids are made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableEntry {
+    pub table: TableName,
+    pub roles: ColumnRoles,
+    pub template: SubjectTemplate,
+    pub dead_letter_subject: String,
+    pub message_id: MessageId,
 }

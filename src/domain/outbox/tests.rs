@@ -316,3 +316,37 @@ fn only_allowed_nats_headers_pass_from_the_headers_column() {
         mapping_with(roles, &outbox_relation()).map(&row(text("order"), "created", trace)).unwrap();
     assert_eq!(header(&event, "Nats-Trace-Dest"), Some("trace.here"));
 }
+
+#[test]
+fn a_row_names_its_table_and_with_several_tables_its_id_is_qualified() {
+    let entry = |message_id| TableEntry {
+        table: "public.outbox".parse().unwrap(),
+        roles: ColumnRoles::default(),
+        template: "outbox.{aggregate_type}.{event_type}".parse().unwrap(),
+        dead_letter_subject: "billing.dead_letter".into(),
+        message_id,
+    };
+    let tuple = row(text("order"), "created", ColumnValue::Null);
+    let plain = RowMapping::of_entry(&outbox_relation(), &entry(MessageId::Row)).unwrap();
+    let event = plain.map(&tuple).unwrap();
+    assert_eq!(header(&event, "Nats-Msg-Id"), Some("6f1c1a52-0000-4000-8000-000000000001"));
+    assert_eq!(header(&event, "Pgoutbox-Table"), Some("public.outbox"));
+    assert_eq!(plain.dead_letter_subject(), "billing.dead_letter");
+    let qualified = RowMapping::of_entry(&outbox_relation(), &entry(MessageId::Qualified)).unwrap();
+    let event = qualified.map(&tuple).unwrap();
+    let id = "public.outbox:6f1c1a52-0000-4000-8000-000000000001";
+    assert_eq!((event.id.as_str(), header(&event, "Nats-Msg-Id")), (id, Some(id)));
+    assert_eq!(qualified.row_id(&tuple).as_deref(), Some(id));
+    let letter = qualified.dead_letter(
+        &tuple,
+        crate::domain::progress::Position { commit_lsn: 1, index: 0 },
+        &Rejection("why".into()),
+        "billing.dead_letter",
+        4096,
+    );
+    assert_eq!(header(&letter.event, "Pgoutbox-Table"), Some("public.outbox"));
+    let renamed =
+        letter.named_by_position(crate::domain::progress::Position { commit_lsn: 1, index: 0 });
+    assert_eq!(header(&renamed.event, "Pgoutbox-Table"), Some("public.outbox"));
+    assert_eq!(header_safe_table("a.b\nc"), "a.b\\nc");
+}

@@ -99,9 +99,9 @@ pub struct Resume {
     pub source: Source,
     /// The largest message the server and the stream accept (`StreamTail::message_limit`).
     pub message_limit: usize,
-    /// The outbox table as it is now: rows are matched by its OID, not by the name of the
-    /// moment.
-    pub table: Option<crate::postgres::outbox_table::OutboxTable>,
+    /// The outbox tables as they are now, in the entries' order: rows are matched by their
+    /// table's OID, not by the name of the moment.
+    pub tables: Vec<crate::postgres::outbox_table::OutboxTable>,
     /// A seed's rows, published before the slot's (`service::seed`).
     pub prelude: Option<crate::service::seed::Prelude>,
 }

@@ -27,7 +27,10 @@ impl Pipeline<'_> {
     ) -> Result<(), PipelineError> {
         let SentRow { mapping, tuple, position } = row;
         let position = *position;
-        let subject = &self.config.dead_letter_subject;
+        let subject = match mapping.dead_letter_subject() {
+            "" => &self.config.defaults.dead_letter_subject,
+            own => own,
+        };
         // The guard repeats the previous message's id, which may be long.
         let budget = self.letter_budget.saturating_sub(self.protocol.guard().header_bytes());
         let mut letter = mapping.dead_letter(tuple, position, reason, subject, budget);

@@ -17,7 +17,7 @@ use bytes::Bytes;
 use tracing::warn;
 
 use super::Pipeline;
-use crate::domain::outbox::RowMapping;
+use crate::domain::outbox::{RowMapping, TableEntry};
 use crate::domain::progress::Position;
 use crate::domain::seed::replay_id_prefix;
 use crate::postgres::pgoutput::{ColumnValue, Relation, ReplayFrame, ReplayedRow};
@@ -67,12 +67,11 @@ impl Replays {
     /// attempt's start, or by the name pgoutput gives it (added to the publication since).
     pub(super) fn is_replay_relation(
         relation: &Relation,
-        table: Option<&crate::postgres::outbox_table::OutboxTable>,
-        name: Option<&crate::postgres::admin::TableName>,
+        first: Option<(&TableEntry, &crate::postgres::outbox_table::OutboxTable)>,
     ) -> bool {
-        let by_oid = table.is_some_and(|t| t.replay == Some(relation.rel_id));
-        let by_name = name.is_some_and(|name| {
-            let replay = crate::postgres::outbox_table::replay_table(name);
+        let by_oid = first.is_some_and(|(_, t)| t.replay == Some(relation.rel_id));
+        let by_name = first.is_some_and(|(entry, _)| {
+            let replay = crate::postgres::outbox_table::replay_table(&entry.table);
             relation.namespace == replay.schema && relation.name == replay.name
         });
         by_oid || by_name
@@ -120,20 +119,16 @@ impl Replays {
 
     /// The row's mapping: each replayed row's `Nats-Msg-Id` names its replay and its place
     /// in it (`replay_id_prefix`), so two rows of one replay never share one.
-    fn mapping(
-        &mut self,
-        row: &ReplayedRow,
-        pipeline: &crate::settings::config::PipelineConfig,
-    ) -> Arc<RowMapping> {
+    fn mapping(&mut self, row: &ReplayedRow, entry: &TableEntry) -> Arc<RowMapping> {
         let base = match &self.mapping {
             Some((known, mapping)) if *known == row.relation => Arc::clone(mapping),
             _ => {
-                let (roles, template) = (&pipeline.roles, &pipeline.template);
                 // A row that lacks a column this pgoutbox maps becomes a dead letter.
-                let mapping =
-                    Arc::new(RowMapping::new(&row.relation, roles, template).unwrap_or_else(
-                        |missing| RowMapping::unusable(&row.relation, roles, &missing),
-                    ));
+                let mapping = Arc::new(RowMapping::of_entry(&row.relation, entry).unwrap_or_else(
+                    |missing| {
+                        RowMapping::unusable(&row.relation, &entry.roles, &missing).in_entry(entry)
+                    },
+                ));
                 self.mapping = Some((row.relation.clone(), Arc::clone(&mapping)));
                 mapping
             }
@@ -166,18 +161,21 @@ impl Pipeline<'_> {
                 let Some(relation) = relation else {
                     return Err(PipelineError::Protocol("Insert for a relation never described"));
                 };
-                let mapping = RowMapping::refusing(relation, &self.config.roles, why);
+                let entry = self.config.first();
+                let mapping = RowMapping::refusing(relation, &entry.roles, why).in_entry(entry);
                 return self.on_row(Arc::new(mapping), tuple, position, None).await;
             }
         };
         let position = self.next_position("replayed row outside a transaction")?;
         let mapping = match self.foreign(&row.relation) {
-            None => self.replays.mapping(&row, self.config),
+            None => self.replays.mapping(&row, self.config.first()),
             Some(why) => {
                 warn!(%position, reason = %why, "a replayed row is published as a dead letter");
                 self.metrics.replayed_rows_unreadable.increment(1);
                 let prefix = replay_id_prefix(&row.replay_id, row.index);
-                let mapping = RowMapping::refusing(&row.relation, &self.config.roles, why);
+                let entry = self.config.first();
+                let mapping =
+                    RowMapping::refusing(&row.relation, &entry.roles, why).in_entry(entry);
                 Arc::new(mapping.with_id_prefix(prefix))
             }
         };
@@ -215,9 +213,10 @@ impl Pipeline<'_> {
 
     /// Why a replayed row's relation is not the outbox table as this pgoutbox knows it.
     fn foreign(&self, relation: &Relation) -> Option<String> {
-        let (Some(table), Some(name)) = (&self.table, &self.config.table) else {
+        let Some((entry, table)) = self.tables.first() else {
             return Some("no outbox table is streamed".into());
         };
+        let name = &entry.table;
         let columns: Vec<String> = relation.columns.iter().map(|c| c.name.clone()).collect();
         let known =
             columns == table.columns || Some(&columns) == self.replays.outbox_columns.as_ref();
@@ -335,7 +334,7 @@ mod tests {
 
     #[test]
     fn two_rows_of_one_replay_that_share_an_id_get_two_message_ids() {
-        use crate::domain::outbox::{ColumnRoles, SubjectTemplate};
+        use crate::domain::outbox::{ColumnRoles, MessageId, SubjectTemplate, TableEntry};
         use crate::postgres::pgoutput::Column;
         let column =
             |name: &str| Column { flags: 0, name: name.into(), type_oid: 25, type_modifier: -1 };
@@ -347,13 +346,12 @@ mod tests {
             columns: ["id", "aggregate_type", "event_type", "payload"].map(column).to_vec(),
         };
         let template: SubjectTemplate = "outbox.{aggregate_type}.{event_type}".parse().unwrap();
-        let config = crate::settings::config::PipelineConfig {
-            table: None,
+        let entry = TableEntry {
+            table: "public.outbox".parse().unwrap(),
             roles: ColumnRoles::default(),
             template,
             dead_letter_subject: "outbox.dead_letter".into(),
-            max_in_flight_bytes: 1 << 20,
-            message_prefix: None,
+            message_id: MessageId::Row,
         };
         let text = |s: &'static str| ColumnValue::Text(Bytes::from_static(s.as_bytes()));
         let tuple = vec![text("7"), text("order"), text("created"), text("{}")];
@@ -367,7 +365,7 @@ mod tests {
         let mut replays = Replays::default();
         let ids: Vec<String> = [row(1), row(2)]
             .iter()
-            .map(|row| replays.mapping(row, &config).map(&row.tuple).unwrap().id)
+            .map(|row| replays.mapping(row, &entry).map(&row.tuple).unwrap().id)
             .collect();
         assert_eq!(ids, ["replay:r1/1:7", "replay:r1/2:7"]);
     }

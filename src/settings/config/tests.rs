@@ -97,16 +97,100 @@ fn cloudevents_and_nats_controls_are_read_and_checked() {
     let c =
         config(&["--cloudevents", "--ttl-column=ttl", "--allow-nats-header=Nats-Trace-Dest"], &db)
             .unwrap();
-    let roles = &c.pipeline.roles;
+    let roles = &c.entry().roles;
     let cloudevents = roles.cloudevents.as_ref().expect("--cloudevents alone is binary");
     assert_eq!((cloudevents.mode, cloudevents.database.as_str()), (ContentMode::Binary, "shop"));
     assert_eq!(roles.allowed_nats_headers, ["nats-trace-dest"]);
-    assert!(c.required_columns().contains(&("TTL column", "ttl")));
+    assert!(Config::required_columns(c.entry()).contains(&("TTL column", "ttl")));
     assert!(c.stream_features().message_ttl);
     let c = config(&["--cloudevents=structured"], &db).unwrap();
-    assert_eq!(c.pipeline.roles.cloudevents.map(|ce| ce.mode), Some(ContentMode::Structured));
+    assert_eq!(
+        c.entry().roles.cloudevents.as_ref().map(|ce| ce.mode),
+        Some(ContentMode::Structured)
+    );
     for never in ["Nats-Expected-Last-Sequence", "Nats-Schedule", "Trace-Id"] {
         let err = config(&[&format!("--allow-nats-header={never}")], &db).err().expect(never);
         assert!(err.to_string().starts_with("--allow-nats-header: "), "{err}");
     }
+}
+
+#[test]
+fn several_tables_share_the_settings_and_qualify_their_ids() {
+    let db = [("DATABASE_URL", "dbname=x")];
+    let c = config(&["--table", "orders.outbox", "--table", "billing.outbox"], &db).unwrap();
+    let tables: Vec<String> = c.pipeline.tables.iter().map(|e| e.table.to_string()).collect();
+    assert_eq!(tables, ["orders.outbox", "billing.outbox"]);
+    assert!(c.pipeline.tables.iter().all(|e| e.message_id == MessageId::Qualified));
+    assert_eq!(c.table.to_string(), "orders.outbox");
+    assert_eq!(c.stream_subjects(), ["outbox.*.*", "outbox.dead_letter"]);
+    let one = config(&["--table", "outbox"], &db).unwrap();
+    assert_eq!(one.entry().message_id, MessageId::Row, "one table keeps its plain ids");
+    let err = config(&["--table", "a.t,public.t,t"], &db).err().unwrap().to_string();
+    assert!(err.contains("names public.t twice"), "{err}");
+    let several = config(&["--table", "a.t,b.t"], &db).unwrap();
+    let err = several.refuse_several_tables("--backfill").unwrap_err().to_string();
+    assert!(err.starts_with("--backfill with several tables is not supported yet"), "{err}");
+    assert!(one.refuse_several_tables("--backfill").is_ok());
+}
+
+/// `Config::load` with a file holding `toml`; `explicit`: the arguments given.
+fn loaded(
+    toml: &str,
+    args: &[&str],
+    env: &[(&'static str, &'static str)],
+) -> anyhow::Result<Config> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pgoutbox.toml");
+    std::fs::write(&path, toml).unwrap();
+    let path = path.to_str().unwrap().to_owned();
+    let mut argv = vec!["pgoutbox", "--config", path.as_str()];
+    argv.extend_from_slice(args);
+    argv.push("status");
+    let cli = Cli::try_parse_from(argv)?;
+    let given: Vec<String> =
+        args.iter().filter_map(|a| a.strip_prefix("--")).map(|a| a.replace('-', "_")).collect();
+    let explicit = |id: &str| given.iter().any(|g| g == id);
+    let files = crate::postgres::libpq_env::RealFiles;
+    Config::load(&cli.common, &explicit, &FakeEnv(env.iter().copied().collect()), &files)
+}
+
+#[test]
+fn a_config_file_gives_each_table_its_subjects() {
+    let toml = r#"
+        database-url = "dbname=file"
+        dead-letter-subject = "events.dead_letter"
+        [[table]]
+        table = "orders.outbox"
+        subject-template = "orders.{event_type}"
+        dead-letter-subject = "orders.dead_letter"
+        [[table]]
+        table = "billing.outbox"
+        subject-template = "billing.{aggregate_type}.{event_type}"
+    "#;
+    let c = loaded(toml, &[], &[]).unwrap();
+    assert_eq!(c.database.get_dbname(), Some("file"));
+    let subjects: Vec<_> = c.pipeline.tables.iter().map(|e| e.template.to_string()).collect();
+    assert_eq!(subjects, ["orders.{event_type}", "billing.{aggregate_type}.{event_type}"]);
+    assert_eq!(c.pipeline.tables[1].dead_letter_subject, "events.dead_letter");
+    assert!(c.pipeline.tables.iter().all(|e| e.message_id == MessageId::Qualified));
+    assert_eq!(
+        c.stream_subjects(),
+        ["orders.*", "billing.*.*", "events.dead_letter", "outbox.*.*"],
+        "orders.* covers orders.dead_letter; outbox.*.* is the emitted messages'"
+    );
+    assert_eq!(c.dead_letter_subjects(), ["orders.dead_letter", "events.dead_letter"]);
+    // PGOUTBOX_DATABASE_URL, read by pgoutbox rather than clap, wins over the file too.
+    let c = loaded(toml, &[], &[("PGOUTBOX_DATABASE_URL", "dbname=env")]).unwrap();
+    assert_eq!(c.database.get_dbname(), Some("env"));
+    let err =
+        loaded("[[table]]\ntable = \"tenant_*.outbox\"\n", &[], &[("DATABASE_URL", "dbname=x")]);
+    let err = err.err().unwrap().to_string();
+    assert!(err.contains("pattern are not supported yet"), "{err}");
+    let err = loaded(
+        "[[table]]\ntable = \"a.t\"\nsubject-template = \"a.{\"\n",
+        &[],
+        &[("DATABASE_URL", "dbname=x")],
+    );
+    let err = format!("{:#}", err.err().unwrap());
+    assert!(err.contains("[[table]] a.t in --config"), "{err}");
 }

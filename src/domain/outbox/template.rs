@@ -1,0 +1,104 @@
+//! A subject template such as `outbox.{aggregate_type}.{event_type}`: parsed once, checked
+//! so that every subject it can make is valid, and its wildcard for the stream.
+
+use std::fmt;
+use std::str::FromStr;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Part {
+    Literal(String),
+    Column(String),
+}
+
+/// A subject such as `outbox.{aggregate_type}.{event_type}`: placeholders name columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubjectTemplate {
+    pub(super) parts: Vec<Part>,
+    source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid subject template {template:?}: {reason}")]
+pub struct TemplateError {
+    template: String,
+    reason: &'static str,
+}
+
+impl FromStr for SubjectTemplate {
+    type Err = TemplateError;
+
+    fn from_str(template: &str) -> Result<Self, Self::Err> {
+        let fail = |reason| TemplateError { template: template.to_owned(), reason };
+        let mut parts = Vec::new();
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(Part::Literal(rest[..open].to_owned()));
+            }
+            let close = rest[open..].find('}').ok_or_else(|| fail("a `{` is never closed"))?;
+            let column = &rest[open + 1..open + close];
+            if column.is_empty() || column.contains('{') {
+                return Err(fail("a placeholder must be a column name, as in {event_type}"));
+            }
+            parts.push(Part::Column(column.to_owned()));
+            rest = &rest[open + close + 1..];
+        }
+        if rest.contains('}') {
+            return Err(fail("a `}` has no matching `{`"));
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Literal(rest.to_owned()));
+        }
+        let template = SubjectTemplate { parts, source: template.to_owned() };
+        // Every token must be valid once each placeholder holds a valid token.
+        let sample = template.wildcard();
+        // Any whitespace or control character, not only ' ' and '\t': NATS splits a protocol
+        // line on them, and `\0` is `wildcard`'s own placeholder mark (found by fuzzing).
+        let bad = |c: char| c.is_whitespace() || c.is_control() || c == '>';
+        if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains(bad)))
+            || sample.split('.').any(|t| t.is_empty() || t.contains('>'))
+        {
+            return Err(fail(
+                "it must be dot-separated, non-empty tokens without whitespace, control \
+                 characters or `>`",
+            ));
+        }
+        if template.parts.iter().any(|p| matches!(p, Part::Literal(l) if l.contains('*'))) {
+            return Err(fail("`*` is a wildcard and cannot appear in a subject"));
+        }
+        Ok(template)
+    }
+}
+
+impl fmt::Display for SubjectTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+impl SubjectTemplate {
+    /// The subject filter that covers every subject this template can produce
+    /// (each token holding a placeholder becomes `*`). The stream is created with it.
+    pub fn wildcard(&self) -> String {
+        let mut rendered = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Literal(l) => rendered.push_str(l),
+                Part::Column(_) => rendered.push('\u{0}'),
+            }
+        }
+        rendered
+            .split('.')
+            .map(|token| if token.contains('\u{0}') { "*" } else { token })
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// The columns the template reads.
+    pub fn columns(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Column(c) => Some(c.as_str()),
+            Part::Literal(_) => None,
+        })
+    }
+}

@@ -1,0 +1,317 @@
+//! Two outbox tables in one process, one slot, one stream: two sessions write interleaved
+//! transactions (a row of A, a row of B, rows of both in one transaction), and every row
+//! is stored once, in commit order, on its table's subject, naming its table. The commit
+//! order is a second slot's, with test_decoding, made before the writes.
+
+use std::time::Duration;
+
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{Stored, count, jetstream, read_all};
+use crate::support::{Lcg, Nats, Postgres, eventually, wait_until_streaming};
+
+const TABLES: [&str; 4] = ["--table", "public.outbox", "--table", "billing.outbox"];
+const WITNESS: &str = "order_witness";
+
+/// Two outbox tables, the second a copy of the first in another schema, and a
+/// test_decoding slot that sees every insert from now on in commit order.
+fn two_tables(pg: &Postgres) {
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql(
+        "CREATE SCHEMA billing; \
+         CREATE TABLE billing.outbox (LIKE public.outbox INCLUDING ALL);",
+    );
+    pg.psql(&format!("SELECT pg_create_logical_replication_slot('{WITNESS}', 'test_decoding')"));
+}
+
+/// A row of table A (`public.outbox`, on `outbox.order.created`), of B
+/// (`billing.outbox`, on `outbox.invoice.created`), or of B that cannot become a
+/// message (a `.` in a subject token: a dead letter).
+fn insert(table: char, session: usize, k: usize) -> String {
+    let (table, aggregate) = match table {
+        'A' => ("public.outbox", "order"),
+        'B' => ("billing.outbox", "invoice"),
+        _ => ("billing.outbox", "bad.type"),
+    };
+    format!(
+        "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('{aggregate}', '{session}-{k}', 'created', '{{\"s\": {session}, \"k\": {k}}}');\n"
+    )
+}
+
+/// `transactions` transactions of one session: A, B, A then B, B then A in one, in turn
+/// (shifted by `session`), every 25th of B a dead letter, `pause` seconds after each.
+fn session(session: usize, transactions: usize, pause: f64) -> String {
+    let mut sql = String::new();
+    for k in 0..transactions {
+        let b = if k % 25 == 24 { 'X' } else { 'B' };
+        let rows: Vec<char> = match (k + session) % 4 {
+            0 => vec!['A'],
+            1 => vec![b],
+            2 => vec!['A', b],
+            _ => vec![b, 'A'],
+        };
+        sql.push_str("BEGIN;\n");
+        for table in rows {
+            sql.push_str(&insert(table, session, k));
+        }
+        sql.push_str("COMMIT;\n");
+        if pause > 0.0 {
+            sql.push_str(&format!("SELECT pg_sleep({pause});\n"));
+        }
+    }
+    sql
+}
+
+/// Every insert into either outbox table, in commit order, as `<schema>.<table>:<id>`.
+fn commit_order(pg: &Postgres) -> Vec<String> {
+    let changes =
+        pg.psql(&format!("SELECT data FROM pg_logical_slot_peek_changes('{WITNESS}', NULL, NULL)"));
+    changes
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("table ")?;
+            let (table, columns) = rest.split_once(": INSERT: ")?;
+            let id = columns.strip_prefix("id[uuid]:'")?.split('\'').next()?;
+            table.ends_with(".outbox").then(|| format!("{table}:{id}"))
+        })
+        .collect()
+}
+
+/// Each stored message as `<schema>.<table>:<id>` (a dead letter's row id), after checking
+/// that it is on its table's subject and names its table.
+fn stored_order(stored: &[Stored]) -> Vec<String> {
+    stored
+        .iter()
+        .map(|message| {
+            let table = message.header("Pgoutbox-Table").expect("Pgoutbox-Table on every row");
+            let key = match message.subject.as_str() {
+                "outbox.dead_letter" => {
+                    assert_eq!(table, "billing.outbox", "only B has bad rows");
+                    message.json()["id"].as_str().expect("a dead letter names its row").to_owned()
+                }
+                subject => {
+                    let want = match table {
+                        "public.outbox" => "outbox.order.created",
+                        _ => "outbox.invoice.created",
+                    };
+                    assert_eq!(subject, want, "a row of {table} on its own subject");
+                    message.header("Nats-Msg-Id").expect("an id").to_owned()
+                }
+            };
+            assert!(key.starts_with(&format!("{table}:")), "{key} is qualified by {table}");
+            key
+        })
+        .collect()
+}
+
+/// The stream holds exactly the witness's inserts, in its order.
+async fn assert_commit_order(pg: &Postgres, nats: &Nats, app: &Pgoutbox) -> usize {
+    let expected = commit_order(pg);
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(60), "every row of both tables stored", || async {
+        (count(&js, "OUTBOX").await >= expected.len() as u64).then_some(())
+    })
+    .await;
+    let stored = stored_order(&read_all(&js, "OUTBOX").await);
+    let both = |table: &str| expected.iter().filter(|k| k.starts_with(table)).count();
+    assert!(both("public.") > 100 && both("billing.") > 100, "both tables written");
+    if stored != expected {
+        let first = stored.iter().zip(&expected).position(|(s, e)| s != e);
+        panic!(
+            "{} stored, {} committed; first difference at {first:?}\nlog:\n{}",
+            stored.len(),
+            expected.len(),
+            app.log()
+        );
+    }
+    expected.len()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_of_two_tables_are_stored_once_in_commit_order() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    let app = Pgoutbox::run(&pg, &nats, &TABLES);
+    wait_until_streaming(&pg, &app).await;
+    let writers =
+        [pg.psql_in_background(session(0, 200, 0.0)), pg.psql_in_background(session(1, 200, 0.0))];
+    for writer in writers {
+        writer.join().expect("writer").expect("inserts");
+    }
+    let rows = assert_commit_order(&pg, &nats, &app).await;
+    eprintln!("{rows} rows of two tables in commit order");
+    assert!(!app.log().contains("panicked"), "{}", app.log());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_while_two_tables_stream_loses_and_duplicates_nothing() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    let first = Pgoutbox::run(&pg, &nats, &TABLES);
+    wait_until_streaming(&pg, &first).await;
+    drop(first);
+
+    let writers = [
+        pg.psql_in_background(session(0, 500, 0.02)),
+        pg.psql_in_background(session(1, 500, 0.02)),
+    ];
+    let js = jetstream(&nats.url()).await;
+    let mut random = Lcg::from_time();
+    let mut kills = Vec::new();
+    for _ in 0..10 {
+        let mut app = Pgoutbox::run(&pg, &nats, &TABLES);
+        tokio::time::sleep(Duration::from_millis(random.between(300, 1_500))).await;
+        app.kill9();
+        kills.push(count(&js, "OUTBOX").await);
+    }
+    for writer in writers {
+        writer.join().expect("writer").expect("inserts");
+    }
+    let app = Pgoutbox::run(&pg, &nats, &TABLES);
+    let rows = assert_commit_order(&pg, &nats, &app).await;
+    eprintln!("{rows} rows; stored after each kill: {kills:?}");
+    assert!(kills.windows(2).any(|w| w[0] < w[1]), "no kill happened mid-stream: {kills:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_id_in_two_tables_is_two_messages() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    let app = Pgoutbox::run(&pg, &nats, &TABLES);
+    wait_until_streaming(&pg, &app).await;
+    let id = "00000000-0000-4000-8000-000000000001";
+    for table in ["public.outbox", "billing.outbox"] {
+        pg.psql(&format!(
+            "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('{id}', 'order', '1', 'created', '{{}}')"
+        ));
+    }
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "both rows stored", || async {
+        (count(&js, "OUTBOX").await >= 2).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let ids: Vec<_> =
+        stored.iter().map(|m| (m.subject.as_str(), m.header("Nats-Msg-Id"))).collect();
+    let public = format!("public.outbox:{id}");
+    let billing = format!("billing.outbox:{id}");
+    assert_eq!(
+        ids,
+        [
+            ("outbox.order.created", Some(public.as_str())),
+            ("outbox.order.created", Some(billing.as_str()))
+        ],
+        "{}",
+        app.log()
+    );
+    assert!(!app.log().contains("dead-letter"), "{}", app.log());
+}
+
+/// A seed, `--retention` and `replay` read one table so far: refused with several, in one
+/// line, rather than serving the first table only.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_reads_one_table_is_refused_with_several() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    for flag in ["--backfill", "--recover", "--retention=1d"] {
+        let mut args = TABLES.to_vec();
+        args.push(flag);
+        let mut app = Pgoutbox::run(&pg, &nats, &args);
+        let status = app.wait_exit(Duration::from_secs(30));
+        assert!(!status.success(), "{flag} ran with two tables");
+        let name = flag.split('=').next().unwrap_or(flag);
+        let says = format!("{name} with several tables is not supported yet");
+        assert!(app.log().contains(&says), "{flag}: no {says:?} in:\n{}", app.log());
+    }
+    let out = crate::support::pgoutbox::command(&pg, &nats)
+        .args(TABLES)
+        .args(["replay", "--ids", "1"])
+        .output()
+        .expect("pgoutbox replay runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("replay with several tables is not supported yet"), "{stderr}");
+}
+
+/// The second table dropped from the publication while streaming: its rows are no longer
+/// decoded, so pgoutbox stops within the liveness check, saying how to add it back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_table_unpublished_while_streaming_stops_pgoutbox() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    let mut app = Pgoutbox::run(&pg, &nats, &TABLES);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql("ALTER PUBLICATION pgoutbox DROP TABLE billing.outbox");
+    let status = app.wait_exit(Duration::from_secs(40));
+    assert!(!status.success(), "exit status {status:?}; log:\n{}", app.log());
+    let says = "ALTER PUBLICATION pgoutbox ADD TABLE billing.outbox";
+    assert!(app.log().contains(says), "no {says:?} in:\n{}", app.log());
+    let mut again = Pgoutbox::run(&pg, &nats, &TABLES);
+    let status = again.wait_exit(Duration::from_secs(30));
+    assert!(!status.success(), "restarted, it added the table back: {}", again.log());
+    assert!(again.log().contains(says), "no {says:?} in:\n{}", again.log());
+}
+
+/// `--config`: two tables with their own subject templates and dead-letter subjects, a
+/// top-level default for the second, and a flag that wins over the file's top level.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_config_file_gives_each_table_its_own_subjects() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    let dir = tempfile::tempdir().expect("a directory for the file");
+    let file = dir.path().join("pgoutbox.toml");
+    std::fs::write(
+        &file,
+        r#"
+stream = "FROM_FILE"                           # the --stream flag below wins
+dead-letter-subject = "events.dead_letter"
+
+[[table]]
+table = "public.outbox"
+subject-template = "orders.{event_type}"
+dead-letter-subject = "orders.dead_letter"
+
+[[table]]
+table = "billing.outbox"
+subject-template = "billing.{aggregate_type}.{event_type}"
+"#,
+    )
+    .expect("write the config file");
+    let config = file.to_str().expect("a UTF-8 path");
+    let app = Pgoutbox::run(&pg, &nats, &["--config", config, "--stream", "EVENTS"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&format!(
+        "BEGIN; {}{}COMMIT; BEGIN; {}{}COMMIT;",
+        insert('A', 0, 0),
+        insert('B', 0, 1),
+        insert('X', 0, 2),
+        insert('A', 0, 3).replace("'created'", "'bad.type'"),
+    ));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "four messages in EVENTS", || async {
+        (count(&js, "EVENTS").await >= 4).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "EVENTS").await;
+    let got: Vec<_> =
+        stored.iter().map(|m| (m.subject.as_str(), m.header("Pgoutbox-Table"))).collect();
+    assert_eq!(
+        got,
+        [
+            ("orders.created", Some("public.outbox")),
+            ("billing.invoice.created", Some("billing.outbox")),
+            ("events.dead_letter", Some("billing.outbox")),
+            ("orders.dead_letter", Some("public.outbox")),
+        ],
+        "{}",
+        app.log()
+    );
+    assert_eq!(count(&js, "FROM_FILE").await, 0, "the flag won over the file");
+}
