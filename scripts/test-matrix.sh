@@ -36,6 +36,8 @@ tests=(
   replay::a_dead_letter        # a fixed dead letter through the live pgoutbox
   outbox_table_drift           # the table and publication checked at start and while streaming
   postgres_black_hole          # a reconnect into a black hole is given up
+  several_tables::rows_of_two  # one publication for two tables: rows of both in commit order
+  several_tables::a_second     # a second table dropped from the publication stops pgoutbox
 )
 
 scripts/fetch-postgres.sh "${majors[@]}"

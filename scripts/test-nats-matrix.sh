@@ -40,6 +40,7 @@ tests=(
   publish_permission           # a permissions -ERR ends the attempt
   message_ttl                  # Nats-TTL from a column on 2.11+, the clear refusal before
   cloudevents                  # CloudEvents read back by the Python SDK
+  several_tables::kill_9       # two tables' rows in one chain, in commit order, under kill -9
 )
 cluster_tests=(
   survives_nats_cluster_faults # R3: leader killed, quorum lost
