@@ -1,6 +1,6 @@
 //! pgoutbox next to the physical limits and next to a polling relay, in one run on one
-//! machine. Run with `cargo bench --bench pgoutbox` (about 10 minutes on 2 cores) or
-//! `cargo bench --bench pgoutbox -- --quick` (under a minute, smaller and one run).
+//! machine. Run with `cargo bench --bench pgoutbox` (about 17 minutes on 2 cores) or
+//! `cargo bench --bench pgoutbox -- --quick` (about 3 minutes, smaller and one run).
 //!
 //! Every figure is the median of the runs, with min and max. Throwaway PostgreSQL and
 //! nats-server processes are started exactly as the integration tests start them.
