@@ -68,6 +68,17 @@ wait_confirmed() {
     sleep 0.01
   done
 }
+# Starts `pgoutbox <args> run <mode>` in the background, waits until slot $1 confirms the
+# WAL's current end, and reports phase $4 timed from the start.
+timed_run() { # slot stream mode phase
+  local end t0
+  end=$(psql -c "SELECT pg_current_wal_lsn()")
+  t0=$(now)
+  "$bin" $(own "$2") run "$3" >"$work/${3#--}.log" 2>&1 &
+  pids+=($!)
+  wait_confirmed "$1" "$end"
+  report "$4" "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')" "$drain_rate"
+}
 report() { # phase seconds [drain rows/s]
   awk -v p="$1" -v t="$2" -v n="$rows" -v d="${3:-0}" 'BEGIN {
     r = n / t; printf "%-40s %8.2f s %10.0f rows/s", p, t, r
@@ -124,12 +135,7 @@ if [[ $phases == *replay* ]]; then
 fi
 
 if [[ $phases == *backfill* ]]; then
-  end=$(psql -c "SELECT pg_current_wal_lsn()")
-  t0=$(now)
-  "$bin" $(own BACKFILL) run --backfill >"$work/backfill.log" 2>&1 &
-  pids+=($!)
-  wait_confirmed backfill "$end"
-  report "run --backfill (start -> streaming)" "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')" "$drain_rate"
+  timed_run backfill BACKFILL --backfill "run --backfill (start -> streaming)"
   kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 fi
 
@@ -140,11 +146,6 @@ if [[ $phases == *recover* ]]; then
   psql -c "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
     SELECT 'order', n::text, 'created', jsonb_build_object('n', n, 't', 0, 'pad', repeat('x', 220))
     FROM generate_series(1, $rows) n" >/dev/null
-  end=$(psql -c "SELECT pg_current_wal_lsn()")
-  t0=$(now)
-  "$bin" $(own DRAIN) run --recover >"$work/recover.log" 2>&1 &
-  pids+=($!)
-  wait_confirmed drain "$end"
-  report "run --recover of $rows new rows" "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { print b - a }')" "$drain_rate"
+  timed_run drain DRAIN --recover "run --recover of $rows new rows"
 fi
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
