@@ -115,7 +115,8 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     }
     let client = admin::connect(&config.database, &config.pg_tls).await?;
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
-    let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
+    let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT)
+        .with_schedules(config.schedules().cloned().collect());
     publisher
         .ensure_stream(&config.stream_subjects(), config.stream_replicas, config.stream_features())
         .await

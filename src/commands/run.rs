@@ -13,7 +13,7 @@ use crate::domain::stall::Progress;
 use crate::nats::handshake::Dialer;
 use crate::nats::publisher::Publisher;
 use crate::postgres::admin;
-use crate::service::error::PipelineError;
+use crate::service::error::{NatsFailureKind, PipelineError};
 use crate::service::pipeline::{Ended, Memory};
 use crate::service::seed::SeedKind;
 use crate::service::shutdown::Shutdown;
@@ -127,7 +127,8 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         return Ok(());
     };
     readiness.set_nats(nats.clone());
-    let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
+    let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT)
+        .with_schedules(config.schedules().cloned().collect());
     let nats_version = publisher.server_version();
     if let Some(warning) = crate::nats::server_version::unsupported(&nats_version) {
         warn!("{warning}");
@@ -256,6 +257,19 @@ async fn attempts(
         let Next::RetryAfter(delay) = policy.after(err.failure(), started.elapsed()) else {
             return Err(err.into());
         };
+        // A scheduled row the server delivered into the stream overtook the attempt's next
+        // message: the next attempt reads the tail past it and anchors behind it, at once
+        // when this one had got on (else, as any refusal, after the backoff). Not an error:
+        // it is how every delivery ends an attempt.
+        let overtaken = matches!(&err, PipelineError::Nats(failure)
+            if failure.kind == NatsFailureKind::OutOfOrder)
+            && target.config.schedules().next().is_some()
+            && memory.progress.read().acks > acked_before;
+        if overtaken {
+            info!(%err, "the stream took a message pgoutbox did not write (a scheduled row \
+                delivered?); streaming on behind it");
+            continue;
+        }
         match &err {
             PipelineError::SlotBusy { slot } => {
                 readiness.set_standby(slot);

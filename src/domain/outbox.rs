@@ -23,7 +23,9 @@ mod roles;
 mod template;
 
 pub use cloudevents::{CloudEvents, ContentMode};
-pub use controls::refuse_allowed;
+pub use controls::{
+    SCHEDULE_HEADER, SCHEDULE_TARGET_HEADER, SCHEDULER_HEADER, ScheduleColumn, refuse_allowed,
+};
 
 pub use dead_letter::{
     DEAD_LETTER_ID_PREFIX, DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET,
@@ -110,6 +112,8 @@ pub struct RowMapping {
     /// (`replay_id_prefix` in domain/seed.rs); empty otherwise.
     id_prefix: String,
     ttl: Option<usize>,
+    /// `--schedule-column`'s position, and the settings.
+    schedule: Option<(usize, ScheduleColumn)>,
     allowed_nats_headers: Vec<String>,
     envelope: Option<Box<cloudevents::Envelope>>,
     /// The entry's own (see [`RowMapping::in_entry`]); empty until then.
@@ -150,6 +154,10 @@ impl RowMapping {
             .filter_map(|(header, column)| Some((header, find(column)?)))
             .collect();
         let ttl = roles.ttl.as_deref().map(|c| require(c, "TTL column")).transpose()?;
+        let schedule = match &roles.schedule {
+            Some(s) => Some((require(&s.column, "schedule column")?, s.clone())),
+            None => None,
+        };
         let envelope = match &roles.cloudevents {
             None => None,
             Some(settings) => {
@@ -177,6 +185,7 @@ impl RowMapping {
             unusable: None,
             id_prefix: String::new(),
             ttl,
+            schedule,
             allowed_nats_headers: roles.allowed_nats_headers.clone(),
             envelope,
             dead_letter_subject: String::new(),
@@ -249,6 +258,7 @@ impl RowMapping {
             unusable: Some(why),
             id_prefix: String::new(),
             ttl: None,
+            schedule: None,
             allowed_nats_headers: Vec::new(),
             envelope: None,
             dead_letter_subject: String::new(),
@@ -320,7 +330,34 @@ impl RowMapping {
         {
             let ttl = controls::ttl_value(utf8(value, || self.name(i))?)
                 .map_err(|Rejection(why)| Rejection(format!("column {}: {why}", self.name(i))))?;
-            headers.insert(controls::TTL_HEADER, &ttl);
+            // A held row's TTL is its delivered message's (ADR-51's `Nats-Schedule-TTL`),
+            // not its schedule's, which would expire before its time.
+            let held = self.schedule.as_ref().is_some_and(|(s, _)| {
+                matches!(&tuple[*s], ColumnValue::Text(_) | ColumnValue::Binary(_))
+            });
+            let header = if held { controls::SCHEDULE_TTL_HEADER } else { controls::TTL_HEADER };
+            headers.insert(header, &ttl);
+        }
+        if let Some((i, schedule)) = &self.schedule
+            && let ColumnValue::Text(value) | ColumnValue::Binary(value) = &tuple[*i]
+        {
+            let at = controls::schedule_value(utf8(value, || self.name(*i))?)
+                .map_err(|Rejection(why)| Rejection(format!("column {}: {why}", self.name(*i))))?;
+            let held_on = schedule.subject(&id);
+            if !held_on.split('.').all(|token| check_subject_token(token).is_ok())
+                || held_on.len() > MAX_SUBJECT_BYTES
+            {
+                return Err(Rejection(format!(
+                    "column {} = {:?} cannot name the subject a scheduled row is held on \
+                     ({held_on:?}: an id with an empty token, whitespace, `*` or `>`, or too \
+                     long)",
+                    self.name(self.id),
+                    dead_letter::shorten(text, SHOWN_VALUE_BYTES)
+                )));
+            }
+            headers.insert(controls::SCHEDULE_HEADER, &at);
+            headers.insert(controls::SCHEDULE_TARGET_HEADER, &subject);
+            subject = held_on;
         }
         let payload = match &tuple[self.payload] {
             ColumnValue::Text(bytes) if self.payload_is_bytea => decode_bytea_hex(bytes)

@@ -1,7 +1,9 @@
 //! JetStream: the stream pgoutbox writes to, and the opening of pipelined publishing
 //! ([`crate::nats::outbound`]). Each message carries a guard naming its predecessor
 //! (`crate::domain::publishing`): if message k is lost, k+1 is refused by the server instead
-//! of being stored before it. That guard assumes the stream is written only by this pgoutbox.
+//! of being stored before it. That guard assumes the stream is written only by this pgoutbox,
+//! and by the server itself delivering pgoutbox's scheduled rows (`--schedule-column`): a
+//! delivery ends the attempt it overtakes, and the next one reads the tail past it.
 
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use async_nats::jetstream::context::CreateStreamErrorKind;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode, stream};
 
-use crate::domain::outbox::MESSAGE_ID_HEADER;
+use crate::domain::outbox::{MESSAGE_ID_HEADER, SCHEDULER_HEADER, ScheduleColumn};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
 use crate::domain::seed::{SEED_SINCE_HEADER, payload_digest};
@@ -75,12 +77,50 @@ impl PublisherError {
 pub struct StreamFeatures {
     /// `--ttl-column`: `Nats-TTL` (nats-server 2.11+, the stream's `allow_msg_ttl`).
     pub message_ttl: bool,
+    /// `--schedule-column`: `Nats-Schedule` (nats-server 2.12+, `allow_msg_schedules`).
+    pub message_schedules: bool,
 }
 
 impl StreamFeatures {
     /// Why the server at `version` or the existing stream's `config` (`None`: pgoutbox
     /// creates it) cannot take these messages, if it cannot: one line that says what to do.
     fn refusal(
+        &self,
+        version: &str,
+        stream: &str,
+        config: Option<&stream::Config>,
+    ) -> Option<String> {
+        self.schedules_refusal(version, stream, config)
+            .or_else(|| self.ttl_refusal(version, stream, config))
+    }
+
+    fn schedules_refusal(
+        &self,
+        version: &str,
+        stream: &str,
+        config: Option<&stream::Config>,
+    ) -> Option<String> {
+        if !self.message_schedules {
+            return None;
+        }
+        if crate::nats::server_version::older_than(version, (2, 12)) {
+            return Some(format!(
+                "--schedule-column needs nats-server 2.12 or later (message schedules); this \
+                 server is {version}: upgrade it, or run without --schedule-column"
+            ));
+        }
+        match config {
+            Some(config) if !config.allow_message_schedules => Some(format!(
+                "--schedule-column needs message schedules, which stream {stream} does not \
+                 allow; pgoutbox never changes an existing stream, and nats-server allows them \
+                 only on an empty one: use a new --stream, or purge {stream} and allow them \
+                 (nats stream edit {stream} --allow-schedules)"
+            )),
+            _ => None,
+        }
+    }
+
+    fn ttl_refusal(
         &self,
         version: &str,
         stream: &str,
@@ -128,13 +168,22 @@ pub struct Publisher {
     client: async_nats::Client,
     stream: String,
     ack_timeout: Duration,
+    /// The tables' `--schedule-column`s: which subjects hold pgoutbox's schedules.
+    schedules: Vec<ScheduleColumn>,
 }
 
 impl Publisher {
     pub fn new(client: async_nats::Client, stream: &str, ack_timeout: Duration) -> Self {
         let js =
             jetstream::context::ContextBuilder::new().timeout(ack_timeout).build(client.clone());
-        Publisher { js, client, stream: stream.to_owned(), ack_timeout }
+        Publisher { js, client, stream: stream.to_owned(), ack_timeout, schedules: Vec::new() }
+    }
+
+    /// The same publisher, knowing the subjects that hold pgoutbox's scheduled rows: the
+    /// tail is read past the messages the server delivered from them.
+    pub fn with_schedules(mut self, schedules: Vec<ScheduleColumn>) -> Self {
+        self.schedules = schedules;
+        self
     }
 
     /// Pipelined publishing for one attempt, on a connection and a reply subscription of
@@ -195,6 +244,7 @@ impl Publisher {
                     storage: stream::StorageType::File,
                     num_replicas: replicas,
                     allow_message_ttl: features.message_ttl,
+                    allow_message_schedules: features.message_schedules,
                     ..Default::default()
                 };
                 match self.js.create_stream(config).await {
@@ -239,16 +289,64 @@ impl Publisher {
         if last_sequence == 0 {
             return Ok(StreamTail { message_limit, ..StreamTail::default() });
         }
-        let origin = match stream.get_raw_message(last_sequence).await {
-            Ok(message) => origin(&message),
-            // The last message was deleted or purged: nothing to skip by. Any other error
-            // (no leader, a permission, a timeout) says nothing about the tail: taken as
-            // "nothing to skip", every unconfirmed row past the duplicate window would be
-            // stored twice.
-            Err(err) if is_no_message(&err) => TailOrigin::default(),
-            Err(err) => return Err(request_error(err)),
-        };
+        let origin = self.newest_row(&stream, last_sequence).await?;
         Ok(StreamTail { last_sequence, origin, message_limit })
+    }
+
+    /// Where pgoutbox's newest row in the stream came from, looking back from `last`. A
+    /// message the server delivered for a schedule (`Nats-Scheduler`) was written behind
+    /// pgoutbox's back with its schedule's headers, and its schedule was deleted: the look
+    /// back goes past such messages to the first one pgoutbox wrote, and takes the highest
+    /// position among them all. A missing message ends it: the last one deleted or purged
+    /// (an expired TTL, a delivered schedule) leaves nothing to skip by but what was seen.
+    /// Any other error (no leader, a permission, a timeout) says nothing about the tail:
+    /// taken as "nothing to skip", every unconfirmed row past the duplicate window would
+    /// be stored twice.
+    async fn newest_row(
+        &self,
+        stream: &jetstream::stream::Stream,
+        last: u64,
+    ) -> Result<TailOrigin, PublisherError> {
+        let oldest = last.saturating_sub(DELIVERED_LOOK_BACK).max(1);
+        let mut newest: Option<TailOrigin> = None;
+        for sequence in (oldest..=last).rev() {
+            let message = match stream.get_raw_message(sequence).await {
+                Ok(message) => message,
+                Err(err) if is_no_message(&err) => break,
+                Err(err) => return Err(request_error(err)),
+            };
+            let scheduler = message.headers.get(SCHEDULER_HEADER).map(|v| v.as_str().to_owned());
+            let here = match &scheduler {
+                None => origin(&message),
+                Some(scheduler) => self.delivered_origin(&message, scheduler),
+            };
+            if newest.as_ref().is_none_or(|seen| here.position > seen.position) {
+                newest = Some(here);
+            }
+            if scheduler.is_none() {
+                break;
+            }
+        }
+        Ok(newest.unwrap_or_default())
+    }
+
+    /// A delivered message as the row its schedule was published from: its position and
+    /// source are the schedule's (copied by the server), its id is read from the
+    /// schedule's subject; one delivered from a subject that is not pgoutbox's names no row.
+    fn delivered_origin(
+        &self,
+        message: &async_nats::jetstream::message::StreamMessage,
+        scheduler: &str,
+    ) -> TailOrigin {
+        let msg_id = self
+            .schedules
+            .iter()
+            .find_map(|schedule| schedule.msg_id_of_scheduler(scheduler))
+            .map(str::to_owned);
+        match msg_id {
+            Some(msg_id) => TailOrigin { msg_id: Some(msg_id), chained: true, ..origin(message) },
+            None => TailOrigin::default(),
+        }
     }
 
     /// Where the message at `sequence` came from, as its headers say; `None` when it is no
@@ -285,6 +383,11 @@ impl Publisher {
         stream.info().await.cloned().map(Some).map_err(request_error)
     }
 }
+
+/// How many messages the server delivered for schedules the tail is looked for behind;
+/// beyond, the tail names the newest of them, and the duplicate window keeps the rows after
+/// it from being stored twice.
+const DELIVERED_LOOK_BACK: u64 = 1_024;
 
 /// Why the stream's last message may be gone by design when pgoutbox next starts, if it
 /// may: then the restart skip cannot read where pgoutbox stopped, and only the duplicate

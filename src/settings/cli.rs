@@ -322,6 +322,16 @@ pub struct CommonArgs {
     /// per-message TTLs); a value that is not a TTL makes the row a dead letter
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TTL_COLUMN")]
     pub ttl_column: Option<String>,
+    /// Column holding when to deliver the row (a timestamptz; a timestamp is read as UTC):
+    /// the stream holds its message and delivers it to its subject then, once; NULL for
+    /// now (nats-server 2.12+, a stream that allows message schedules, see
+    /// docs/operations.md); a value that is not a time makes the row a dead letter
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_SCHEDULE_COLUMN")]
+    pub schedule_column: Option<String>,
+    /// Where scheduled rows wait: <prefix>.<Nats-Msg-Id>, outside the events' subjects so
+    /// that no consumer sees a row before its time [default: schedules.<stream>]
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_SCHEDULE_SUBJECT_PREFIX")]
+    pub schedule_subject_prefix: Option<String>,
     /// A Nats- header the headers column may set (repeatable, or comma-separated); any
     /// other Nats- header makes the row a dead letter. Those pgoutbox's ordering relies
     /// on (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup, Nats-Schedule*, ...) are refused

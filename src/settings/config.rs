@@ -4,7 +4,7 @@
 use anyhow::{Context, anyhow};
 
 use crate::domain::outbox::{
-    CloudEvents, ColumnRoles, ContentMode, MessageId, SubjectTemplate, TableEntry,
+    CloudEvents, ColumnRoles, ContentMode, MessageId, ScheduleColumn, SubjectTemplate, TableEntry,
 };
 use crate::nats::connect::NatsSettings;
 use crate::nats::credentials::NatsAuth;
@@ -252,6 +252,9 @@ impl Config {
         for entry in self.entries().iter().chain(defaults) {
             wanted.push(entry.template.wildcard());
             wanted.push(entry.dead_letter_subject.clone());
+            if let Some(schedule) = &entry.roles.schedule {
+                wanted.push(format!("{}.>", schedule.subject_prefix));
+            }
         }
         let covers = crate::nats::publisher::subject_covers;
         let mut subjects: Vec<String> = Vec::new();
@@ -286,6 +289,9 @@ impl Config {
         if let Some(ttl) = &roles.ttl {
             columns.push(("TTL column", ttl));
         }
+        if let Some(schedule) = &roles.schedule {
+            columns.push(("schedule column", &schedule.column));
+        }
         if roles.cloudevents.is_some() {
             columns.push(("event type column (the CloudEvents type)", roles.event_type.as_str()));
         }
@@ -295,7 +301,13 @@ impl Config {
     /// What the stream must allow for the messages the settings make.
     pub fn stream_features(&self) -> crate::nats::publisher::StreamFeatures {
         let message_ttl = self.entries().iter().any(|entry| entry.roles.ttl.is_some());
-        crate::nats::publisher::StreamFeatures { message_ttl }
+        let message_schedules = self.schedules().next().is_some();
+        crate::nats::publisher::StreamFeatures { message_ttl, message_schedules }
+    }
+
+    /// Each table's `--schedule-column`, where it has one.
+    pub fn schedules(&self) -> impl Iterator<Item = &ScheduleColumn> {
+        self.entries().iter().filter_map(|entry| entry.roles.schedule.as_ref())
     }
 }
 
@@ -317,6 +329,17 @@ fn table_entry(
         event_type: args.event_type_column.clone(),
         created_at: args.created_at_column.clone(),
         ttl: args.ttl_column.clone(),
+        schedule: match &args.schedule_column {
+            None => None,
+            Some(column) => {
+                let subject_prefix = match &args.schedule_subject_prefix {
+                    Some(prefix) => prefix.clone(),
+                    None => format!("schedules.{}", args.stream),
+                };
+                check_subject("--schedule-subject-prefix", &subject_prefix)?;
+                Some(ScheduleColumn { column: column.clone(), subject_prefix })
+            }
+        },
         allowed_nats_headers: allowed_nats_headers(&args.allow_nats_header)?,
         cloudevents: args.cloudevents.map(|mode| CloudEvents {
             mode: match mode {

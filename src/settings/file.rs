@@ -45,6 +45,8 @@ pub struct FileSettings {
     cloudevents: Option<CloudEventsMode>,
     cloudevents_source: Option<String>,
     ttl_column: Option<String>,
+    schedule_column: Option<String>,
+    schedule_subject_prefix: Option<String>,
     allow_nats_header: Option<Vec<String>>,
     /// `[[table]]` entries.
     #[serde(default)]
@@ -68,6 +70,7 @@ struct TableSettings {
     cloudevents: Option<CloudEventsMode>,
     cloudevents_source: Option<String>,
     ttl_column: Option<String>,
+    schedule_column: Option<String>,
     allow_nats_header: Option<Vec<String>>,
 }
 
@@ -144,6 +147,11 @@ pub fn merge(
     take(&mut a.publication, &file.publication, given("publication"));
     take(&mut a.stream, &file.stream, given("stream"));
     take(&mut a.messages_only, &file.messages_only, given("messages_only"));
+    take(
+        &mut a.schedule_subject_prefix,
+        &file.schedule_subject_prefix.clone().map(Some),
+        given("schedule_subject_prefix"),
+    );
     let top = TableKeys::of_file(file);
     top.apply(a, given);
     let tables = file
@@ -172,6 +180,7 @@ struct TableKeys<'a> {
     created_at_column: &'a Option<String>,
     cloudevents_source: &'a Option<String>,
     ttl_column: &'a Option<String>,
+    schedule_column: &'a Option<String>,
     cloudevents: &'a Option<CloudEventsMode>,
     allow_nats_header: &'a Option<Vec<String>>,
 }
@@ -190,6 +199,7 @@ impl<'a> TableKeys<'a> {
             created_at_column: &f.created_at_column,
             cloudevents_source: &f.cloudevents_source,
             ttl_column: &f.ttl_column,
+            schedule_column: &f.schedule_column,
             cloudevents: &f.cloudevents,
             allow_nats_header: &f.allow_nats_header,
         }
@@ -208,6 +218,7 @@ impl<'a> TableKeys<'a> {
             created_at_column: &t.created_at_column,
             cloudevents_source: &t.cloudevents_source,
             ttl_column: &t.ttl_column,
+            schedule_column: &t.schedule_column,
             cloudevents: &t.cloudevents,
             allow_nats_header: &t.allow_nats_header,
         }
@@ -232,6 +243,8 @@ impl<'a> TableKeys<'a> {
         let source = self.cloudevents_source.clone().map(Some);
         take(&mut a.cloudevents_source, &source, given("cloudevents_source"));
         take(&mut a.ttl_column, &self.ttl_column.clone().map(Some), given("ttl_column"));
+        let schedule = self.schedule_column.clone().map(Some);
+        take(&mut a.schedule_column, &schedule, given("schedule_column"));
         take(&mut a.allow_nats_header, self.allow_nats_header, given("allow_nats_header"));
     }
 }

@@ -10,16 +10,7 @@ use async_nats::jetstream;
 
 use crate::support::pgoutbox::Pgoutbox;
 use crate::support::stream::{Stored, count, jetstream, read_all};
-use crate::support::{Nats, Postgres, eventually, http_get, wait_until_streaming};
-
-/// The server's release as (major, minor), from its monitor.
-fn release(nats: &Nats) -> (u32, u32) {
-    let (_, varz) = http_get(nats.monitor_port(), "/varz").expect("the monitor answers");
-    let varz: serde_json::Value = serde_json::from_str(&varz).expect("/varz is JSON");
-    let version = varz["version"].as_str().expect("/varz names the version");
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().expect("a version number"));
-    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
-}
+use crate::support::{Nats, Postgres, eventually, wait_until_streaming};
 
 fn insert(n: usize, ttl: &str) -> String {
     format!(
@@ -47,7 +38,7 @@ async fn a_row_with_a_ttl_is_gone_from_the_stream_after_it_and_the_chain_holds()
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("ALTER TABLE outbox ADD COLUMN ttl text;");
     let mut app = Pgoutbox::run(&pg, &nats, &["--ttl-column=ttl"]);
-    if release(&nats) < (2, 11) {
+    if nats.release() < (2, 11) {
         let status = app.wait_exit(Duration::from_secs(30));
         assert!(!status.success(), "{}", app.log());
         assert!(
@@ -112,7 +103,7 @@ async fn a_row_with_a_ttl_is_gone_from_the_stream_after_it_and_the_chain_holds()
 async fn a_ttl_column_is_refused_on_a_stream_without_ttls_or_with_delete_markers() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    if release(&nats) < (2, 11) {
+    if nats.release() < (2, 11) {
         return; // the server's own refusal is the other test's
     }
     pg.psql(include_str!("../../sql/outbox.sql"));

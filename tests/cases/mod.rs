@@ -44,6 +44,7 @@ mod replay_past_a_foreign_tail;
 mod replay_reports;
 mod retention;
 mod rotating_password;
+mod scheduled_rows;
 mod schema_change_mid_stream;
 mod seed_from_table;
 mod several_tables;

@@ -68,6 +68,15 @@ impl Nats {
         self.monitor_port
     }
 
+    /// The server's release as (major, minor), from its monitor.
+    pub fn release(&self) -> (u32, u32) {
+        let (_, varz) = http_get(self.monitor_port, "/varz").expect("the monitor answers");
+        let varz: serde_json::Value = serde_json::from_str(&varz).expect("/varz is JSON");
+        let version = varz["version"].as_str().expect("/varz names the version");
+        let mut parts = version.split('.').map(|p| p.parse::<u32>().expect("a version number"));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+    }
+
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }

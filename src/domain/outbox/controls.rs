@@ -1,18 +1,54 @@
-//! NATS's per-message controls a row may set: `Nats-TTL` from `--ttl-column`, and the
-//! `Nats-` headers `--allow-nats-header` lets the headers column set.
+//! NATS's per-message controls a row may set: `Nats-TTL` from `--ttl-column`, delayed
+//! delivery (`Nats-Schedule`) from `--schedule-column`, and the `Nats-` headers
+//! `--allow-nats-header` lets the headers column set.
 //!
 //! Any other `Nats-` header in a row is a dead letter: the server acts on them. Some can
 //! never be allowed, since they would undo the publish protocol (`domain/publishing.rs`):
 //! `Nats-Msg-Id` and `Nats-Expected-*` are pgoutbox's guard, `Nats-Rollup` purges the
 //! stream's tail, `Nats-Trace-Only` keeps a message from being stored, the batch and counter
-//! headers change what an ack means, and `Nats-Schedule*` makes the server write messages
-//! of its own into the stream (a scheduled message's target must be in the same stream),
-//! which breaks the chain of expected last sequences; `Nats-TTL` has its own column.
+//! headers change what an ack means; `Nats-TTL` and `Nats-Schedule*` have their own
+//! columns, since pgoutbox must know of them (a schedule's subject, the messages the server
+//! writes at its time: `nats::publisher`'s tail).
 
 use super::Rejection;
 
 /// The header holding a message's time to live (nats-server 2.11+, `allow_msg_ttl`).
 pub const TTL_HEADER: &str = "Nats-TTL";
+/// The header holding when a scheduled message is delivered (nats-server 2.12+, ADR-51,
+/// the stream's `allow_msg_schedules`): `@at <RFC 3339 time>`.
+pub const SCHEDULE_HEADER: &str = "Nats-Schedule";
+/// The subject the server delivers a scheduled message to, in the same stream.
+pub const SCHEDULE_TARGET_HEADER: &str = "Nats-Schedule-Target";
+/// A scheduled message's TTL: the server gives it to the message it delivers as `Nats-TTL`.
+pub const SCHEDULE_TTL_HEADER: &str = "Nats-Schedule-TTL";
+/// Set by the server on the message it delivers at a schedule's time: the schedule's
+/// subject. The delivered message keeps the schedule's other headers but not its
+/// `Nats-Msg-Id` or `Nats-Expected-*` (tried on 2.12.8).
+pub const SCHEDULER_HEADER: &str = "Nats-Scheduler";
+
+/// `--schedule-column`: a row whose column holds a time is held by the stream and delivered
+/// to its subject then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleColumn {
+    pub column: String,
+    /// A held row's message goes to `<subject_prefix>.<its Nats-Msg-Id>`: nats-server keeps
+    /// one schedule per subject, and consumers of the events' subjects must not see it
+    /// before its time.
+    pub subject_prefix: String,
+}
+
+impl ScheduleColumn {
+    /// The subject that holds the schedule of the message `msg_id`.
+    pub fn subject(&self, msg_id: &str) -> String {
+        format!("{}.{msg_id}", self.subject_prefix)
+    }
+
+    /// The `Nats-Msg-Id` of the schedule a delivered message came from, read from its
+    /// `Nats-Scheduler` header; `None` when that subject is not one of ours.
+    pub fn msg_id_of_scheduler<'a>(&self, scheduler: &'a str) -> Option<&'a str> {
+        scheduler.strip_prefix(self.subject_prefix.as_str())?.strip_prefix('.')
+    }
+}
 
 /// Names (lowercase, a trailing `*` for a prefix) `--allow-nats-header` refuses, and why.
 const NEVER_ALLOWED: [(&str, &str); 9] = [
@@ -23,11 +59,7 @@ const NEVER_ALLOWED: [(&str, &str); 9] = [
     ("nats-batch-*", "pgoutbox publishes one message at a time"),
     ("nats-incr", "counters are not events"),
     ("nats-required-api-level", "pgoutbox checks the server itself"),
-    (
-        "nats-schedule*",
-        "the server would write the scheduled message into pgoutbox's own stream, which breaks \
-         its chain of expected last sequences",
-    ),
+    ("nats-schedule*", "use --schedule-column"),
     ("nats-ttl", "use --ttl-column"),
 ];
 
@@ -102,6 +134,104 @@ pub fn ttl_value(text: &str) -> Result<String, Rejection> {
     Ok(seconds.to_string())
 }
 
+/// A schedule column's value as `Nats-Schedule` sends it, `@at <UTC time>Z` in whole
+/// seconds, or why it cannot be one. Taken: PostgreSQL's text of a `timestamptz`
+/// (`2026-11-26 21:40:00.5+05:30`), of a `timestamp` (no offset: read as UTC), and RFC 3339
+/// (`2026-11-26T21:40:00Z`). A fraction of a second rounds up: a row is never delivered
+/// before its time. The server is given UTC, the form every nats-server release parses.
+pub fn schedule_value(text: &str) -> Result<String, Rejection> {
+    let text = text.trim();
+    let at = parse_time(text).ok_or_else(|| {
+        Rejection(format!(
+            "{:?} is not a time to deliver at: give a timestamptz, or a time such as \
+             2026-11-26T21:40:00Z",
+            super::dead_letter::shorten(text, 64)
+        ))
+    })?;
+    Ok(format!(
+        "@at {:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second()
+    ))
+}
+
+/// `YYYY-MM-DD[T ]HH:MM[:SS[.fraction]][Z|±HH[:MM[:SS]]]`, as UTC rounded up to the second;
+/// years 1 to 9999 (as Go's RFC 3339 parser takes them).
+fn parse_time(text: &str) -> Option<time::OffsetDateTime> {
+    use time::{Date, Duration, Month, PrimitiveDateTime, Time, UtcOffset};
+    let number = |digits: &str, len: usize| -> Option<u32> {
+        (digits.len() == len && digits.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| digits.parse().ok())?
+    };
+    let (date, rest) = (text.get(..10)?, text.get(10..)?);
+    let rest = rest.strip_prefix(['T', 't', ' '])?;
+    let year = number(date.get(..4)?, 4)?;
+    let month = number(date.get(5..7)?, 2)?;
+    let day = number(date.get(8..10)?, 2)?;
+    if date.as_bytes()[4] != b'-' || date.as_bytes()[7] != b'-' || year == 0 {
+        return None;
+    }
+    let date = Date::from_calendar_date(
+        i32::try_from(year).ok()?,
+        Month::try_from(u8::try_from(month).ok()?).ok()?,
+        u8::try_from(day).ok()?,
+    )
+    .ok()?;
+    // The clock, up to where the offset starts.
+    let clock_end = rest.find(['Z', 'z', '+', '-']).unwrap_or(rest.len());
+    let (clock, offset) = rest.split_at(clock_end);
+    let (clock, fraction) = match clock.split_once('.') {
+        Some((clock, fraction)) => {
+            if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            (clock, fraction.bytes().any(|b| b != b'0'))
+        }
+        None => (clock, false),
+    };
+    let mut parts = clock.split(':');
+    let hour = number(parts.next()?, 2)?;
+    let minute = number(parts.next()?, 2)?;
+    let second = parts.next().map(|s| number(s, 2)).unwrap_or(Some(0))?;
+    if parts.next().is_some() {
+        return None;
+    }
+    let time = Time::from_hms(
+        u8::try_from(hour).ok()?,
+        u8::try_from(minute).ok()?,
+        u8::try_from(second).ok()?,
+    )
+    .ok()?;
+    let offset = match offset {
+        "" | "Z" | "z" => UtcOffset::UTC,
+        signed => {
+            let negative = signed.starts_with('-');
+            let mut fields = signed.get(1..)?.split(':');
+            let hours = number(fields.next()?, 2)?;
+            let minutes = fields.next().map(|m| number(m, 2)).unwrap_or(Some(0))?;
+            let seconds = fields.next().map(|s| number(s, 2)).unwrap_or(Some(0))?;
+            if fields.next().is_some() {
+                return None;
+            }
+            let sign = if negative { -1 } else { 1 };
+            UtcOffset::from_hms(
+                sign * i8::try_from(hours).ok()?,
+                sign * i8::try_from(minutes).ok()?,
+                sign * i8::try_from(seconds).ok()?,
+            )
+            .ok()?
+        }
+    };
+    let at = PrimitiveDateTime::new(date, time).assume_offset(offset);
+    let at = if fraction { at.checked_add(Duration::SECOND)? } else { at };
+    let utc = at.checked_to_offset(UtcOffset::UTC)?;
+    (1..=9999).contains(&utc.year()).then_some(utc)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,6 +255,61 @@ mod tests {
     }
 
     #[test]
+    fn schedule_times_are_sent_as_utc_seconds_never_early() {
+        for (given, sent) in [
+            ("2026-11-26 21:40:00+00", "@at 2026-11-26T21:40:00Z"),
+            ("2026-11-26 21:40:00.000001+00", "@at 2026-11-26T21:40:01Z"),
+            ("2026-11-26 21:40:00.000+00", "@at 2026-11-26T21:40:00Z"),
+            ("2026-11-26 23:59:59.5+05:30", "@at 2026-11-26T18:30:00Z"),
+            ("2026-11-26 01:00:00-03", "@at 2026-11-26T04:00:00Z"),
+            ("2026-12-31 23:30:00-01:00", "@at 2027-01-01T00:30:00Z"),
+            ("1900-01-01 00:00:00+00:09:21", "@at 1899-12-31T23:50:39Z"),
+            ("2026-11-26T21:40:00Z", "@at 2026-11-26T21:40:00Z"),
+            ("2026-11-26t21:40:00z", "@at 2026-11-26T21:40:00Z"),
+            ("2026-11-26 21:40", "@at 2026-11-26T21:40:00Z"),
+            (" 2024-02-29 12:00:00 ", "@at 2024-02-29T12:00:00Z"),
+        ] {
+            assert_eq!(schedule_value(given).as_deref(), Ok(sent), "{given}");
+        }
+        for bad in [
+            "",
+            "infinity",
+            "-infinity",
+            "now",
+            "2026-11-26",
+            "2026-02-30 00:00:00+00",
+            "2026-11-26 24:00:00+00",
+            "2026-11-26 21:40:00 BC",
+            "0000-01-01 00:00:00+00",
+            "2026-11-26 21:40:00+",
+            "2026-11-26 21:40:00.+00",
+            "2026-11-26 21:40:00+99",
+            "2026-11-26 21:40:00+01:00:00:00",
+            "9999-12-31 23:59:59.5+00",
+            "2026-11-26 21:4:00",
+            "@at 2026-11-26T21:40:00Z",
+            "@every 1m",
+            "२०२६-11-26 21:40:00",
+        ] {
+            let Rejection(why) = schedule_value(bad).expect_err(bad);
+            assert!(why.contains("is not a time to deliver at"), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_delivered_message_names_its_schedule() {
+        let schedule = ScheduleColumn {
+            column: "deliver_at".into(),
+            subject_prefix: "schedules.OUTBOX".into(),
+        };
+        let subject = schedule.subject("public.outbox:42");
+        assert_eq!(subject, "schedules.OUTBOX.public.outbox:42");
+        assert_eq!(schedule.msg_id_of_scheduler(&subject), Some("public.outbox:42"));
+        assert_eq!(schedule.msg_id_of_scheduler("schedules.OUTBOXES.1"), None);
+        assert_eq!(schedule.msg_id_of_scheduler("other.1"), None);
+    }
+
+    #[test]
     fn headers_that_undo_the_publish_protocol_cannot_be_allowed() {
         for never in [
             "Nats-Msg-Id",
@@ -141,6 +326,56 @@ mod tests {
         }
         for fine in ["Nats-Trace-Dest", "Nats-Custom"] {
             assert_eq!(refuse_allowed(fine), None, "{fine}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever PostgreSQL prints for a timestamptz, in any session time zone, is sent
+        /// as the same instant rounded up to the second; any other text is refused, never
+        /// a panic.
+        #[test]
+        fn a_timestamptz_is_sent_as_its_instant(
+            seconds in -62_000_000_000i64..253_000_000_000,
+            micros in 0u32..1_000_000,
+            offset_minutes in -15 * 60i32..=15 * 60,
+        ) {
+            let instant = time::OffsetDateTime::from_unix_timestamp(seconds).unwrap()
+                + time::Duration::microseconds(i64::from(micros));
+            let offset = time::UtcOffset::from_whole_seconds(offset_minutes * 60).unwrap();
+            let local = instant.to_offset(offset);
+            prop_assume!((1..=9999).contains(&local.year()));
+            let (h, m, _) = offset.as_hms();
+            let text = format!(
+                "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}{}{:02}:{:02}",
+                local.year(), u8::from(local.month()), local.day(),
+                local.hour(), local.minute(), local.second(), micros,
+                if offset.is_negative() { '-' } else { '+' }, h.abs(), m.abs(),
+            );
+            let rounded_up = if micros == 0 { seconds } else { seconds + 1 };
+            let expected = time::OffsetDateTime::from_unix_timestamp(rounded_up).unwrap();
+            match schedule_value(&text) {
+                Ok(sent) => {
+                    let expected = format!(
+                        "@at {:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+                        expected.year(), u8::from(expected.month()), expected.day(),
+                        expected.hour(), expected.minute(), expected.second(),
+                    );
+                    prop_assert_eq!(sent, expected, "{}", text);
+                }
+                Err(_) => prop_assert!(!(1..=9999).contains(&expected.year()), "{}", text),
+            }
+        }
+
+        #[test]
+        fn any_text_is_a_time_or_a_reason(text in any::<String>()) {
+            let _ = schedule_value(&text);
         }
     }
 }

@@ -70,6 +70,7 @@ impl RowMapping {
             unusable: None,
             id_prefix: String::new(),
             ttl,
+            schedule: None,
             allowed_nats_headers: roles.allowed_nats_headers.clone(),
             envelope,
             dead_letter_subject: String::new(),

@@ -1,7 +1,7 @@
 //! One table's settings: which column plays which role, and what the message makes of
 //! them, gathered in a [`TableEntry`], so that each table of several has its own.
 
-use super::{CloudEvents, SubjectTemplate};
+use super::{CloudEvents, ScheduleColumn, SubjectTemplate};
 
 /// Which column plays which role, and what the message makes of them; defaults follow
 /// `sql/outbox.sql`. One table's settings, so that each table could have its own.
@@ -17,6 +17,8 @@ pub struct ColumnRoles {
     pub created_at: String,
     /// `--ttl-column`: its value becomes `Nats-TTL` (NULL: none).
     pub ttl: Option<String>,
+    /// `--schedule-column`: a row whose value is a time is delivered then (NULL: now).
+    pub schedule: Option<ScheduleColumn>,
     /// `--allow-nats-header`: the `Nats-` headers the headers column may set, lowercase.
     pub allowed_nats_headers: Vec<String>,
     /// `--cloudevents`: each message is also a CloudEvent.
@@ -34,6 +36,7 @@ impl Default for ColumnRoles {
             event_type: "event_type".into(),
             created_at: "created_at".into(),
             ttl: None,
+            schedule: None,
             allowed_nats_headers: Vec::new(),
             cloudevents: None,
         }

@@ -350,3 +350,38 @@ fn a_row_names_its_table_and_with_several_tables_its_id_is_qualified() {
     assert_eq!(header(&renamed.event, "Pgoutbox-Table"), Some("public.outbox"));
     assert_eq!(header_safe_table("a.b\nc"), "a.b\\nc");
 }
+
+#[test]
+fn a_row_with_a_time_is_held_on_its_own_subject_and_delivered_to_its_own() {
+    let mut relation = outbox_relation();
+    relation.columns.push(column("deliver_at", 1184));
+    relation.columns.push(column("ttl", 25));
+    let schedule =
+        ScheduleColumn { column: "deliver_at".into(), subject_prefix: "schedules.OUTBOX".into() };
+    let roles =
+        ColumnRoles { schedule: Some(schedule), ttl: Some("ttl".into()), ..ColumnRoles::default() };
+    let mapping = mapping_with(roles, &relation);
+    let mut tuple = row(text("order"), "created", ColumnValue::Null);
+    tuple.push(text("2026-11-26 21:40:00.25+01"));
+    tuple.push(ColumnValue::Null);
+    let held = mapping.map(&tuple).unwrap();
+    assert_eq!(held.subject, format!("schedules.OUTBOX.{}", held.id));
+    assert_eq!(header(&held, "Nats-Schedule"), Some("@at 2026-11-26T20:40:01Z"));
+    assert_eq!(header(&held, "Nats-Schedule-Target"), Some("outbox.order"));
+    assert_eq!(header(&held, "Nats-Msg-Id"), Some(held.id.as_str()));
+
+    tuple[8] = text("10m");
+    let held = mapping.map(&tuple).unwrap();
+    assert_eq!(header(&held, "Nats-Schedule-TTL"), Some("600"), "the delivered message's TTL");
+    assert_eq!(header(&held, "Nats-TTL"), None, "the schedule must not expire before its time");
+
+    tuple[7] = ColumnValue::Null;
+    let now = mapping.map(&tuple).unwrap();
+    assert_eq!(now.subject, "outbox.order");
+    assert_eq!(header(&now, "Nats-Schedule"), None);
+    assert_eq!(header(&now, "Nats-TTL"), Some("600"));
+
+    tuple[7] = text("tomorrow");
+    let Rejection(why) = mapping.map(&tuple).unwrap_err();
+    assert!(why.contains("column deliver_at") && why.contains("not a time"), "{why}");
+}

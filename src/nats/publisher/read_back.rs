@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::{Publisher, PublisherError, is_no_message, request_error};
 use crate::domain::outbox::{
-    DEAD_LETTER_ID_PREFIX, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER, letter_row,
+    DEAD_LETTER_ID_PREFIX, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER, SCHEDULER_HEADER, letter_row,
 };
 use crate::domain::seed::{HeldRows, row_id_of};
 
@@ -39,8 +39,8 @@ impl Publisher {
                 if only.is_some_and(|(name, value)| header(name) != Some(value)) {
                     return;
                 }
-                if let Some(id) = header(MESSAGE_ID_HEADER) {
-                    ids.insert(row_id_of(id).to_owned());
+                if let Some(id) = headers.and_then(|h| self.msg_id_of(h)) {
+                    ids.insert(row_id_of(&id).to_owned());
                 }
             })
             .await?;
@@ -92,7 +92,7 @@ impl Publisher {
         let mut held = HeldRows::default();
         let last = self
             .read_messages(from, None, false, |headers, body| {
-                let Some(id) = headers.and_then(|h| h.get(MESSAGE_ID_HEADER)) else { return };
+                let Some(id) = headers.and_then(|h| self.msg_id_of(h)) else { return };
                 let id = id.as_str();
                 if !id.starts_with(DEAD_LETTER_ID_PREFIX) {
                     held.insert_message(id, body);
@@ -105,6 +105,16 @@ impl Publisher {
             })
             .await?;
         Ok((held, last))
+    }
+
+    /// A message's `Nats-Msg-Id`; for one the server delivered for one of pgoutbox's
+    /// schedules, the schedule's (deleted once delivered): the row is in the stream either way.
+    fn msg_id_of(&self, headers: &async_nats::HeaderMap) -> Option<String> {
+        if let Some(id) = headers.get(MESSAGE_ID_HEADER) {
+            return Some(id.as_str().to_owned());
+        }
+        let scheduler = headers.get(SCHEDULER_HEADER)?.as_str();
+        self.schedules.iter().find_map(|s| s.msg_id_of_scheduler(scheduler)).map(str::to_owned)
     }
 
     /// Reads the messages from `from` to the stream's end (on `subject` only, when given),

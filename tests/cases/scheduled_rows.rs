@@ -1,0 +1,180 @@
+//! `--schedule-column`: a row with a time is held by the stream (nats-server 2.12+, message
+//! schedules) and delivered to its subject at that time, once; the server writes the
+//! delivered message into pgoutbox's stream behind its back, and pgoutbox's chain goes on
+//! past it, also across a kill -9 whose restart finds a delivered message at the stream's
+//! end. A value that is not a time is a dead letter saying why. On a server before 2.12, or
+//! a stream that does not allow schedules, pgoutbox refuses to start with one line.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{Stored, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, wait_until_streaming};
+
+const SCHEDULE: &str = "--schedule-column=deliver_at";
+
+/// Row `n`, delivered at `at` (SQL; NULL: now).
+fn insert(n: usize, at: &str) -> String {
+    format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, deliver_at) \
+         VALUES ('order', '{n}', 'created', '{{\"n\": {n}}}', {at});\n"
+    )
+}
+
+/// The events a consumer of `outbox.>` sees: each row's aggregate id, in stream order.
+fn events(stored: &[Stored]) -> Vec<String> {
+    stored
+        .iter()
+        .filter(|m| m.subject.starts_with("outbox.order."))
+        .map(|m| m.header("Outbox-Aggregate-Id").unwrap_or("?").to_owned())
+        .collect()
+}
+
+fn delivered(stored: &[Stored], row: usize) -> Option<&Stored> {
+    let row = row.to_string();
+    stored.iter().find(|m| {
+        m.subject == "outbox.order.created" && m.header("Outbox-Aggregate-Id") == Some(&row)
+    })
+}
+
+async fn wait_for_events(js: &jetstream::Context, want: &[&str], app: &Pgoutbox) -> Vec<Stored> {
+    let what = format!("events {want:?} on outbox.>\n{}", app.log());
+    eventually(Duration::from_secs(30), &what, || async {
+        let stored = read_all(js, "OUTBOX").await;
+        (events(&stored) == want).then_some(stored)
+    })
+    .await
+}
+
+/// When row `n` is to be delivered, in nanoseconds since the epoch (Postgres's clock, the
+/// same machine's as the server's).
+fn due_nanos(pg: &Postgres, n: usize) -> i128 {
+    let seconds = pg.psql(&format!(
+        "SELECT extract(epoch FROM deliver_at)::numeric FROM outbox WHERE aggregate_id = '{n}'"
+    ));
+    let seconds: f64 = seconds.trim().parse().expect("an epoch");
+    (seconds * 1e9) as i128
+}
+
+fn start(pg: &Postgres, nats: &Nats) -> Pgoutbox {
+    Pgoutbox::run(pg, nats, &[SCHEDULE])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scheduled_row_is_delivered_at_its_time_once_and_the_chain_goes_on_past_it() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("ALTER TABLE outbox ADD COLUMN deliver_at timestamptz;");
+    let mut app = start(&pg, &nats);
+    if nats.release() < (2, 12) {
+        let status = app.wait_exit(Duration::from_secs(30));
+        assert!(!status.success(), "{}", app.log());
+        assert!(
+            app.log().contains("--schedule-column needs nats-server 2.12 or later"),
+            "one line saying what to do:\n{}",
+            app.log()
+        );
+        return;
+    }
+    wait_until_streaming(&pg, &app).await;
+    let js = jetstream(&nats.url()).await;
+    let mut stream = js.get_stream("OUTBOX").await.expect("pgoutbox created the stream");
+    let config = stream.info().await.expect("stream info").config.clone();
+    assert!(config.allow_message_schedules, "created allowing schedules");
+    assert!(config.subjects.contains(&"schedules.OUTBOX.>".to_owned()), "{:?}", config.subjects);
+
+    // Row 1 waits 3 s; row 2, committed after it, is delivered at once.
+    pg.psql(&format!(
+        "BEGIN;\n{}{}COMMIT;\n{}",
+        insert(0, "NULL"),
+        insert(1, "now() + interval '3 seconds'"),
+        insert(2, "NULL")
+    ));
+    let stored = wait_for_events(&js, &["0", "2"], &app).await;
+    let held: Vec<&Stored> =
+        stored.iter().filter(|m| m.subject.starts_with("schedules.OUTBOX.")).collect();
+    assert_eq!(held.len(), 1, "row 1 is held, out of the events' subjects: {stored:?}");
+    assert_eq!(held[0].header("Nats-Schedule-Target"), Some("outbox.order.created"));
+
+    // Delivered at its time, not before; then the chain goes on behind the delivery.
+    let stored = wait_for_events(&js, &["0", "2", "1"], &app).await;
+    let due = due_nanos(&pg, 1);
+    let at = delivered(&stored, 1).expect("row 1 delivered");
+    assert!(at.stored_at_nanos >= due, "delivered {} ns early", due - at.stored_at_nanos);
+    assert!(at.stored_at_nanos < due + 5_000_000_000, "delivered over 5 s late");
+    assert_eq!(at.json()["n"], 1, "the row's payload");
+    pg.psql(&insert(3, "NULL"));
+    wait_for_events(&js, &["0", "2", "1", "3"], &app).await;
+    assert!(
+        app.log().contains("streaming on behind it") && !app.log().contains("reconnecting"),
+        "a delivery is no error:\n{}",
+        app.log()
+    );
+
+    // A delivery at the stream's end when pgoutbox is killed: the restart skips by it.
+    pg.psql(&insert(4, "now() + interval '2 seconds'"));
+    wait_for_events(&js, &["0", "2", "1", "3", "4"], &app).await;
+    app.kill9();
+    pg.psql(&format!("{}{}", insert(5, "NULL"), insert(6, "now() - interval '1 minute'")));
+    let app = start(&pg, &nats);
+    let stored = wait_for_events(&js, &["0", "2", "1", "3", "4", "5", "6"], &app).await;
+
+    // Nothing more comes: each row once, no schedule left behind.
+    pg.psql(&insert(7, "NULL"));
+    let stored_then = wait_for_events(&js, &["0", "2", "1", "3", "4", "5", "6", "7"], &app).await;
+    assert!(stored_then.len() > stored.len());
+    let left: Vec<&Stored> =
+        stored_then.iter().filter(|m| m.subject.starts_with("schedules.")).collect();
+    assert!(left.is_empty(), "every schedule was delivered and removed: {left:?}");
+    assert!(stored_then.iter().all(|m| m.subject.starts_with("outbox.order.")), "{stored_then:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_value_that_is_not_a_time_is_a_dead_letter_and_a_stream_without_schedules_is_refused() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    if nats.release() < (2, 12) {
+        return; // the refusal of older servers is the other test's
+    }
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("ALTER TABLE outbox ADD COLUMN deliver_at text;");
+    let js = jetstream(&nats.url()).await;
+    js.create_stream(jetstream::stream::Config {
+        name: "OUTBOX".into(),
+        subjects: vec!["outbox.>".into(), "schedules.OUTBOX.>".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("a stream without allow_msg_schedules");
+    let mut app = start(&pg, &nats);
+    assert!(!app.wait_exit(Duration::from_secs(30)).success(), "{}", app.log());
+    assert!(
+        app.log().contains("which stream OUTBOX does not allow") && app.log().contains("--stream"),
+        "{}",
+        app.log()
+    );
+    let mut stream = js.get_stream("OUTBOX").await.expect("the stream");
+    assert!(!stream.info().await.expect("info").config.allow_message_schedules, "never changed");
+
+    js.delete_stream("OUTBOX").await.expect("the refused stream deleted");
+    let app = Pgoutbox::run(&pg, &nats, &[SCHEDULE, "--stream=HELD"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&format!("{}{}", insert(0, "'next tuesday'"), insert(1, "NULL")));
+    let what = format!("row 1 and the dead letter of row 0\n{}", app.log());
+    // The default subject prefix follows the stream's name.
+    let stored = eventually(Duration::from_secs(30), &what, || async {
+        let stored = read_all(&js, "HELD").await;
+        (stored.len() == 2).then_some(stored)
+    })
+    .await;
+    assert_eq!(stored[0].subject, "outbox.dead_letter");
+    let reason = stored[0].json()["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        reason.contains("column deliver_at") && reason.contains("is not a time to deliver at"),
+        "{reason}"
+    );
+    assert_eq!(stored[1].header("Outbox-Aggregate-Id"), Some("1"));
+}
