@@ -200,6 +200,48 @@ pub fn judge_tail(
     }
 }
 
+/// A message met looking back from the stream's end for pgoutbox's newest row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Behind {
+    /// Written by pgoutbox (or by anyone but the server's scheduler).
+    Written(TailOrigin),
+    /// Written by nats-server at a schedule's time (`Nats-Scheduler`), with its schedule's
+    /// headers: as the schedule's row when the schedule was pgoutbox's, else as nothing.
+    Delivered(TailOrigin),
+    /// Deleted or purged: an expired TTL, a delivered schedule.
+    Missing,
+}
+
+/// The look back from the stream's end for the row pgoutbox wrote last. The server writes
+/// a scheduled row's delivery behind pgoutbox's back, after the rows pgoutbox wrote since,
+/// and deletes the schedule, so the newest row is the highest position among the trailing
+/// deliveries and the first message before them pgoutbox wrote; a missing message ends
+/// the look back with what was seen (nothing seen: nothing to skip by).
+#[derive(Debug, Default)]
+pub struct TailSearch {
+    newest: Option<TailOrigin>,
+}
+
+impl TailSearch {
+    /// Takes the next message back; whether to read the one before it.
+    pub fn look_back(&mut self, message: Behind) -> bool {
+        let (origin, further) = match message {
+            Behind::Missing => return false,
+            Behind::Written(origin) => (origin, false),
+            Behind::Delivered(origin) => (origin, true),
+        };
+        if self.newest.as_ref().is_none_or(|seen| origin.position > seen.position) {
+            self.newest = Some(origin);
+        }
+        further
+    }
+
+    /// The newest row's origin.
+    pub fn tail(self) -> TailOrigin {
+        self.newest.unwrap_or_default()
+    }
+}
+
 /// One line of a timeline history file: `timeline` ended at WAL position `ended_at`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TimelineSwitch {
@@ -226,6 +268,45 @@ pub fn parse_timeline_history(content: &str) -> Vec<TimelineSwitch> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn at(lsn: u64, msg_id: &str) -> TailOrigin {
+        TailOrigin {
+            position: Some(Position { commit_lsn: lsn, index: 0 }),
+            msg_id: Some(msg_id.to_owned()),
+            ..TailOrigin::default()
+        }
+    }
+
+    fn search(behind: &[Behind]) -> (TailOrigin, usize) {
+        let mut search = TailSearch::default();
+        let read = 1 + behind.iter().take_while(|m| search.look_back((*m).clone())).count();
+        (search.tail(), read.min(behind.len()))
+    }
+
+    #[test]
+    fn the_tail_is_pgoutboxs_newest_row_past_the_deliveries_behind_it() {
+        use Behind::{Delivered, Missing, Written};
+        // Row 3 written after row 2's schedule; row 2 delivered behind it: row 3.
+        let (tail, read) =
+            search(&[Delivered(at(2, "2")), Written(at(3, "3")), Written(at(1, "1"))]);
+        assert_eq!((tail, read), (at(3, "3"), 2));
+        // Row 2's schedule was the last row; delivered and deleted: its delivery stands in.
+        let (tail, read) = search(&[Delivered(at(2, "2")), Missing, Written(at(1, "1"))]);
+        assert_eq!((tail, read), (at(2, "2"), 2));
+        // Two deliveries out of their rows' order: the newer row.
+        let (tail, _) = search(&[Delivered(at(1, "1")), Delivered(at(2, "2")), Missing]);
+        assert_eq!(tail, at(2, "2"));
+        // A delivery of a schedule that was not pgoutbox's names no row: looked past.
+        let (tail, read) =
+            search(&[Delivered(TailOrigin::default()), Written(at(5, "5")), Written(at(4, "4"))]);
+        assert_eq!((tail, read), (at(5, "5"), 2));
+        // No delivery: the last message, alone, as before.
+        let (tail, read) = search(&[Written(at(7, "7")), Written(at(6, "6"))]);
+        assert_eq!((tail, read), (at(7, "7"), 1));
+        // The last message gone: nothing to skip by.
+        let (tail, _) = search(&[Missing, Written(at(6, "6"))]);
+        assert_eq!(tail, TailOrigin::default());
+    }
 
     fn ours() -> Source {
         Source::new(7, 2, "app", "pgoutbox")

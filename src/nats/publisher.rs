@@ -15,7 +15,7 @@ use crate::domain::outbox::{MESSAGE_ID_HEADER, SCHEDULER_HEADER, ScheduleColumn}
 use crate::domain::progress::Position;
 use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
 use crate::domain::seed::{SEED_SINCE_HEADER, payload_digest};
-use crate::domain::source::{SOURCE_HEADER, TailOrigin};
+use crate::domain::source::{Behind, SOURCE_HEADER, TailOrigin, TailSearch};
 use crate::nats::api_error::{is_final_answer, is_stream_not_found};
 use crate::nats::handshake::{Dialer, OpenError};
 use crate::nats::outbound::{self, Acks, Outbound};
@@ -293,13 +293,8 @@ impl Publisher {
         Ok(StreamTail { last_sequence, origin, message_limit })
     }
 
-    /// Where pgoutbox's newest row in the stream came from, looking back from `last`. A
-    /// message the server delivered for a schedule (`Nats-Scheduler`) was written behind
-    /// pgoutbox's back with its schedule's headers, and its schedule was deleted: the look
-    /// back goes past such messages to the first one pgoutbox wrote, and takes the highest
-    /// position among them all. A missing message ends it: the last one deleted or purged
-    /// (an expired TTL, a delivered schedule) leaves nothing to skip by but what was seen.
-    /// Any other error (no leader, a permission, a timeout) says nothing about the tail:
+    /// Where pgoutbox's newest row in the stream came from, looking back from `last` past
+    /// the messages the server delivered for schedules ([`TailSearch`]). Any other error (no leader, a permission, a timeout) says nothing about the tail:
     /// taken as "nothing to skip", every unconfirmed row past the duplicate window would
     /// be stored twice.
     async fn newest_row(
@@ -308,26 +303,23 @@ impl Publisher {
         last: u64,
     ) -> Result<TailOrigin, PublisherError> {
         let oldest = last.saturating_sub(DELIVERED_LOOK_BACK).max(1);
-        let mut newest: Option<TailOrigin> = None;
+        let mut search = TailSearch::default();
         for sequence in (oldest..=last).rev() {
-            let message = match stream.get_raw_message(sequence).await {
-                Ok(message) => message,
-                Err(err) if is_no_message(&err) => break,
+            let behind = match stream.get_raw_message(sequence).await {
+                Ok(message) => match message.headers.get(SCHEDULER_HEADER) {
+                    Some(scheduler) => {
+                        Behind::Delivered(self.delivered_origin(&message, scheduler.as_str()))
+                    }
+                    None => Behind::Written(origin(&message)),
+                },
+                Err(err) if is_no_message(&err) => Behind::Missing,
                 Err(err) => return Err(request_error(err)),
             };
-            let scheduler = message.headers.get(SCHEDULER_HEADER).map(|v| v.as_str().to_owned());
-            let here = match &scheduler {
-                None => origin(&message),
-                Some(scheduler) => self.delivered_origin(&message, scheduler),
-            };
-            if newest.as_ref().is_none_or(|seen| here.position > seen.position) {
-                newest = Some(here);
-            }
-            if scheduler.is_none() {
+            if !search.look_back(behind) {
                 break;
             }
         }
-        Ok(newest.unwrap_or_default())
+        Ok(search.tail())
     }
 
     /// A delivered message as the row its schedule was published from: its position and
