@@ -331,9 +331,7 @@ impl<'a> Pipeline<'a> {
                 self.replays.describe(relation);
             }
             LogicalMessage::Relation(relation) => {
-                if self.tables.is_first(&relation) {
-                    self.replays.outbox_described(&relation);
-                }
+                self.replays.outbox_described(&relation);
                 self.tables.describe(&relation)?;
             }
             LogicalMessage::Insert(insert) => self.on_insert(insert).await?,
