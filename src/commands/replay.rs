@@ -24,7 +24,7 @@ use anyhow::Context;
 use async_nats::jetstream::context::PublishAckFuture;
 use tokio::sync::mpsc::Receiver;
 
-use crate::domain::outbox::{OutboxEvent, RowMapping};
+use crate::domain::outbox::{MessageId, OutboxEvent, RowMapping, TABLE_HEADER, TableEntry};
 use crate::domain::row::ColumnValue;
 use crate::domain::seed::{REPLAY_HEADER, replay_id_prefix, replay_started, row_id_of};
 use crate::nats::claim::{Claim, Claims};
@@ -109,10 +109,10 @@ struct Tally {
 }
 
 pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
-    config.refuse_several_tables("replay")?;
     if config.messages_only {
         anyhow::bail!("replay publishes rows of the outbox table, and --messages-only reads none");
     }
+    let entry = config.replay_entry(args.from_table.as_deref())?.clone();
     let client = admin::connect(&config.database, &config.pg_tls).await?;
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT)
@@ -136,20 +136,15 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
         handover::settle_earlier_runs(&client, &config.slot).await?;
     }
 
-    let selection = selection(config, args, &publisher).await?;
-    let snapshot = TableSnapshot::open(
-        &config.database,
-        &config.pg_tls,
-        None,
-        &config.table,
-        &config.entry().roles,
-    )
-    .await?;
+    let selection = selection(config, &entry, args, &publisher).await?;
+    let snapshot =
+        TableSnapshot::open(&config.database, &config.pg_tls, None, &entry.table, &entry.roles)
+            .await?;
     let total = snapshot.count(&selection).await?;
     if total == 0 {
         let ids = snapshot.some_ids(3).await?;
         snapshot.close().await;
-        return Err(NothingSelected(nothing_selected(&config.table, &selection, &ids)).into());
+        return Err(NothingSelected(nothing_selected(&entry.table, &selection, &ids)).into());
     }
     // A replay id made here says when it began; one chosen by hand means reading it all.
     let from = replay_started(&id).map_or(ReadFrom::Start, |s| ReadFrom::Time(s as f64 - 60.0));
@@ -182,14 +177,14 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
         snapshot.close().await;
         return Ok(());
     }
-    let plan = Plan { selection, id: id.clone(), done, total };
+    let plan = Plan { entry, selection, id: id.clone(), done, total };
     // What this run hands over is stored after this (what earlier runs stored is before it).
     let first = match route {
         Route::Handover { live: true } => publisher.last_sequence().await?,
         _ => 0,
     };
     let mut tally = match route {
-        Route::Direct => publish(config, args, &publisher, &snapshot, &plan).await?,
+        Route::Direct => publish(args, &publisher, &snapshot, &plan).await?,
         Route::Handover { live } => {
             let progress = (Progress::start(&publisher, &id, total).await, live);
             handover::hand_over(config, args, &client, &snapshot, &plan, progress).await?
@@ -225,9 +220,12 @@ enum Route {
     Handover { live: bool },
 }
 
-/// The rows asked for; `--dead-letters` reads their ids from the dead-letter subject.
+/// The rows asked for; `--dead-letters` reads their ids from the entry's dead-letter
+/// subject, the letters of its table: with several tables, those whose `Pgoutbox-Table`
+/// names it, their ids without the table's qualifier (`<schema>.<table>:`).
 async fn selection(
     config: &Config,
+    entry: &TableEntry,
     args: &ReplayArgs,
     publisher: &Publisher,
 ) -> anyhow::Result<Selection> {
@@ -238,12 +236,21 @@ async fn selection(
             Ok(Selection::Created { from: args.created_from.clone(), to: args.created_to.clone() })
         }
         (false, false, true) => {
-            let subject = &config.entry().dead_letter_subject;
+            let subject = &entry.dead_letter_subject;
+            let table = entry.table.to_string();
+            // With one table, letters of an older version, without the header, are its own.
+            let several = config.pipeline.tables.len() > 1;
+            let only = several.then_some((TABLE_HEADER, table.as_str()));
             let (ids, _) = publisher
-                .row_ids(ReadFrom::Start, Some(subject), None)
+                .row_ids(ReadFrom::Start, Some(subject), only)
                 .await
                 .with_context(|| format!("reading the dead letters on {subject}"))?;
-            Ok(Selection::Ids(ids.into_iter().collect()))
+            let qualifier = match entry.message_id {
+                MessageId::Qualified => format!("{table}:"),
+                MessageId::Row => String::new(),
+            };
+            let ids = ids.iter().map(|id| id.strip_prefix(&qualifier).unwrap_or(id).to_owned());
+            Ok(Selection::Ids(ids.collect()))
         }
         _ => anyhow::bail!(
             "say which rows to replay: --ids, --created-from/--created-to, or --dead-letters"
@@ -350,6 +357,8 @@ fn nothing_selected(
 
 /// What one run of a replay publishes.
 struct Plan {
+    /// The table replayed, with its settings.
+    entry: TableEntry,
     selection: Selection,
     id: String,
     /// Rows this replay stored before it was resumed.
@@ -393,14 +402,13 @@ async fn next_rows(rows: &mut Receiver<RowBatch>) -> anyhow::Result<Vec<Vec<Colu
 }
 
 async fn publish(
-    config: &Config,
     args: &ReplayArgs,
     publisher: &Publisher,
     snapshot: &TableSnapshot,
     plan: &Plan,
 ) -> anyhow::Result<Tally> {
     let Plan { selection, id, total, .. } = plan;
-    let mapping = RowMapping::of_entry(snapshot.relation(), config.entry())?;
+    let mapping = RowMapping::of_entry(snapshot.relation(), &plan.entry)?;
     let (mut rows, _reader) = snapshot.read(selection);
     let mut pace = args.rate.map(|rate| {
         let mut pace = tokio::time::interval(Duration::from_secs(1) / rate.get());

@@ -8,6 +8,7 @@ use opentelemetry_sdk::trace::Tracer;
 use tracing::{info, warn};
 
 use super::setup::{ensure_stream_and_slot, prepare_database};
+use crate::domain::outbox::{EMITTED_LABEL, TableEntry};
 use crate::domain::retry::{Backoff, Next, RepeatedError, RetryPolicy};
 use crate::domain::stall::Progress;
 use crate::nats::handshake::Dialer;
@@ -73,6 +74,10 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
     let mut tasks = tokio::task::JoinSet::new();
     let mut shutdown = Shutdown::listen(&mut tasks)?;
     let prometheus = telemetry::install_recorder()?;
+    let emitted = (!args.message_prefix.is_empty()).then_some(EMITTED_LABEL.to_owned());
+    let labels: Vec<String> =
+        config.pipeline.tables.iter().map(TableEntry::metrics_label).chain(emitted).collect();
+    Metrics::tables(labels.iter().map(String::as_str));
     let readiness = Arc::new(Readiness::default());
     let http_addr = match args.http_addr {
         Some(addr) => Some(

@@ -90,7 +90,7 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                     telemetry::advertised_http_addr(name, s.holder_client_addr.as_deref())
                 });
                 let addr = http_addr.or(advertised).unwrap_or(telemetry::DEFAULT_HTTP_ADDR);
-                let process = process_report(addr).await;
+                let mut process = process_report(addr).await;
                 if process["stalled"] == json!(true) {
                     problems.push(format!(
                         "pgoutbox is stalled: no ack and nothing confirmed while messages wait \
@@ -112,8 +112,12 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                 report["problems"] = json!(problems);
                 report["nats"] = nats.nats;
                 report["stream"] = nats.stream;
+                report["tables"] = tables_report(config, &process, &nats.dead_letters_by_subject);
                 if let Some(replay) = nats.replay {
                     report["replay"] = replay;
+                }
+                if let Some(process) = process.as_object_mut() {
+                    process.remove("tables");
                 }
                 report["pgoutbox"] = process;
                 (report, health)
@@ -182,6 +186,97 @@ async fn postgres_report(client: &tokio_postgres::Client) -> serde_json::Value {
     }
 }
 
+/// The per-row counters `status` shows for each table, as `/metrics` names them.
+const TABLE_COUNTERS: [(&str, &str); 4] = [
+    ("rows_published", names::ROWS_PUBLISHED),
+    ("bytes_published", names::BYTES_PUBLISHED),
+    ("dead_letters", names::DEAD_LETTERS),
+    ("duplicates", names::DUPLICATES),
+];
+
+/// One object per table, in the configuration's order, then any other table the running
+/// pgoutbox counts (`(emitted)`): its rows, bytes, dead letters and duplicates since the
+/// process started, from its `/metrics` (null when it could not be read), and the dead
+/// letters in the stream on its dead-letter subject. Those are counted by subject, which
+/// the server does in one request without reading a message; a subject several tables
+/// share cannot be split by table that cheaply (it would mean reading every letter's
+/// `Pgoutbox-Table`), so such a table's `dead_letters_in_stream` is null and the sum is
+/// `stream.dead_letters`. Lag is the slot's, shared by every table.
+fn tables_report(
+    config: &Config,
+    process: &serde_json::Value,
+    dead_letters_by_subject: &[(String, u64)],
+) -> serde_json::Value {
+    let counted = &process["tables"];
+    let entries = &config.pipeline.tables;
+    let mut tables = Vec::new();
+    for entry in entries {
+        let label = entry.metrics_label();
+        let subject = &entry.dead_letter_subject;
+        let shared = entries.iter().filter(|e| e.dead_letter_subject == *subject).count() > 1;
+        let in_stream = dead_letters_by_subject
+            .iter()
+            .find(|(s, _)| s == subject)
+            .filter(|_| !shared)
+            .map(|(_, count)| *count);
+        let mut table = json!({
+            "table": label,
+            "dead_letter_subject": subject,
+            "dead_letters_in_stream": in_stream,
+        });
+        for (key, _) in TABLE_COUNTERS {
+            table[key] = counted[&label][key].clone();
+        }
+        tables.push(table);
+    }
+    let known: Vec<String> = entries.iter().map(|e| e.metrics_label()).collect();
+    for (label, counters) in counted.as_object().into_iter().flatten() {
+        if known.contains(label) {
+            continue;
+        }
+        let mut table = json!({ "table": label });
+        for (key, _) in TABLE_COUNTERS {
+            table[key] = counters[key].clone();
+        }
+        tables.push(table);
+    }
+    json!(tables)
+}
+
+/// Each table's per-row counters in `/metrics` text: label → { counter → value }.
+fn table_counters(text: &str) -> serde_json::Value {
+    let mut tables = serde_json::Map::new();
+    for line in text.lines() {
+        for (key, name) in TABLE_COUNTERS {
+            if let Some((label, value)) = labelled(line, name) {
+                let table = tables.entry(label).or_insert_with(|| json!({}));
+                table[key] = json!(value as u64);
+            }
+        }
+    }
+    serde_json::Value::Object(tables)
+}
+
+/// `name{table="<label>"} <value>`: the label, unescaped as the text format escapes it
+/// (`\\`, `\"`, `\n`), and the value.
+fn labelled(line: &str, name: &str) -> Option<(String, f64)> {
+    let rest = line.strip_prefix(name)?.strip_prefix("{table=\"")?;
+    let mut label = String::new();
+    let mut chars = rest.char_indices();
+    let end = loop {
+        match chars.next()? {
+            (_, '\\') => match chars.next()?.1 {
+                'n' => label.push('\n'),
+                other => label.push(other),
+            },
+            (i, '"') => break i,
+            (_, c) => label.push(c),
+        }
+    };
+    let value = rest[end + 1..].strip_prefix('}')?.trim().parse().ok()?;
+    Some((label, value))
+}
+
 /// The last replay into the stream: running, finished, or stopped (killed, or waiting to be
 /// resumed) when its record is older than a few seconds.
 fn replay_report(record: ReplayRecord) -> serde_json::Value {
@@ -233,6 +328,8 @@ async fn process_report(addr: SocketAddr) -> serde_json::Value {
             let pace = gauge(pace).unwrap_or(0.0);
             report[format!("{what}_rows_per_second")] = json!(pace.round() as u64);
         }
+        // Moved to the report's `tables` by `tables_report`.
+        report["tables"] = table_counters(&text);
         anyhow::Ok(report)
     };
     match tokio::time::timeout(Duration::from_secs(3), gauges).await {
@@ -270,7 +367,7 @@ fn table_lines(report: &serde_json::Value) -> Vec<String> {
     let mut push = |prefix: &str, value: &serde_json::Value| {
         if let Some(object) = value.as_object() {
             for (key, value) in object {
-                if value.is_object() || key == "problems" {
+                if value.is_object() || key == "problems" || key == "tables" {
                     continue;
                 }
                 let text = match value {
@@ -289,6 +386,22 @@ fn table_lines(report: &serde_json::Value) -> Vec<String> {
     push("pgoutbox.", &report["pgoutbox"]);
     push("seed.", &report["seed"]);
     push("replay.", &report["replay"]);
+    // One line per table: its figures as `key=value`, null as `-`.
+    for table in report["tables"].as_array().into_iter().flatten() {
+        let name = table["table"].as_str().unwrap_or_default();
+        let figures: Vec<String> = table
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(key, _)| *key != "table")
+            .map(|(key, value)| match value {
+                serde_json::Value::Null => format!("{key}=-"),
+                serde_json::Value::String(s) => format!("{key}={s}"),
+                other => format!("{key}={other}"),
+            })
+            .collect();
+        rows.push((format!("table {name}"), figures.join(" ")));
+    }
     if let Some(problems) = report["problems"].as_array() {
         for problem in problems {
             rows.push(("problem".into(), problem.as_str().unwrap_or_default().to_owned()));
@@ -296,4 +409,29 @@ fn table_lines(report: &serde_json::Value) -> Vec<String> {
     }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     rows.into_iter().map(|(key, value)| format!("{key:<width$}  {value}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_tables_counters_are_read_from_metrics_text() {
+        let text = "\
+# TYPE pgoutbox_rows_published_total counter
+pgoutbox_rows_published_total{table=\"public.outbox\"} 5
+pgoutbox_rows_published_total{table=\"billing.outbox\"} 3
+pgoutbox_rows_published_total{table=\"(emitted)\"} 0
+pgoutbox_dead_letters_total{table=\"billing.outbox\"} 1
+pgoutbox_dead_letters_total{table=\"odd\\\"na\\\\me\\n\"} 2
+pgoutbox_transactions_total 4
+";
+        let tables = table_counters(text);
+        assert_eq!(tables["public.outbox"]["rows_published"], 5);
+        assert_eq!(tables["billing.outbox"]["rows_published"], 3);
+        assert_eq!(tables["billing.outbox"]["dead_letters"], 1);
+        assert_eq!(tables["(emitted)"]["rows_published"], 0);
+        assert_eq!(tables["odd\"na\\me\n"]["dead_letters"], 2);
+        assert_eq!(tables.as_object().map(|t| t.len()), Some(4));
+    }
 }

@@ -31,7 +31,7 @@ pub use dead_letter::{
     DEAD_LETTER_ID_PREFIX, DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET,
     PAYLOAD_OMITTED_HEADER, RefusedRows, TRUNCATED, letter_row,
 };
-pub use emitted::log_preview;
+pub use emitted::{EMITTED_LABEL, log_preview};
 pub use headers::Headers;
 pub use roles::{ColumnRoles, InvalidTableName, MessageId, TableEntry, TableName};
 use template::Part;
@@ -122,6 +122,10 @@ pub struct RowMapping {
     source_table: String,
     /// Put between the id prefix and the id: `<schema>.<table>:` with several tables.
     id_qualifier: String,
+    /// What `/metrics` counts this mapping's messages under (the `table` label): its entry's
+    /// [`TableEntry::metrics_label`], or [`EMITTED_LABEL`]; empty until
+    /// [`RowMapping::in_entry`].
+    counted_as: String,
 }
 
 impl RowMapping {
@@ -191,6 +195,7 @@ impl RowMapping {
             dead_letter_subject: String::new(),
             source_table: String::new(),
             id_qualifier: String::new(),
+            counted_as: String::new(),
         })
     }
 
@@ -210,7 +215,13 @@ impl RowMapping {
             MessageId::Qualified => format!("{table}:"),
         };
         self.source_table = header_safe_table(&table);
+        self.counted_as = entry.metrics_label();
         self
+    }
+
+    /// What `/metrics` counts this mapping's messages under: the `table` label.
+    pub fn counted_as(&self) -> &str {
+        &self.counted_as
     }
 
     /// The same mapping, its dead letters sent to `subject`.
@@ -264,6 +275,7 @@ impl RowMapping {
             dead_letter_subject: String::new(),
             source_table: String::new(),
             id_qualifier: String::new(),
+            counted_as: String::new(),
         }
     }
 

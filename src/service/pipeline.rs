@@ -30,7 +30,7 @@ use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::Verdict;
 use crate::service::seed::Prelude;
 use crate::service::shutdown::Shutdown;
-use crate::service::telemetry::Metrics;
+use crate::service::telemetry::{CountersByTable, Metrics};
 use crate::service::traces::Traces;
 use crate::settings::config::PipelineConfig;
 
@@ -116,6 +116,8 @@ pub struct Pipeline<'a> {
     /// Where the slot starts: the seed's rows end there.
     start_lsn: u64,
     metrics: Metrics,
+    /// Each table's per-row counters (`/metrics`, labelled by table).
+    counters: CountersByTable,
     /// The spans of this attempt, when traces are configured: `None` costs one branch.
     traces: Option<Traces>,
 }
@@ -182,6 +184,7 @@ impl<'a> Pipeline<'a> {
             prelude: resume.prelude,
             start_lsn,
             metrics: Metrics::new(),
+            counters: CountersByTable::default(),
             traces,
         }
     }
@@ -328,9 +331,7 @@ impl<'a> Pipeline<'a> {
                 self.replays.describe(relation);
             }
             LogicalMessage::Relation(relation) => {
-                if self.tables.is_first(&relation) {
-                    self.replays.outbox_described(&relation);
-                }
+                self.replays.outbox_described(&relation);
                 self.tables.describe(&relation)?;
             }
             LogicalMessage::Insert(insert) => self.on_insert(insert).await?,
@@ -385,10 +386,11 @@ impl<'a> Pipeline<'a> {
             Ok(RowStep::Skip) => return Ok(()),
             Err(err) => return Err(self.tail_not_in_wal(err)),
         }
+        let counters = self.counters.of(mapping.counted_as());
         let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
             Some(refused) => Some(refused),
             None => match mapping.map(&tuple) {
-                Ok(event) => match self.dispatch(event, position) {
+                Ok(event) => match self.dispatch(event, position, counters) {
                     Ok(()) => {
                         self.memory.published += 1;
                         None

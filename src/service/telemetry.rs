@@ -63,16 +63,26 @@ pub mod names;
 /// LSN, lag) stay absent until then rather than claim 0.
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
-    let counters = [
-        (names::ROWS_PUBLISHED, "Messages acknowledged by JetStream (dead letters included)."),
-        (names::BYTES_PUBLISHED, "Payload bytes acknowledged by JetStream."),
-        (names::TRANSACTIONS, "Transactions decoded."),
-        (names::DEAD_LETTERS, "Rows sent to the dead-letter subject."),
+    // Per table (the `table` label): put at 0 for each table by `Metrics::tables`, once the
+    // configuration is known.
+    let per_table = [
+        (
+            names::ROWS_PUBLISHED,
+            "Messages acknowledged by JetStream (dead letters included), by table.",
+        ),
+        (names::BYTES_PUBLISHED, "Payload bytes acknowledged by JetStream, by table."),
+        (names::DEAD_LETTERS, "Rows sent to the dead-letter subject, by table."),
         (
             names::DUPLICATES,
             "Rows not stored because an older message in the stream has their id (not counted \
-             as published).",
+             as published), by table.",
         ),
+    ];
+    for (name, help) in per_table {
+        describe_counter!(name, help);
+    }
+    let counters = [
+        (names::TRANSACTIONS, "Transactions decoded."),
         (
             names::NON_TRANSACTIONAL_MESSAGES,
             "Non-transactional pg_logical_emit_message messages with the outbox prefix, not published.",
@@ -198,14 +208,63 @@ impl ReconnectTarget {
     }
 }
 
+/// The `table` label's name on the per-row counters.
+pub const TABLE_LABEL: &str = "table";
+
+/// The per-row counters of one table: each series labelled `table="<label>"`, the label
+/// being the table's entry ([`TableEntry::metrics_label`]) or `(emitted)`. Lag, in flight and
+/// the confirmed LSN stay unlabelled: one slot serves every table.
+///
+/// [`TableEntry::metrics_label`]: crate::domain::outbox::TableEntry::metrics_label
+pub struct TableCounters {
+    pub rows_published: Counter,
+    pub bytes_published: Counter,
+    pub dead_letters: Counter,
+    pub duplicates: Counter,
+}
+
+impl TableCounters {
+    fn of(label: &str) -> TableCounters {
+        let series = |name: &'static str| counter!(name, TABLE_LABEL => label.to_owned());
+        TableCounters {
+            rows_published: series(names::ROWS_PUBLISHED),
+            bytes_published: series(names::BYTES_PUBLISHED),
+            dead_letters: series(names::DEAD_LETTERS),
+            duplicates: series(names::DUPLICATES),
+        }
+    }
+}
+
+/// Each table's counters, by label, looked up once per message: the last one found is
+/// kept, since rows come in runs of one table.
+#[derive(Default)]
+pub struct CountersByTable {
+    by_label: std::collections::HashMap<String, Arc<TableCounters>>,
+    last: Option<(String, Arc<TableCounters>)>,
+}
+
+impl CountersByTable {
+    /// The counters of `label`, made (at 0) the first time it is asked for.
+    pub fn of(&mut self, label: &str) -> Arc<TableCounters> {
+        if let Some((last, counters)) = &self.last
+            && last == label
+        {
+            return Arc::clone(counters);
+        }
+        let counters = Arc::clone(
+            self.by_label
+                .entry(label.to_owned())
+                .or_insert_with(|| Arc::new(TableCounters::of(label))),
+        );
+        self.last = Some((label.to_owned(), Arc::clone(&counters)));
+        counters
+    }
+}
+
 /// The pipeline's instruments.
 #[derive(Clone)]
 pub struct Metrics {
-    pub rows_published: Counter,
-    pub bytes_published: Counter,
     pub transactions: Counter,
-    pub dead_letters: Counter,
-    pub duplicates: Counter,
     pub non_transactional_messages: Counter,
     pub messages_in_flight: Gauge,
     pub confirmed_lsn: Gauge,
@@ -227,11 +286,7 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Self {
         Metrics {
-            rows_published: counter!(names::ROWS_PUBLISHED),
-            bytes_published: counter!(names::BYTES_PUBLISHED),
             transactions: counter!(names::TRANSACTIONS),
-            dead_letters: counter!(names::DEAD_LETTERS),
-            duplicates: counter!(names::DUPLICATES),
             non_transactional_messages: counter!(names::NON_TRANSACTIONAL_MESSAGES),
             messages_in_flight: gauge!(names::MESSAGES_IN_FLIGHT),
             confirmed_lsn: gauge!(names::CONFIRMED_LSN),
@@ -248,6 +303,23 @@ impl Metrics {
             commit_to_receive: histogram!(names::COMMIT_TO_RECEIVE),
             receive_to_ack: histogram!(names::RECEIVE_TO_ACK),
             ack_to_confirm: histogram!(names::ACK_TO_CONFIRM),
+        }
+    }
+
+    /// Puts the per-row counters of each of `labels` (every table's, and `(emitted)` when
+    /// emitted messages are streamed) at 0, so that each table's series are there from the
+    /// start, for `rate()` and `increase()`.
+    pub fn tables<'a>(labels: impl IntoIterator<Item = &'a str>) {
+        for label in labels {
+            let counters = TableCounters::of(label);
+            for counter in [
+                counters.rows_published,
+                counters.bytes_published,
+                counters.dead_letters,
+                counters.duplicates,
+            ] {
+                counter.increment(0);
+            }
         }
     }
 

@@ -96,6 +96,10 @@ pub struct ReplayArgs {
     /// it stored already
     #[arg(long)]
     pub replay_id: Option<String>,
+    /// The configured table whose rows are replayed (schema.table); needed with several
+    /// tables, one table per replay [default: the one table]
+    #[arg(long, value_name = "SCHEMA.TABLE")]
+    pub from_table: Option<String>,
 }
 
 #[derive(Debug, Args)]

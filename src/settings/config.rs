@@ -223,7 +223,7 @@ impl Config {
         self.pipeline.first()
     }
 
-    /// Refuses `what` (a seed, `--retention`, `replay`: each reads one table so far) when
+    /// Refuses `what` (a seed, `--retention`: each reads one table so far) when
     /// several tables are configured, rather than serve only the first of them.
     pub fn refuse_several_tables(&self, what: &str) -> anyhow::Result<()> {
         if self.pipeline.tables.len() > 1 {
@@ -234,6 +234,27 @@ impl Config {
             ));
         }
         Ok(())
+    }
+
+    /// The entry whose rows `replay --from-table` replays: the one named, which must be
+    /// configured, or the one table; several tables and none named is refused, rather than
+    /// replaying the first of them.
+    pub fn replay_entry(&self, named: Option<&str>) -> anyhow::Result<&TableEntry> {
+        let tables = &self.pipeline.tables;
+        let list = || tables.iter().map(|e| e.table.to_string()).collect::<Vec<_>>().join(", ");
+        let Some(named) = named else {
+            return match tables.as_slice() {
+                [one] => Ok(one),
+                _ => Err(anyhow!(
+                    "replay with several tables needs --from-table, one of: {}",
+                    list()
+                )),
+            };
+        };
+        let table: TableName = named.parse()?;
+        tables.iter().find(|e| e.table == table).ok_or_else(|| {
+            anyhow!("--from-table {table}: not a configured table (those are: {})", list())
+        })
     }
 
     /// Every entry: each table's, or the defaults alone with `--messages-only`.

@@ -235,7 +235,8 @@ async fn every_metric_the_dashboard_and_the_rules_query_is_exported() {
     pg.psql(&crate::support::numbered_rows(0, 1, 1));
     let text = eventually(Duration::from_secs(20), "/metrics shows the row", || async {
         let (_, text) = http_get(app.http_port(), "/metrics")?;
-        (metric(&text, "pgoutbox_rows_published_total")? >= 1.0).then_some(text)
+        (metric(&text, "pgoutbox_rows_published_total{table=\"public.outbox\"}")? >= 1.0)
+            .then_some(text)
     })
     .await;
     let exported = exported(&text);

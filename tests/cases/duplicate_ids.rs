@@ -53,8 +53,8 @@ async fn repeated_ids_in_a_big_transaction_become_dead_letters_in_place() {
         }
     }
     let port = app.http_port();
-    assert_eq!(metric(port, "pgoutbox_dead_letters_total "), Some(3.0));
-    assert_eq!(metric(port, "pgoutbox_duplicates_total "), Some(0.0));
+    assert_eq!(metric(port, "pgoutbox_dead_letters_total{table=\"public.outbox\"} "), Some(3.0));
+    assert_eq!(metric(port, "pgoutbox_duplicates_total{table=\"public.outbox\"} "), Some(0.0));
     let attempts = app.log().matches(" streaming ").count();
     assert!(attempts <= 4, "{attempts} attempts for 3 repeated ids:\n{}", app.log());
 }
@@ -81,7 +81,11 @@ async fn truncated_and_refilled(first: usize, then: &str, total: usize) -> (Vec<
     })
     .await;
     let log = app.log();
-    assert_eq!(metric(app.http_port(), "pgoutbox_dead_letters_total "), Some(10.0), "{log}");
+    assert_eq!(
+        metric(app.http_port(), "pgoutbox_dead_letters_total{table=\"public.outbox\"} "),
+        Some(10.0),
+        "{log}"
+    );
     (read_all(&js, "OUTBOX").await, log)
 }
 

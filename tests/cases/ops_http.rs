@@ -7,7 +7,11 @@ use crate::support::pgoutbox::Pgoutbox;
 use crate::support::stream::{count, jetstream};
 use crate::support::{Nats, Postgres, eventually, http_get, numbered_rows, wait_until_streaming};
 
-/// The value of an unlabelled metric in Prometheus text.
+/// The rows published of the one table, `public.outbox`: the per-row counters are labelled
+/// by table.
+const ROWS: &str = "pgoutbox_rows_published_total{table=\"public.outbox\"}";
+
+/// The value of a series (a name, with its labels if it has any) in Prometheus text.
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
@@ -37,10 +41,11 @@ async fn health_readiness_and_metrics_follow_the_pipeline() {
     .await;
     let text = eventually(Duration::from_secs(10), "metrics show 300 rows", || async {
         let (_, text) = http_get(port, "/metrics")?;
-        (metric(&text, "pgoutbox_rows_published_total")? >= 300.0).then_some(text)
+        (metric(&text, ROWS)? >= 300.0).then_some(text)
     })
     .await;
-    assert!(metric(&text, "pgoutbox_bytes_published_total").unwrap_or(0.0) > 2_000.0, "{text}");
+    let bytes = "pgoutbox_bytes_published_total{table=\"public.outbox\"}";
+    assert!(metric(&text, bytes).unwrap_or(0.0) > 2_000.0, "{text}");
     assert!(metric(&text, "pgoutbox_transactions_total").unwrap_or(0.0) >= 3.0, "{text}");
     assert!(metric(&text, "pgoutbox_commit_to_ack_seconds_count").unwrap_or(0.0) >= 3.0, "{text}");
     assert!(text.contains("pgoutbox_commit_to_ack_seconds_bucket{le=\"0.01\"}"), "{text}");
@@ -121,8 +126,10 @@ async fn metrics_have_help_build_info_process_metrics_and_counters_at_zero() {
     }
     // Nothing was published, dead-lettered or retried yet: every counter is there, at 0.
     for line in [
-        "pgoutbox_rows_published_total 0",
-        "pgoutbox_dead_letters_total 0",
+        "pgoutbox_rows_published_total{table=\"public.outbox\"} 0",
+        "pgoutbox_dead_letters_total{table=\"public.outbox\"} 0",
+        "pgoutbox_duplicates_total{table=\"public.outbox\"} 0",
+        "pgoutbox_rows_published_total{table=\"(emitted)\"} 0",
         "pgoutbox_non_transactional_messages_total 0",
         "pgoutbox_retention_deleted_total 0",
         "pgoutbox_publish_errors_total{kind=\"timeout\"} 0",

@@ -197,3 +197,131 @@ async fn a_replay_into_the_live_stream_survives_kill9_of_itself_and_of_pgoutbox(
     assert_eq!(metric(port, "pgoutbox_replay_rows_done "), metric(port, "pgoutbox_replay_rows "));
     assert_eq!(metric(port, "pgoutbox_replay_rows_left "), Some(0.0));
 }
+
+/// Two outbox tables streamed by one pgoutbox: a replay of the second table's rows
+/// (`--from-table`, needed with several), handed over while both tables are written, stores
+/// every selected row once, in the replay's order, on the second table's subject and naming
+/// it in `Pgoutbox-Table`; the live rows of both tables are stored once each. Its dead
+/// letters are replayed by the same flag: only that table's, on the shared subject.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_of_one_of_two_tables_goes_out_once_on_its_subject() {
+    const TABLES: [&str; 4] = ["--table", "public.outbox", "--table", "billing.outbox"];
+    const REPLAYED: usize = 2_000;
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql(
+        "CREATE SCHEMA billing; CREATE TABLE billing.outbox (LIKE public.outbox INCLUDING ALL)",
+    );
+    let app = Pgoutbox::run(&pg, &nats, &TABLES);
+    wait_until_streaming(&pg, &app).await;
+    let rows = |table: &str, aggregate: &str, from: usize, to: usize| {
+        format!(
+            "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) \
+             SELECT '{aggregate}', g::text, 'created', jsonb_build_object('n', g) \
+             FROM generate_series({from}, {} ) g;\n",
+            to - 1
+        )
+    };
+    pg.psql(&rows("billing.outbox", "invoice", 0, REPLAYED));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "the rows to replay stored", || async {
+        (count(&js, "OUTBOX").await == REPLAYED as u64).then_some(())
+    })
+    .await;
+    let created_to = pg.psql("SELECT clock_timestamp()");
+
+    let refused = command(&pg, &nats).args(TABLES).args(["replay", "--ids", "1"]).output();
+    let refused = refused.expect("replay runs");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("needs --from-table, one of: public.outbox, billing.outbox"), "{said}");
+    let unknown = command(&pg, &nats)
+        .args(TABLES)
+        .args(["replay", "--from-table", "sales.outbox", "--ids", "1"])
+        .output()
+        .expect("replay runs");
+    let said = String::from_utf8_lossy(&unknown.stderr);
+    assert!(!unknown.status.success() && said.contains("not a configured table"), "{said}");
+
+    // Both tables written while the replay hands its rows over.
+    let mut writes = String::new();
+    for k in 0..300 {
+        writes.push_str("BEGIN;\n");
+        writes.push_str(&rows("public.outbox", "order", 10_000 + k, 10_001 + k));
+        writes.push_str(&rows("billing.outbox", "invoice", 10_000 + k, 10_001 + k));
+        writes.push_str("COMMIT;\nSELECT pg_sleep(0.005);\n");
+    }
+    let writer = pg.psql_in_background(writes);
+    let replay = command(&pg, &nats)
+        .args(TABLES)
+        .args(["replay", "--from-table", "billing.outbox", "--created-from", "-infinity"])
+        .args(["--created-to", created_to.as_str(), "--rate", "2000"])
+        .output()
+        .expect("replay runs");
+    assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stderr));
+    writer.join().expect("writer").expect("inserts");
+    let total = (REPLAYED * 2 + 600) as u64;
+    eventually(Duration::from_secs(60), "every row stored", || async {
+        (count(&js, "OUTBOX").await >= total).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    assert_eq!(stored.len() as u64, total, "{}", app.log());
+    let (again, live): (Vec<_>, Vec<_>) =
+        stored.iter().partition(|m| m.header("Pgoutbox-Replay").is_some());
+    assert_eq!(again.len(), REPLAYED);
+    let mut indexes = Vec::new();
+    let mut replayed_rows = std::collections::HashSet::new();
+    for message in &again {
+        assert_eq!(message.subject, "outbox.invoice.created", "on B's subject");
+        assert_eq!(message.header("Pgoutbox-Table"), Some("billing.outbox"));
+        assert!(message.header("Pgoutbox-Position").is_some(), "published by pgoutbox");
+        let id = message.header("Nats-Msg-Id").unwrap_or_default();
+        let (index, row) = id
+            .strip_prefix("replay:")
+            .and_then(|rest| rest.split_once('/'))
+            .and_then(|(_, rest)| rest.split_once(':'))
+            .unwrap_or_else(|| panic!("a replayed row's id: {id}"));
+        indexes.push(index.parse::<usize>().unwrap_or(0));
+        assert!(row.starts_with("billing.outbox:"), "{id}");
+        replayed_rows.insert(row.to_owned());
+    }
+    assert_eq!(indexes, (1..=REPLAYED).collect::<Vec<_>>(), "once each, in the replay's order");
+    let first_rows: std::collections::HashSet<String> = live[..REPLAYED]
+        .iter()
+        .map(|m| m.header("Nats-Msg-Id").unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(replayed_rows, first_rows, "every selected row of B, and only those");
+    let live_ids: std::collections::HashSet<_> =
+        live.iter().map(|m| m.header("Nats-Msg-Id").unwrap_or_default()).collect();
+    assert_eq!(live_ids.len(), live.len(), "each live row once");
+
+    // A bad row in each table; B's fixed and replayed from the shared dead-letter subject.
+    let bad = |table: &str| {
+        format!(
+            "INSERT INTO {table} (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('bad type', 'x', 'created', '{{\"n\": -1}}');"
+        )
+    };
+    pg.psql(&format!("{}{}", bad("public.outbox"), bad("billing.outbox")));
+    eventually(Duration::from_secs(30), "two dead letters", || async {
+        (count(&js, "OUTBOX").await == total + 2).then_some(())
+    })
+    .await;
+    pg.psql("UPDATE billing.outbox SET aggregate_type = 'invoice' WHERE aggregate_id = 'x'");
+    let fixed = command(&pg, &nats)
+        .args(TABLES)
+        .args(["replay", "--from-table", "billing.outbox", "--dead-letters"])
+        .output()
+        .expect("replay runs");
+    let said = String::from_utf8_lossy(&fixed.stderr);
+    assert!(fixed.status.success(), "{said}");
+    assert!(said.contains("1 rows selected"), "{said}");
+    let stored = read_all(&js, "OUTBOX").await;
+    let last = stored.last().expect("the fixed row");
+    assert_eq!(stored.len() as u64, total + 3);
+    assert_eq!(last.subject, "outbox.invoice.created");
+    assert_eq!(last.json()["n"], -1);
+    assert_eq!(last.header("Pgoutbox-Table"), Some("billing.outbox"));
+}

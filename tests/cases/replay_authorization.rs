@@ -209,3 +209,56 @@ async fn a_replay_while_pgoutbox_is_down_waits_for_it_and_doubles_nothing() {
     assert_eq!(replayed, [serde_json::json!(5)], "{context}");
     assert!(again[0].header("Pgoutbox-Position").is_some(), "not published by pgoutbox");
 }
+
+/// With two tables, a frame is judged against the table of its OID: a frame naming a table
+/// outside the set is a dead letter of the first table, one of the second table's OID that
+/// does not match it (its columns) a dead letter of the second, on its dead-letter subject.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_two_tables_a_frame_is_judged_by_the_table_of_its_oid() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql(
+        "CREATE SCHEMA billing; CREATE TABLE billing.outbox (LIKE public.outbox INCLUDING ALL); \
+         CREATE TABLE evil (LIKE outbox); CREATE ROLE replayer LOGIN",
+    );
+    let dir = tempfile::tempdir().expect("a directory for the file");
+    let file = dir.path().join("pgoutbox.toml");
+    std::fs::write(
+        &file,
+        "[[table]]\ntable = \"public.outbox\"\n\n[[table]]\ntable = \"billing.outbox\"\n\
+         dead-letter-subject = \"billing.dead_letter\"\n",
+    )
+    .expect("write the config file");
+    let config = file.to_str().expect("a UTF-8 path");
+    let app = Pgoutbox::run(&pg, &nats, &["--config", config]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql("GRANT INSERT, SELECT, DELETE ON outbox_replay TO replayer");
+    let oid = |table: &str| pg.psql(&format!("SELECT '{table}'::regclass::oid")).parse();
+    let (evil, billing) = (oid("public.evil").unwrap_or(0), oid("billing.outbox").unwrap_or(0));
+    for frame in [forged_frame(evil, "public", "evil"), forged_frame(billing, "billing", "outbox")]
+    {
+        pg.psql(&format!(
+            "SET ROLE replayer; \
+             INSERT INTO outbox_replay (slot, replay_id, row_index, total, frame) \
+             VALUES ('pgoutbox', 'forged', 1, 1, {frame})"
+        ));
+    }
+    let stored = stored_after_a_legit_row(&pg, &nats, 3).await;
+    let got: Vec<_> =
+        stored.iter().map(|m| (m.subject.as_str(), m.header("Pgoutbox-Table"))).collect();
+    assert_eq!(
+        got,
+        [
+            ("outbox.dead_letter", Some("public.outbox")),
+            ("billing.dead_letter", Some("billing.outbox")),
+            ("outbox.order.created", Some("public.outbox")),
+        ],
+        "{}",
+        app.log()
+    );
+    let reason = |i: usize| stored[i].header("Pgoutbox-Dead-Letter-Reason").unwrap_or_default();
+    let outside = "not an outbox table (public.outbox, billing.outbox)";
+    assert!(reason(0).contains("public.evil") && reason(0).contains(outside), "{}", reason(0));
+    assert!(reason(1).contains("not the outbox table billing.outbox"), "{}", reason(1));
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::pgoutbox::Pgoutbox;
 use crate::support::stream::{Stored, count, jetstream, read_all};
-use crate::support::{Lcg, Nats, Postgres, eventually, wait_until_streaming};
+use crate::support::{Lcg, Nats, Postgres, eventually, http_get, metric, wait_until_streaming};
 
 const TABLES: [&str; 4] = ["--table", "public.outbox", "--table", "billing.outbox"];
 const WITNESS: &str = "order_witness";
@@ -211,8 +211,8 @@ async fn the_same_id_in_two_tables_is_two_messages() {
     assert!(!app.log().contains("dead-letter"), "{}", app.log());
 }
 
-/// A seed, `--retention` and `replay` read one table so far: refused with several, in one
-/// line, rather than serving the first table only.
+/// A seed and `--retention` read one table so far: refused with several, in one line,
+/// rather than serving the first table only. (`replay` names its table: `replay.rs`.)
 #[tokio::test(flavor = "multi_thread")]
 async fn what_reads_one_table_is_refused_with_several() {
     let pg = Postgres::start();
@@ -228,14 +228,6 @@ async fn what_reads_one_table_is_refused_with_several() {
         let says = format!("{name} with several tables is not supported yet");
         assert!(app.log().contains(&says), "{flag}: no {says:?} in:\n{}", app.log());
     }
-    let out = crate::support::pgoutbox::command(&pg, &nats)
-        .args(TABLES)
-        .args(["replay", "--ids", "1"])
-        .output()
-        .expect("pgoutbox replay runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("replay with several tables is not supported yet"), "{stderr}");
 }
 
 /// The second table dropped from the publication while streaming: its rows are no longer
@@ -314,4 +306,155 @@ subject-template = "billing.{aggregate_type}.{event_type}"
         app.log()
     );
     assert_eq!(count(&js, "FROM_FILE").await, 0, "the flag won over the file");
+}
+
+/// The per-row counters of `/metrics`, each with a `table` label.
+const PER_TABLE: [&str; 4] = [
+    "pgoutbox_rows_published_total",
+    "pgoutbox_bytes_published_total",
+    "pgoutbox_dead_letters_total",
+    "pgoutbox_duplicates_total",
+];
+
+/// `name{table="<table>"}`, as `/metrics` writes the series.
+fn series(name: &str, table: &str) -> String {
+    format!("{name}{{table=\"{table}\"}}")
+}
+
+/// `/metrics` and `status` per table: each table's series (and the emitted messages') at 0
+/// from the start, then 5 rows of A and 3 of B, one of them a dead letter, each counted
+/// under its own table; lag and in-flight stay one, unlabelled.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_and_status_count_each_table() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    let app = Pgoutbox::run(&pg, &nats, &TABLES);
+    wait_until_streaming(&pg, &app).await;
+    let port = app.http_port();
+    let text = eventually(Duration::from_secs(10), "/metrics answers", || async {
+        http_get(port, "/metrics").filter(|(code, _)| *code == 200).map(|(_, text)| text)
+    })
+    .await;
+    for table in ["public.outbox", "billing.outbox", "(emitted)"] {
+        for name in PER_TABLE {
+            let line = format!("{} 0", series(name, table));
+            assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+        }
+    }
+    for name in PER_TABLE {
+        let unlabelled = format!("{name} ");
+        assert!(!text.lines().any(|l| l.starts_with(&unlabelled)), "{name} unlabelled:\n{text}");
+    }
+    assert!(text.lines().any(|l| l.starts_with("pgoutbox_messages_in_flight ")), "{text}");
+
+    let mut sql: String = (0..5).map(|k| insert('A', 0, k)).collect();
+    sql.push_str(&insert('B', 0, 5));
+    sql.push_str(&insert('X', 0, 6));
+    sql.push_str(&insert('B', 0, 7));
+    pg.psql(&sql);
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "eight messages stored", || async {
+        (count(&js, "OUTBOX").await >= 8).then_some(())
+    })
+    .await;
+    let rows = |table: &str| metric(port, &series(PER_TABLE[0], table));
+    eventually(Duration::from_secs(10), "/metrics counts 5 and 3", || async {
+        (rows("public.outbox")? == 5.0 && rows("billing.outbox")? == 3.0).then_some(())
+    })
+    .await;
+    let dead_letters = |table: &str| metric(port, &series(PER_TABLE[2], table));
+    assert_eq!(dead_letters("public.outbox"), Some(0.0));
+    assert_eq!(dead_letters("billing.outbox"), Some(1.0));
+    assert_eq!(rows("(emitted)"), Some(0.0));
+
+    let status = || {
+        let mut status = crate::support::pgoutbox::command(&pg, &nats);
+        status.env("PGOUTBOX_HTTP_ADDR", format!("127.0.0.1:{port}")).args(TABLES);
+        status
+    };
+    let output = status().args(["status", "--json"]).output().expect("status runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    let tables = report["tables"].as_array().unwrap_or_else(|| panic!("no tables: {report}"));
+    let table = |name: &str| {
+        tables.iter().find(|t| t["table"] == name).unwrap_or_else(|| panic!("{name}: {report}"))
+    };
+    let figures = |name: &str| {
+        let t = table(name);
+        (
+            t["rows_published"].clone(),
+            t["dead_letters"].clone(),
+            t["dead_letters_in_stream"].clone(),
+        )
+    };
+    use serde_json::json;
+    // Both tables' letters go to outbox.dead_letter: the stream's count is not split.
+    assert_eq!(figures("public.outbox"), (json!(5), json!(0), json!(null)), "{report}");
+    assert_eq!(figures("billing.outbox"), (json!(3), json!(1), json!(null)), "{report}");
+    assert_eq!(table("(emitted)")["rows_published"], 0, "{report}");
+    assert_eq!(report["stream"]["dead_letters"], 1, "{report}");
+    assert!(report["lag_bytes"].as_i64().is_some(), "lag is the slot's, shared: {report}");
+
+    let output = status().arg("status").output().expect("status runs");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = |name: &str| {
+        let prefix = format!("table {name} ");
+        text.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name}: {text}"))
+    };
+    assert!(line("public.outbox").contains("rows_published=5"), "{text}");
+    let billing = line("billing.outbox");
+    assert!(billing.contains("rows_published=3") && billing.contains(" dead_letters=1"), "{text}");
+}
+
+/// A table with a dead-letter subject of its own has its letters in the stream counted by
+/// `status`, by subject.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_counts_a_tables_own_dead_letter_subject() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    let dir = tempfile::tempdir().expect("a directory for the file");
+    let file = dir.path().join("pgoutbox.toml");
+    std::fs::write(
+        &file,
+        r#"
+[[table]]
+table = "public.outbox"
+dead-letter-subject = "orders.dead_letter"
+
+[[table]]
+table = "billing.outbox"
+subject-template = "billing.{aggregate_type}.{event_type}"
+dead-letter-subject = "billing.dead_letter"
+"#,
+    )
+    .expect("write the config file");
+    let config = file.to_str().expect("a UTF-8 path");
+    let app = Pgoutbox::run(&pg, &nats, &["--config", config]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&format!("{}{}{}", insert('X', 0, 0), insert('X', 0, 1), insert('A', 0, 2)));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "three messages stored", || async {
+        (count(&js, "OUTBOX").await >= 3).then_some(())
+    })
+    .await;
+    let output = crate::support::pgoutbox::command(&pg, &nats)
+        .args(["--config", config, "status", "--json"])
+        .output()
+        .expect("status runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    let in_stream: Vec<_> = report["tables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| (t["table"].clone(), t["dead_letters_in_stream"].clone()))
+        .collect();
+    use serde_json::json;
+    let want = [(json!("public.outbox"), json!(0)), (json!("billing.outbox"), json!(2))];
+    assert_eq!(in_stream[..2], want, "{report}");
+    assert_eq!(report["stream"]["dead_letters"], 2, "{report}");
 }

@@ -146,7 +146,7 @@ async fn a_late_copy_stored_just_before_the_new_one_leaves_no_gap() {
     let js = jetstream(&nats.url()).await;
     pg.psql(&numbered_rows(0, 10, 1));
     let port = app.http_port();
-    let published = "pgoutbox_rows_published_total ";
+    let published = "pgoutbox_rows_published_total{table=\"public.outbox\"} ";
     eventually(Duration::from_secs(20), "the first rows published", || async {
         (metric(port, published)? >= 10.0).then_some(())
     })

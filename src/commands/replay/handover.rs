@@ -130,7 +130,7 @@ pub(super) async fn hand_over(
     let mut slot = Slot { client, name: &config.slot, inactive_since: None };
     let to = Handover { table: replay_table(&config.table), slot: &config.slot, replay_id: id };
     let relation = snapshot.relation();
-    let mapping = RowMapping::of_entry(relation, config.entry())?;
+    let mapping = RowMapping::of_entry(relation, &plan.entry)?;
     let chunk_size = args.rate.map_or(CHUNK, |rate| (rate.get() as usize / 10).clamp(1, CHUNK));
     let mut pace = args.rate.map(|rate| {
         let every = Duration::from_secs(1).mul_f64(chunk_size as f64 / rate.get() as f64);

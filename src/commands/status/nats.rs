@@ -27,6 +27,8 @@ pub(super) struct NatsReport {
     pub nats: serde_json::Value,
     pub stream: serde_json::Value,
     pub replay: Option<serde_json::Value>,
+    /// The messages on each dead-letter subject, when they could be counted.
+    pub dead_letters_by_subject: Vec<(String, u64)>,
     pub health: Health,
     pub problems: Vec<String>,
 }
@@ -44,6 +46,7 @@ pub(super) async fn report(config: &Config, slot_in_use: bool) -> NatsReport {
         nats: json!({ "url": config.nats.describe(), "connected": false, "jetstream_answered": false }),
         stream: json!({ "name": config.stream }),
         replay: None,
+        dead_letters_by_subject: Vec::new(),
         health: Health::Healthy,
         problems: Vec::new(),
     };
@@ -89,20 +92,23 @@ async fn read(config: &Config, slot_in_use: bool, report: &mut NatsReport) {
     report.stream["bytes"] = json!(info.state.bytes);
     report.stream["last_sequence"] = json!(info.state.last_sequence);
     report.stream["duplicate_window_seconds"] = json!(info.config.duplicate_window.as_secs_f64());
-    let mut dead_letters = Some(0);
+    // Counted by subject (the server counts a subject filter's messages in one request,
+    // without reading them): each table's own when it has one, else shared.
+    let mut counted = Vec::new();
     for subject in config.dead_letter_subjects() {
         match publisher.count_on_subject(subject).await {
-            Ok(count) => dead_letters = dead_letters.map(|sum| sum + count),
+            Ok(count) => counted.push((subject.to_owned(), count)),
             Err(err) => {
                 report.critical(format!("counting the dead letters: {err}"));
-                dead_letters = None;
+                counted.clear();
                 break;
             }
         }
     }
-    if let Some(count) = dead_letters {
-        report.stream["dead_letters"] = json!(count);
+    if !counted.is_empty() {
+        report.stream["dead_letters"] = json!(counted.iter().map(|(_, n)| n).sum::<u64>());
     }
+    report.dead_letters_by_subject = counted;
     report.replay = publisher.last_replay().await.ok().flatten().map(replay_report);
     judge_writer(config, &publisher, slot_in_use, report).await;
 }

@@ -21,6 +21,10 @@ use crate::domain::row::ColumnValue;
 /// The namespace shown as the "table" of an emitted message (in dead letters).
 const NAMESPACE: &str = "pg_logical_emit_message";
 
+/// The `table` label `/metrics` counts emitted messages under: no table's name can be it
+/// (a table named so would be written `public."(emitted)"`, with its schema).
+pub const EMITTED_LABEL: &str = "(emitted)";
+
 impl RowMapping {
     /// The mapping of messages emitted with `prefix`: the id, payload, headers and the
     /// other roles' names, and every column the subject template reads, as text columns.
@@ -76,6 +80,7 @@ impl RowMapping {
             dead_letter_subject: String::new(),
             source_table: String::new(),
             id_qualifier: String::new(),
+            counted_as: EMITTED_LABEL.to_owned(),
         }
     }
 

@@ -100,3 +100,12 @@ pub struct TableEntry {
     pub dead_letter_subject: String,
     pub message_id: MessageId,
 }
+
+impl TableEntry {
+    /// The `table` label of this entry's series on `/metrics` (`pgoutbox_rows_published_total`
+    /// and the other per-row counters): its table, `schema.table`, as configured. Bounded by
+    /// the configuration, whatever the rows are.
+    pub fn metrics_label(&self) -> String {
+        self.table.to_string()
+    }
+}

@@ -75,14 +75,14 @@ impl Pipeline<'_> {
             Outcome::Collision => return self.collided(done.position).await,
             Outcome::Replayed => {
                 debug!(position = %done.position, "stored by an earlier run; not stored again");
-                self.metrics.duplicates.increment(1);
+                done.counters.duplicates.increment(1);
             }
             Outcome::CheckDuplicate { .. } => {
                 return Err(PipelineError::Protocol("a duplicate's origin was not checked"));
             }
             Outcome::AlreadyInPlace | Outcome::Stored => {
-                self.metrics.rows_published.increment(1);
-                self.metrics.bytes_published.increment(done.bytes as u64);
+                done.counters.rows_published.increment(1);
+                done.counters.bytes_published.increment(done.bytes as u64);
             }
         }
         if let Some((index, total)) = self.replays.acknowledged(done.position) {

@@ -1,6 +1,8 @@
 //! Handing messages to NATS: each one with the guard `domain::publishing` chains it by and
 //! kept in flight, a dead letter in a row's place, and what a refusal means for the attempt.
 
+use std::sync::Arc;
+
 use async_nats::jetstream::context::PublishError;
 use tracing::warn;
 
@@ -15,6 +17,7 @@ use crate::domain::source::SOURCE_HEADER;
 use crate::nats::publisher::{POSITION_HEADER, refused_for_itself};
 use crate::nats::wire::HeaderBlock;
 use crate::service::error::{NatsFailure, PipelineError};
+use crate::service::telemetry::TableCounters;
 
 impl Pipeline<'_> {
     /// Publishes a row's dead letter in its place, for `reason`. It is built to fit, so only
@@ -44,7 +47,8 @@ impl Pipeline<'_> {
         let DeadLetter { event, reason, payload_omitted, row_id } = letter;
         warn!(position = %position, id = %event.id, reason = %reason, payload_omitted,
             subject = %event.subject, "row sent to the dead-letter subject");
-        if let Err(err) = self.dispatch(event, position) {
+        let counters = self.counters.of(mapping.counted_as());
+        if let Err(err) = self.dispatch(event, position, Arc::clone(&counters)) {
             self.unsent_row = true;
             return Err(match refused_for_itself(&err) {
                 Some(why) => PipelineError::DeadLetter(why),
@@ -56,7 +60,7 @@ impl Pipeline<'_> {
             self.memory.kept_rows.keep(id);
         }
         self.memory.dead_letters += 1;
-        self.metrics.dead_letters.increment(1);
+        counters.dead_letters.increment(1);
         Ok(())
     }
 
@@ -85,10 +89,12 @@ impl Pipeline<'_> {
     /// it, and keeps it in flight. pgoutbox's own headers come first: nats-server up to 2.10
     /// reads the first occurrence of a header name anywhere in the block, so a row's header
     /// written before them could shadow a guard.
+    /// `counters`: those of the row's table, which count the message at its ack.
     pub(super) fn dispatch(
         &mut self,
         event: OutboxEvent,
         position: Position,
+        counters: Arc<TableCounters>,
     ) -> Result<(), PublishError> {
         let OutboxEvent { id, subject, mut headers, payload } = event;
         let span = match &mut self.traces {
@@ -117,7 +123,7 @@ impl Pipeline<'_> {
             block.add_lines(headers.lines());
         };
         let token = self.outbound.send(&subject, header_block, &payload)?;
-        self.in_flight.push(token, position, payload.len(), span);
+        self.in_flight.push(token, position, payload.len(), span, counters);
         self.protocol.on_sent(id);
         Ok(())
     }

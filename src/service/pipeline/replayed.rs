@@ -5,12 +5,13 @@
 //!
 //! Who may hand pgoutbox a row is decided by PostgreSQL: only an Insert into the replay
 //! table (matched by OID, as the outbox table is), which only roles granted INSERT on it
-//! can write, carries one; and its frame must describe the outbox table as pgoutbox knows
-//! it (schema, name, OID and columns). A frame that cannot be read or describes another
-//! relation becomes a dead letter saying so: never dropped, never published on a subject
-//! of its own choosing.
+//! can write, carries one; and its frame must describe one of the outbox tables as pgoutbox
+//! knows it (the table of that OID, with its schema, name and columns): the row is then
+//! mapped by that table's settings. One replay table serves every table (the first's). A
+//! frame that cannot be read or describes another relation becomes a dead letter saying
+//! so: never dropped, never published on a subject of its own choosing.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -28,9 +29,9 @@ use crate::service::error::PipelineError;
 pub(super) struct Replays {
     /// The replay table as pgoutput last described it.
     table: Option<ReplayTable>,
-    /// The outbox table's columns as pgoutput last described them, newer than the
-    /// catalog's at the attempt's start when the table changed since.
-    outbox_columns: Option<Vec<String>>,
+    /// Each relation's columns as pgoutput last described them, by OID: an outbox table's
+    /// are newer than the catalog's at the attempt's start when the table changed since.
+    described_columns: HashMap<u32, Vec<String>>,
     /// The mapping of the relation of the last replayed row, without its id prefix.
     mapping: Option<(Relation, Arc<RowMapping>)>,
     /// Replayed rows sent and not yet acknowledged, oldest first.
@@ -84,9 +85,10 @@ impl Replays {
         self.table = Some(ReplayTable { relation, slot, frame });
     }
 
-    /// The outbox table's columns, as pgoutput described it.
+    /// A relation's columns, as pgoutput described it (a few per attempt).
     pub(super) fn outbox_described(&mut self, relation: &Relation) {
-        self.outbox_columns = Some(relation.columns.iter().map(|c| c.name.clone()).collect());
+        let columns = relation.columns.iter().map(|c| c.name.clone()).collect();
+        self.described_columns.insert(relation.rel_id, columns);
     }
 
     pub(super) fn is_replay_table(&self, rel_id: u32) -> bool {
@@ -138,7 +140,7 @@ impl Replays {
     }
 }
 
-impl Pipeline<'_> {
+impl<'a> Pipeline<'a> {
     /// A row inserted into the replay table: the row it hands over is published in its
     /// place like an Insert, or its dead letter when pgoutbox may not publish it.
     pub(super) async fn on_replayed(
@@ -168,12 +170,11 @@ impl Pipeline<'_> {
         };
         let position = self.next_position("replayed row outside a transaction")?;
         let mapping = match self.foreign(&row.relation) {
-            None => self.replays.mapping(&row, self.config.first()),
-            Some(why) => {
+            Ok(entry) => self.replays.mapping(&row, entry),
+            Err((why, entry)) => {
                 warn!(%position, reason = %why, "a replayed row is published as a dead letter");
                 self.metrics.replayed_rows_unreadable.increment(1);
                 let prefix = replay_id_prefix(&row.replay_id, row.index);
-                let entry = self.config.first();
                 let mapping =
                     RowMapping::refusing(&row.relation, &entry.roles, why).in_entry(entry);
                 Arc::new(mapping.with_id_prefix(prefix))
@@ -211,23 +212,31 @@ impl Pipeline<'_> {
         }
     }
 
-    /// Why a replayed row's relation is not the outbox table as this pgoutbox knows it.
-    fn foreign(&self, relation: &Relation) -> Option<String> {
-        let Some((entry, table)) = self.tables.first() else {
-            return Some("no outbox table is streamed".into());
+    /// The entry a replayed row's frame describes: the outbox table of that OID, under its
+    /// configured name, with the columns the catalog or pgoutput gave it. Else why not, and
+    /// the entry whose dead-letter subject its letter goes to: the table of that OID, or the
+    /// first (a frame naming a table outside the set).
+    fn foreign(&self, relation: &Relation) -> Result<&'a TableEntry, (String, &'a TableEntry)> {
+        let Some((entry, table)) = self.tables.by_oid(relation) else {
+            let names = self.tables.names();
+            let tables = match names.contains(", ") {
+                false => format!("the outbox table {names}"),
+                true => format!("an outbox table ({names})"),
+            };
+            let why = format!(
+                "a replayed row describes relation {}.{} (OID {}), not {tables}: not published",
+                relation.namespace, relation.name, relation.rel_id,
+            );
+            return Err((why, self.config.first()));
         };
         let name = &entry.table;
         let columns: Vec<String> = relation.columns.iter().map(|c| c.name.clone()).collect();
-        let known =
-            columns == table.columns || Some(&columns) == self.replays.outbox_columns.as_ref();
-        if relation.rel_id == table.oid
-            && relation.namespace == name.schema
-            && relation.name == name.name
-            && known
-        {
-            return None;
+        let known = columns == table.columns
+            || Some(&columns) == self.replays.described_columns.get(&relation.rel_id);
+        if relation.namespace == name.schema && relation.name == name.name && known {
+            return Ok(entry);
         }
-        Some(format!(
+        let why = format!(
             "a replayed row describes relation {}.{}, not the outbox table {name}: not \
              published (OID {} for {}; columns {} for {})",
             relation.namespace,
@@ -236,7 +245,8 @@ impl Pipeline<'_> {
             table.oid,
             columns.join(","),
             table.columns.join(","),
-        ))
+        );
+        Err((why, entry))
     }
 
     /// A replay's end counts once every message sent before it is acknowledged: all its

@@ -56,9 +56,16 @@ impl<'a> TableSet<'a> {
         })
     }
 
-    /// Whether `relation` is the first entry's table (by OID).
-    pub(super) fn is_first(&self, relation: &Relation) -> bool {
-        self.tables.first().is_some_and(|t| t.oid == relation.rel_id)
+    /// The entry whose table has `relation`'s OID, as the attempt's start found it, and
+    /// that table: what a replayed row's frame must describe.
+    pub(super) fn by_oid(&self, relation: &Relation) -> Option<(&'a TableEntry, &OutboxTable)> {
+        let i = self.tables.iter().position(|t| t.oid == relation.rel_id)?;
+        Some((self.entries.get(i)?, &self.tables[i]))
+    }
+
+    /// Every entry's table, for a message naming them.
+    pub(super) fn names(&self) -> String {
+        self.entries.iter().map(|e| e.table.to_string()).collect::<Vec<_>>().join(", ")
     }
 
     /// Builds the mapping of the relation pgoutput describes now. A column the table has

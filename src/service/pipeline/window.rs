@@ -2,12 +2,14 @@
 //! Acks are consumed in this order, which is what lets `LsnTracker` only count.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::PublishError;
 
 use crate::domain::progress::Position;
 use crate::nats::outbound::{Ack, Acks};
+use crate::service::telemetry::TableCounters;
 use crate::service::traces::RowSpan;
 
 /// How many messages may await their ack at once.
@@ -24,6 +26,8 @@ pub(super) struct InFlight {
     pub(super) bytes: usize,
     /// Its producer span, when traces are on and it was sampled: it ends at the ack.
     pub(super) span: Option<RowSpan>,
+    /// Its table's counters on `/metrics`, counted at its ack.
+    pub(super) counters: Arc<TableCounters>,
 }
 
 /// The in-flight window: bounded by count and by bytes held, fed by one attempt's acks.
@@ -60,10 +64,12 @@ impl Window {
         position: Position,
         bytes: usize,
         span: Option<RowSpan>,
+        counters: Arc<TableCounters>,
     ) {
         let sent_at = Instant::now();
         self.bytes += bytes;
-        self.entries.push_back(InFlight { token, sent_at, ack: None, position, bytes, span });
+        let ack = None;
+        self.entries.push_back(InFlight { token, sent_at, ack, position, bytes, span, counters });
     }
 
     pub(super) fn pop_oldest(&mut self) -> Option<InFlight> {

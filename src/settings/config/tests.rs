@@ -194,3 +194,19 @@ fn a_config_file_gives_each_table_its_subjects() {
     let err = format!("{:#}", err.err().unwrap());
     assert!(err.contains("[[table]] a.t in --config"), "{err}");
 }
+
+#[test]
+fn a_replay_names_its_table_when_there_are_several() {
+    let base = [("DATABASE_URL", "dbname=x")];
+    let one = config(&[], &base).unwrap();
+    assert_eq!(one.replay_entry(None).unwrap().table.to_string(), "public.outbox");
+    let two = config(&["--table", "public.outbox,billing.outbox"], &base).unwrap();
+    let refused = two.replay_entry(None).unwrap_err().to_string();
+    assert!(refused.contains("needs --from-table, one of: public.outbox, billing.outbox"));
+    let named = two.replay_entry(Some("billing.outbox")).unwrap();
+    assert_eq!(named.table.to_string(), "billing.outbox");
+    assert_eq!(named.message_id, MessageId::Qualified);
+    let unknown = two.replay_entry(Some("sales.outbox")).unwrap_err().to_string();
+    assert!(unknown.contains("not a configured table"), "{unknown}");
+    assert!(two.replay_entry(Some("a.b.c")).is_err());
+}
