@@ -11,17 +11,14 @@ use async_nats::jetstream::context::CreateStreamErrorKind;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode, stream};
 
-use crate::domain::outbox::{MESSAGE_ID_HEADER, SCHEDULER_HEADER, ScheduleColumn};
-use crate::domain::progress::Position;
-use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
-use crate::domain::seed::{SEED_SINCE_HEADER, payload_digest};
-use crate::domain::source::{Behind, SOURCE_HEADER, TailOrigin, TailSearch};
+use crate::domain::outbox::ScheduleColumn;
 use crate::nats::api_error::{is_final_answer, is_stream_not_found};
 use crate::nats::handshake::{Dialer, OpenError};
 use crate::nats::outbound::{self, Acks, Outbound};
 
 mod read_back;
 mod replay_board;
+mod tail;
 pub use read_back::ReadFrom;
 pub use replay_board::ReplayRecord;
 
@@ -151,17 +148,6 @@ impl StreamFeatures {
     }
 }
 
-/// The end of the stream when pgoutbox starts or resumes.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct StreamTail {
-    pub last_sequence: u64,
-    /// Where the last stored message came from, as far as its headers say.
-    pub origin: TailOrigin,
-    /// The largest message (headers and payload) both the server (`max_payload`) and the
-    /// stream (`max_msg_size`) accept: what a dead letter is built to fit.
-    pub message_limit: usize,
-}
-
 #[derive(Clone)]
 pub struct Publisher {
     js: jetstream::Context,
@@ -269,89 +255,6 @@ impl Publisher {
         }
     }
 
-    /// Reads the stream's last sequence and the position of its last message. On a cluster,
-    /// a server without the stream's leader may still answer from its own copy: that answer
-    /// is refused, since publishing cannot succeed without a leader and may be stale.
-    pub async fn tail(&self) -> Result<StreamTail, PublisherError> {
-        let mut stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
-        let info = stream.info().await.map_err(request_error)?;
-        if let Some(cluster) = &info.cluster
-            && cluster.name.is_some()
-            && cluster.leader.as_deref().is_none_or(str::is_empty)
-        {
-            return Err(PublisherError::NoLeader(self.stream.clone()));
-        }
-        let last_sequence = info.state.last_sequence;
-        let message_limit = match usize::try_from(info.config.max_message_size) {
-            Ok(stream_limit) => stream_limit.min(self.client.max_payload()),
-            Err(_) => self.client.max_payload(), // -1: the stream sets no limit
-        };
-        if last_sequence == 0 {
-            return Ok(StreamTail { message_limit, ..StreamTail::default() });
-        }
-        let origin = self.newest_row(&stream, last_sequence).await?;
-        Ok(StreamTail { last_sequence, origin, message_limit })
-    }
-
-    /// Where pgoutbox's newest row in the stream came from, looking back from `last` past
-    /// the messages the server delivered for schedules ([`TailSearch`]). Any other error (no leader, a permission, a timeout) says nothing about the tail:
-    /// taken as "nothing to skip", every unconfirmed row past the duplicate window would
-    /// be stored twice.
-    async fn newest_row(
-        &self,
-        stream: &jetstream::stream::Stream,
-        last: u64,
-    ) -> Result<TailOrigin, PublisherError> {
-        let oldest = last.saturating_sub(DELIVERED_LOOK_BACK).max(1);
-        let mut search = TailSearch::default();
-        for sequence in (oldest..=last).rev() {
-            let behind = match stream.get_raw_message(sequence).await {
-                Ok(message) => match message.headers.get(SCHEDULER_HEADER) {
-                    Some(scheduler) => {
-                        Behind::Delivered(self.delivered_origin(&message, scheduler.as_str()))
-                    }
-                    None => Behind::Written(origin(&message)),
-                },
-                Err(err) if is_no_message(&err) => Behind::Missing,
-                Err(err) => return Err(request_error(err)),
-            };
-            if !search.look_back(behind) {
-                break;
-            }
-        }
-        Ok(search.tail())
-    }
-
-    /// A delivered message as the row its schedule was published from: its position and
-    /// source are the schedule's (copied by the server), its id is read from the
-    /// schedule's subject; one delivered from a subject that is not pgoutbox's names no row.
-    fn delivered_origin(
-        &self,
-        message: &async_nats::jetstream::message::StreamMessage,
-        scheduler: &str,
-    ) -> TailOrigin {
-        let msg_id = self
-            .schedules
-            .iter()
-            .find_map(|schedule| schedule.msg_id_of_scheduler(scheduler))
-            .map(str::to_owned);
-        match msg_id {
-            Some(msg_id) => TailOrigin { msg_id: Some(msg_id), chained: true, ..origin(message) },
-            None => TailOrigin::default(),
-        }
-    }
-
-    /// Where the message at `sequence` came from, as its headers say; `None` when it is no
-    /// longer in the stream (deleted, purged) while its id is still in the duplicate window.
-    pub async fn origin_of(&self, sequence: u64) -> Result<Option<TailOrigin>, PublisherError> {
-        let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
-        match stream.get_raw_message(sequence).await {
-            Ok(message) => Ok(Some(origin(&message))),
-            Err(err) if is_no_message(&err) => Ok(None),
-            Err(err) => Err(request_error(err)),
-        }
-    }
-
     /// How many messages the stream holds on one subject (the dead letters, for `status`).
     pub async fn count_on_subject(&self, subject: &str) -> Result<u64, PublisherError> {
         use futures_util::TryStreamExt;
@@ -375,11 +278,6 @@ impl Publisher {
         stream.info().await.cloned().map(Some).map_err(request_error)
     }
 }
-
-/// How many messages the server delivered for schedules the tail is looked for behind;
-/// beyond, the tail names the newest of them, and the duplicate window keeps the rows after
-/// it from being stored twice.
-const DELIVERED_LOOK_BACK: u64 = 1_024;
 
 /// Why the stream's last message may be gone by design when pgoutbox next starts, if it
 /// may: then the restart skip cannot read where pgoutbox stopped, and only the duplicate
@@ -419,22 +317,6 @@ pub fn refused_for_itself(err: &PublishError) -> Option<String> {
                 .then(|| format!("JetStream refused the message: {api}"))
         }
         _ => None,
-    }
-}
-
-/// What a stored message's headers say about where it came from.
-fn origin(message: &async_nats::jetstream::message::StreamMessage) -> TailOrigin {
-    let header = |name| message.headers.get(name).map(|v| v.as_str().to_owned());
-    TailOrigin {
-        chained: [EXPECTED_LAST_MSG_ID_HEADER, CHAIN_HEADER]
-            .iter()
-            .any(|name| message.headers.get(*name).is_some()),
-        source: header(SOURCE_HEADER),
-        position: header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()),
-        msg_id: header(MESSAGE_ID_HEADER),
-        seed_since: header(SEED_SINCE_HEADER),
-        payload_digest: payload_digest(&message.payload),
-        stored_at_millis: (message.time.unix_timestamp_nanos() / 1_000_000) as i64,
     }
 }
 
