@@ -10,6 +10,7 @@ use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
 use crate::postgres::outbox_table::replay_table;
 use crate::postgres::replay_table::{self as replays, PUBLIC_MAY_EMIT};
+use crate::postgres::tenant_tables;
 use crate::service::error::PipelineError;
 use crate::service::seed::{SeedKind, seed_slot};
 use crate::settings::cli::SlotArgs;
@@ -39,7 +40,9 @@ pub async fn prepare_database(
     if config.messages_only {
         admin::check_server(&client).await?;
     } else {
-        for entry in &config.pipeline.tables {
+        admin::check_server(&client).await?;
+        // A table of a pattern that does not fit has its rows dead-lettered, not refused.
+        for entry in config.pipeline.tables.iter().filter(|e| e.pattern.is_none()) {
             let columns = Config::required_columns(entry);
             admin::check_prerequisites(&client, &entry.table, &columns).await?;
         }
@@ -58,12 +61,21 @@ pub async fn prepare_database(
             info!(publication = %config.publication, "publication created (messages only)");
         }
     } else {
-        let tables: Vec<_> = config.pipeline.tables.iter().map(|e| e.table.clone()).collect();
-        if admin::ensure_publication(&client, &config.publication, &tables).await? {
-            let tables = tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
-            info!(publication = %config.publication, %tables, "publication created");
+        let publication = &config.publication;
+        let exact = config.pipeline.tables.iter().filter(|e| e.pattern.is_none());
+        let mut tables: Vec<_> = exact.map(|e| e.table.clone()).collect();
+        for entry in &config.pipeline.tables {
+            let Some(pattern) = &entry.pattern else { continue };
+            let matched = tenant_tables::matched(&client, pattern, publication).await?;
+            tables.extend(matched.into_iter().map(|m| m.table));
         }
-        ensure_replay_table(config, &client).await;
+        if admin::ensure_publication(&client, publication, &tables).await? {
+            let tables = tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            info!(%publication, %tables, "publication created");
+        }
+        if config.pipeline.tables.first().is_some_and(|e| e.pattern.is_none()) {
+            ensure_replay_table(config, &client).await;
+        }
     }
     Ok(client)
 }

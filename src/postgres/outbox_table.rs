@@ -49,6 +49,15 @@ pub struct OutboxTable {
     pub replay: Option<u32>,
 }
 
+/// A table an attempt streams: the entry it belongs to (its index in the configuration)
+/// and its name as found, which for an entry of a pattern is the matched table's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamedTable {
+    pub entry: usize,
+    pub name: TableName,
+    pub table: OutboxTable,
+}
+
 /// The table `pgoutbox replay` hands rows over through, `<outbox table>_replay` beside the
 /// outbox table: `setup` creates it and adds it to the publication, and a role may replay
 /// once the operator granted it INSERT, SELECT and DELETE on it. Who may hand pgoutbox an

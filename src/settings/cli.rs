@@ -241,7 +241,9 @@ pub struct CommonArgs {
     /// The outbox table, schema-qualified or in `public`; repeatable (or comma-separated)
     /// for several tables that share every other setting, streamed into one stream in
     /// commit order, each message naming its table in Pgoutbox-Table and, with several
-    /// tables, in its Nats-Msg-Id (<schema>.<table>:<id>)
+    /// tables, in its Nats-Msg-Id (<schema>.<table>:<id>). A `*` in either part names
+    /// every table that matches, now and later (e.g. 'tenant_*.outbox'; {$schema} and
+    /// {$table} in --subject-template; see docs/operations.md, Tenant tables)
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TABLE", value_delimiter = ',', default_value = "public.outbox")]
     pub table: Vec<String>,
     /// Logical replication slot name.

@@ -11,6 +11,8 @@ use crate::nats::handshake::Dialer;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::Publisher;
 use crate::postgres::admin::WalStatus;
+use crate::postgres::outbox_table::{StreamedTable, TableDrift};
+use crate::postgres::tenant_tables;
 use crate::postgres::{ConnectionError, ReplicationConnection, outbox_table};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::Liveness;
@@ -140,12 +142,7 @@ impl Target<'_> {
         {
             return Err(PipelineError::InRecovery { slot: slot.clone() });
         }
-        let mut outbox_tables = Vec::with_capacity(pipeline.tables.len());
-        for entry in &pipeline.tables {
-            let query = outbox_table::query(&entry.table, &config.publication);
-            let rows = conn.simple_query(&query).await?;
-            outbox_tables.push(outbox_table::judge(&rows, &entry.table, &config.publication)?);
-        }
+        let outbox_tables = streamed_tables(&mut conn, pipeline, &config.publication).await?;
         // The source is named by the slot it streams from for good, also while seeding.
         let source =
             Source::new(identity.system_id, identity.timeline, &identity.database, &config.slot);
@@ -228,7 +225,8 @@ impl Target<'_> {
             .await
             .map_err(|err| PipelineError::from_start_replication(slot, err))?;
         // Stopped when this attempt ends, with the guard.
-        let watched: Vec<_> = pipeline.tables.iter().map(|entry| entry.table.clone()).collect();
+        let exact = pipeline.tables.iter().filter(|entry| entry.pattern.is_none());
+        let watched: Vec<_> = exact.map(|entry| entry.table.clone()).collect();
         let watched = (watched, config.publication.as_str());
         let liveness = Liveness::spawn(database, &config.pg_tls, slot, conn.backend_pid(), watched);
         info!(
@@ -259,6 +257,43 @@ impl Target<'_> {
         readiness.set_streaming(true);
         Ok(Started { conn, resume, liveness, outbound })
     }
+}
+
+/// The tables this attempt streams, as the catalog has them now: each exact entry's
+/// (or why it cannot be streamed), then each table a pattern matches, the first entry
+/// naming a table winning. A matched table out of the publication stops pgoutbox with
+/// the line that adds it: its rows would be missed.
+async fn streamed_tables(
+    conn: &mut ReplicationConnection,
+    pipeline: &PipelineConfig,
+    publication: &str,
+) -> Result<Vec<StreamedTable>, PipelineError> {
+    let mut tables: Vec<StreamedTable> = Vec::with_capacity(pipeline.tables.len());
+    for (i, entry) in pipeline.tables.iter().enumerate().filter(|(_, e)| e.pattern.is_none()) {
+        let rows = conn.simple_query(&outbox_table::query(&entry.table, publication)).await?;
+        let table = outbox_table::judge(&rows, &entry.table, publication)?;
+        tables.push(StreamedTable { entry: i, name: entry.table.clone(), table });
+    }
+    for (i, entry) in pipeline.tables.iter().enumerate() {
+        let Some(pattern) = &entry.pattern else { continue };
+        let rows = conn.simple_query(&tenant_tables::query(pattern, publication)).await?;
+        for matched in tenant_tables::judge(&rows, pattern) {
+            if tables.iter().any(|t| t.name == matched.table) {
+                continue; // an earlier entry's
+            }
+            if !matched.published {
+                let (table, publication) = (matched.table.to_string(), publication.to_owned());
+                return Err(TableDrift::NotPublished { table, publication }.into());
+            }
+            let table = outbox_table::OutboxTable {
+                oid: matched.oid,
+                columns: matched.columns,
+                replay: None,
+            };
+            tables.push(StreamedTable { entry: i, name: matched.table, table });
+        }
+    }
+    Ok(tables)
 }
 
 /// A JetStream question asked at the start of an attempt, given [`LEADER_PROBE_TIMEOUT`]
