@@ -50,8 +50,9 @@ pub enum Command {
     /// Stream outbox inserts to JetStream until SIGINT/SIGTERM (runs `setup` first).
     #[command(after_help = TRACES_HELP)]
     Run(RunArgs),
-    /// Create the publication, the replication slot and the stream (idempotent).
-    Setup(SlotArgs),
+    /// Create the publication, the replication slot and the stream (idempotent); add the
+    /// tables a --table pattern matches that the publication lacks, with their rows.
+    Setup(SetupArgs),
     /// Show the slot's position and lag, and the stream; exit 0 healthy, 1 warning, 2
     /// critical (slot missing or lost, database or NATS unreachable, the stream missing or
     /// not this source's).
@@ -62,7 +63,8 @@ pub enum Command {
     /// done, 3 when no row of the table is selected (saying how its ids look), 1 on an
     /// error.
     Replay(ReplayArgs),
-    /// Drop the replication slot and the publication (the stream is kept).
+    /// Drop the replication slot and the publication, and the event trigger of `setup
+    /// --tenant-trigger` (the stream is kept).
     Teardown {
         /// Confirm that the slot and publication should be dropped.
         #[arg(long)]
@@ -157,6 +159,17 @@ pub struct RunArgs {
     /// longest a transaction stays open)
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_RECOVER_MARGIN", default_value = "10m", value_parser = crate::settings::units::parse_duration_or_zero)]
     pub recover_margin: std::time::Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    #[command(flatten)]
+    pub slot: SlotArgs,
+    /// As a superuser: create the event trigger that adds each new table a --table
+    /// pattern matches to the publication in the transaction that creates it, so a new
+    /// tenant's rows are streamed from the first (see docs/operations.md, Tenant tables)
+    #[arg(help_heading = TABLE, long)]
+    pub tenant_trigger: bool,
 }
 
 #[derive(Debug, Args)]
