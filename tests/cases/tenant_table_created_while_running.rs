@@ -140,3 +140,32 @@ async fn a_tenant_table_pgoutbox_may_not_add_stops_it_saying_what_to_run() {
     let tenants = stored_per_tenant(&nats, 45, &|| app.log()).await;
     assert_eq!(tenants, counts(&[("tenant_1", 5), ("tenant_2", 40)]), "{}", app.log());
 }
+
+/// An operator's publication `FOR ALL TABLES` covers a new tenant's table by itself: its
+/// rows stream from the first, nothing is adopted, and rows of tables no entry names are
+/// ignored.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_publication_for_all_tables_covers_new_tenants_by_itself() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(&tenant_table("tenant_1"));
+    pg.psql("CREATE PUBLICATION pgoutbox FOR ALL TABLES WITH (publish = 'insert')");
+    let app = Pgoutbox::run(&pg, &nats, &TENANTS);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&format!(
+        "BEGIN;\n{}\n{}COMMIT;",
+        tenant_table("tenant_2"),
+        tenant_rows("tenant_2", 0, 3)
+    ));
+    pg.psql(&tenant_table("other"));
+    pg.psql(&tenant_rows("other", 0, 5));
+    pg.psql(&tenant_rows("tenant_1", 0, 4));
+    let tenants = stored_per_tenant(&nats, 7, &|| app.log()).await;
+    assert_eq!(tenants, counts(&[("tenant_1", 4), ("tenant_2", 3)]), "{}", app.log());
+    // A liveness round over (the next one has begun), still nothing adopted.
+    eventually(Duration::from_secs(30), "a liveness round over", || async {
+        (app.log().matches("liveness check").count() >= 2).then_some(())
+    })
+    .await;
+    assert!(!app.log().contains("joined the publication"), "adopted:\n{}", app.log());
+}
