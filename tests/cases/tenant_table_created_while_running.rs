@@ -67,6 +67,15 @@ async fn the_trigger_publishes_a_new_tenant_table_in_its_creating_transaction() 
     let published =
         pg.psql("SELECT count(*) FROM pg_publication_tables WHERE schemaname = 'other_1'");
     assert_eq!(published, "0");
+    // teardown drops the trigger with the publication: a trigger left behind would fail
+    // every new tenant's CREATE TABLE.
+    crate::support::stop_and_wait_released(&pg, app).await;
+    let teardown = command(&pg, &nats).args(TENANTS).args(["teardown", "--yes"]).output();
+    let teardown = teardown.expect("pgoutbox teardown runs");
+    let stdout = String::from_utf8_lossy(&teardown.stdout);
+    assert!(teardown.status.success(), "{}", String::from_utf8_lossy(&teardown.stderr));
+    assert!(stdout.contains("dropped event trigger pgoutbox_pgoutbox_tables"), "{stdout}");
+    pg.psql(&tenant_table("tenant_3"));
 }
 
 /// Without the trigger, a tenant's table created and written while pgoutbox runs is found
