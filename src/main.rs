@@ -61,7 +61,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<ExitCo
             commands::run::run(&config, &args).await?
         }
         Command::Setup(args) => {
-            let config = config.with_stream_replicas(args.stream_replicas);
+            let config = config.with_stream_replicas(args.slot.stream_replicas);
             commands::setup::run(&config, &args).await?
         }
         Command::Teardown { yes } => commands::teardown::run(&config, yes).await?,

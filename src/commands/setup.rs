@@ -10,16 +10,20 @@ use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
 use crate::postgres::outbox_table::replay_table;
 use crate::postgres::replay_table::{self as replays, PUBLIC_MAY_EMIT};
+use crate::postgres::tenant_tables;
 use crate::service::error::PipelineError;
 use crate::service::seed::{SeedKind, seed_slot};
-use crate::settings::cli::SlotArgs;
+use crate::settings::cli::{SetupArgs, SlotArgs};
 use crate::settings::config::Config;
 
-pub async fn run(config: &Config, args: &SlotArgs) -> anyhow::Result<()> {
-    let client = prepare_database(config, args.from_standby).await?;
+pub async fn run(config: &Config, args: &SetupArgs) -> anyhow::Result<()> {
+    let client = prepare_database(config, args.slot.from_standby).await?;
+    if args.tenant_trigger {
+        tenant_trigger(config, &client).await?;
+    }
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
-    ensure_stream_and_slot(config, &client, &publisher, args, None).await?;
+    ensure_stream_and_slot(config, &client, &publisher, &args.slot, None).await?;
     // `setup` does not know the prefix `run` will get; it is on by default.
     warn_if_public_may_emit(&client).await;
     println!(
@@ -35,11 +39,13 @@ pub async fn prepare_database(
     config: &Config,
     from_standby: bool,
 ) -> anyhow::Result<tokio_postgres::Client> {
-    let client = admin::connect(&config.database, &config.pg_tls).await?;
+    let mut client = admin::connect(&config.database, &config.pg_tls).await?;
     if config.messages_only {
         admin::check_server(&client).await?;
     } else {
-        for entry in &config.pipeline.tables {
+        admin::check_server(&client).await?;
+        // A table of a pattern that does not fit has its rows dead-lettered, not refused.
+        for entry in config.pipeline.tables.iter().filter(|e| e.pattern.is_none()) {
             let columns = Config::required_columns(entry);
             admin::check_prerequisites(&client, &entry.table, &columns).await?;
         }
@@ -58,14 +64,87 @@ pub async fn prepare_database(
             info!(publication = %config.publication, "publication created (messages only)");
         }
     } else {
-        let tables: Vec<_> = config.pipeline.tables.iter().map(|e| e.table.clone()).collect();
-        if admin::ensure_publication(&client, &config.publication, &tables).await? {
-            let tables = tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
-            info!(publication = %config.publication, %tables, "publication created");
+        let publication = &config.publication;
+        let exists = admin::publication_exists(&client, publication).await?;
+        let exact = config.pipeline.tables.iter().filter(|e| e.pattern.is_none());
+        let mut tables: Vec<_> = exact.map(|e| e.table.clone()).collect();
+        let mut unpublished = Vec::new();
+        for entry in &config.pipeline.tables {
+            let Some(pattern) = &entry.pattern else { continue };
+            for matched in tenant_tables::matched(&client, pattern, publication).await? {
+                match matched.published || !exists {
+                    true => tables.push(matched.table),
+                    false => unpublished.push((matched.table, pattern)),
+                }
+            }
         }
-        ensure_replay_table(config, &client).await;
+        if admin::ensure_publication(&client, publication, &tables).await? {
+            let tables = tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+            info!(%publication, %tables, "publication created");
+        }
+        for (table, pattern) in unpublished {
+            adopt(&mut client, &table, &pattern.to_string(), publication).await?;
+        }
+        if config.pipeline.tables.first().is_some_and(|e| e.pattern.is_none()) {
+            ensure_replay_table(config, &client).await;
+        }
     }
     Ok(client)
+}
+
+/// Adds a table of a pattern to the publication with the rows already in it
+/// (`tenant_tables::adopt`): they were never decoded, and now are, once.
+async fn adopt(
+    client: &mut tokio_postgres::Client,
+    table: &crate::domain::outbox::TableName,
+    pattern: &str,
+    publication: &str,
+) -> anyhow::Result<()> {
+    match tenant_tables::adopt(client, table, publication).await {
+        Ok(Some(rows)) => {
+            info!(%table, %pattern, %publication, rows,
+                "table added to the publication, its rows published once");
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(err) => Err(anyhow::anyhow!(
+            "table {table} matches {pattern} but is not in publication {publication}, and \
+             adding it failed: {}; run 'pgoutbox setup' as a role owning the table and the \
+             publication, or a superuser",
+            err.as_db_error().map_or_else(|| err.to_string(), |db| db.message().to_owned())
+        )),
+    }
+}
+
+/// `setup --tenant-trigger`: the event trigger that publishes a new table of a pattern in
+/// its creating transaction (`tenant_tables::trigger_sql`); only a superuser may.
+async fn tenant_trigger(config: &Config, client: &tokio_postgres::Client) -> anyhow::Result<()> {
+    let patterns: Vec<_> =
+        config.pipeline.tables.iter().filter_map(|e| e.pattern.clone()).collect();
+    if patterns.is_empty() {
+        anyhow::bail!(
+            "--tenant-trigger publishes new tables a --table pattern matches, and no --table \
+             holds a pattern (such as tenant_*.outbox)"
+        );
+    }
+    let superuser: bool = client
+        .query_one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user", &[])
+        .await?
+        .get(0);
+    if !superuser {
+        anyhow::bail!(
+            "--tenant-trigger creates an event trigger, which only a superuser may: run \
+             'pgoutbox setup --tenant-trigger' with a superuser's --database-url (once; \
+             pgoutbox itself keeps its own role)"
+        );
+    }
+    let sql = tenant_tables::trigger_sql(&config.publication, &patterns);
+    client.batch_execute(&sql).await.context("creating the tenant tables' event trigger")?;
+    let patterns = patterns.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    info!(trigger = %tenant_tables::trigger_name(&config.publication), %patterns,
+        publication = %config.publication, "event trigger created: new tables of the \
+        patterns join the publication in the transaction that creates them");
+    Ok(())
 }
 
 /// The replay table, created and added to the publication when missing (an upgrade from a

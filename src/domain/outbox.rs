@@ -19,6 +19,7 @@ mod controls;
 mod dead_letter;
 mod emitted;
 mod headers;
+mod pattern;
 mod roles;
 mod template;
 
@@ -33,6 +34,7 @@ pub use dead_letter::{
 };
 pub use emitted::{EMITTED_LABEL, log_preview};
 pub use headers::Headers;
+pub use pattern::{InvalidPattern, TablePattern};
 pub use roles::{ColumnRoles, InvalidTableName, MessageId, TableEntry, TableName};
 use template::Part;
 pub use template::{SubjectTemplate, TemplateError};
@@ -148,9 +150,25 @@ impl RowMapping {
         let id = require(&roles.id, "id")?;
         let payload = require(&roles.payload, "payload")?;
         let mut subject = Vec::new();
+        let mut unusable = None;
         for part in &template.parts {
             subject.push(match part {
                 Part::Literal(l) => SubjectPart::Literal(l.clone()),
+                Part::Column(c)
+                    if c == template::SCHEMA_PLACEHOLDER || c == template::TABLE_PLACEHOLDER =>
+                {
+                    let name = match c == template::SCHEMA_PLACEHOLDER {
+                        true => &relation.namespace,
+                        false => &relation.name,
+                    };
+                    // Every row of the table would have a bad subject: each becomes a
+                    // dead letter saying why, the other tables stream on.
+                    if let Err(why) = check_subject_token(name) {
+                        let shown = dead_letter::shorten(name, SHOWN_VALUE_BYTES);
+                        unusable = Some(format!("{{{c}}} = {shown:?} {why}"));
+                    }
+                    SubjectPart::Literal(name.clone())
+                }
                 Part::Column(c) => SubjectPart::Column(require(c, "subject placeholder")?),
             });
         }
@@ -186,7 +204,7 @@ impl RowMapping {
             payload,
             header_columns,
             subject,
-            unusable: None,
+            unusable,
             id_prefix: String::new(),
             ttl,
             schedule,

@@ -233,11 +233,15 @@ pub async fn ensure_publication(
         return Ok(false);
     }
     let listed: Vec<String> = tables.iter().map(TableName::quoted).collect();
+    // Without tables (a pattern that matches none yet): tables join it later.
+    let listed = match listed.is_empty() {
+        true => String::new(),
+        false => format!("FOR TABLE {}", listed.join(", ")),
+    };
     let sql = format!(
-        "CREATE PUBLICATION {} FOR TABLE {} \
+        "CREATE PUBLICATION {} {listed} \
          WITH (publish = 'insert', publish_via_partition_root = true)",
         quote_ident(publication),
-        listed.join(", ")
     );
     match client.batch_execute(&sql).await {
         Ok(()) => Ok(true),
@@ -253,8 +257,11 @@ async fn publishable(client: &Client, table: &TableName) -> Result<bool, SetupEr
             "SELECT c.relkind = 'p', \
                     (SELECT string_agg(i.inhrelid::regclass::text, ', ') FROM pg_inherits i \
                      WHERE i.inhparent = c.oid) \
-             FROM pg_class c WHERE c.oid = to_regclass($1)",
-            &[&table.quoted()],
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            // By name in the catalog, not `to_regclass`, which needs USAGE on the schema:
+            // a tenant's schema need not grant pgoutbox's role anything.
+            &[&table.schema, &table.name],
         )
         .await?;
     let partitioned: bool = shape.get(0);

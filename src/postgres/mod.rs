@@ -3,7 +3,8 @@
 //! pgoutput decoder, libpq's environment and files (`libpq_env`), the password command
 //! run at each connection (`password_command`), SQL for setup and status on an ordinary connection (`admin`), and the
 //! check that the outbox table is still the one streamed (`outbox_table`), and the table as a
-//! new slot's snapshot shows it (`table_snapshot`).
+//! new slot's snapshot shows it (`table_snapshot`), and the tables a pattern matches, adopted
+//! or published by an event trigger (`tenant_tables`).
 
 pub(crate) mod admin;
 mod backend;
@@ -15,6 +16,7 @@ pub mod pgoutput;
 pub(crate) mod replay_table;
 mod socket;
 pub(crate) mod table_snapshot;
+pub(crate) mod tenant_tables;
 pub(crate) mod tls;
 pub(crate) mod walsender;
 pub(crate) mod wire;

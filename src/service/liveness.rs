@@ -19,6 +19,13 @@
 //! (`postgres::outbox_table`): a table dropped from the publication while streaming is
 //! not decoded at all from that point, so waiting for the next attempt to notice could
 //! take days. A drift found here stops pgoutbox like one found at the start of an attempt.
+//!
+//! And it asks whether a table one of the patterns matches is out of the publication (a
+//! tenant's table created since, without the event trigger): its rows are not decoded,
+//! and those committed before it joins never will be. pgoutbox adopts it
+//! (`tenant_tables::adopt`: the table added, its rows published once, in one
+//! transaction), or, when its role may not, stops with the line that says what to run
+//! (`TableDrift::Unpublished`), within 20 s of the table's creation.
 
 use std::time::Duration;
 
@@ -27,12 +34,17 @@ use tokio::task::AbortHandle;
 use tokio_postgres::Client;
 use tracing::{debug, warn};
 
+use crate::domain::outbox::{TableEntry, TablePattern};
 use crate::postgres::admin::TableName;
-use crate::postgres::outbox_table::{self, TableDrift};
+use crate::postgres::outbox_table::{self, StreamedTable, TableDrift};
+use crate::postgres::tenant_tables;
 use crate::postgres::tls::PgTls;
 
 /// How often the path to Postgres is checked.
 pub const CHECK_EVERY: Duration = Duration::from_secs(10);
+/// How long a check goes on adopting new tables of a pattern before it leaves the rest
+/// to the next: well inside [`DEADLINE`], which a slow round would overrun.
+const ADOPTING: Duration = Duration::from_secs(3);
 /// How long a check (connecting included) may take before the path counts as dead: a
 /// catalog lookup answers in milliseconds even on a busy server.
 pub const DEADLINE: Duration = Duration::from_secs(10);
@@ -46,6 +58,34 @@ pub enum Verdict {
     Drift(TableDrift),
 }
 
+/// What the check watches besides the slot: the tables named exactly, the patterns, and
+/// their publication.
+#[derive(Debug, Clone, Default)]
+pub struct Watched {
+    pub tables: Vec<TableName>,
+    pub patterns: Vec<TablePattern>,
+    /// The OIDs of the tables the patterns matched at the attempt's start: one of these
+    /// out of the publication was taken out on purpose, and stops pgoutbox like an exact
+    /// table would; only a table new since is adopted.
+    pub matched: Vec<u32>,
+    pub publication: String,
+}
+
+impl Watched {
+    /// Every entry's table or pattern (none with `--messages-only`).
+    pub fn of(entries: &[TableEntry], streamed: &[StreamedTable], publication: &str) -> Watched {
+        let exact = entries.iter().filter(|e| e.pattern.is_none());
+        let of_pattern =
+            |t: &&StreamedTable| entries.get(t.entry).is_some_and(|e| e.pattern.is_some());
+        Watched {
+            tables: exact.map(|e| e.table.clone()).collect(),
+            patterns: entries.iter().filter_map(|e| e.pattern.clone()).collect(),
+            matched: streamed.iter().filter(of_pattern).map(|t| t.table.oid).collect(),
+            publication: publication.to_owned(),
+        }
+    }
+}
+
 /// The running check, stopped when dropped (the attempt it watched is over).
 pub struct Liveness {
     verdict: watch::Receiver<Option<Verdict>>,
@@ -53,27 +93,21 @@ pub struct Liveness {
 }
 
 impl Liveness {
-    /// Starts checking that `slot` stays held by `walsender_pid` (when known), and that
-    /// each of `tables` (none with `--messages-only`) stays in `publication`, over a
-    /// connection made from `config`.
+    /// Starts checking that `slot` stays held by `walsender_pid` (when known), that each
+    /// of `watched`'s tables stays in its publication, and that no table its patterns
+    /// match is out of it, over a connection made from `config`.
     pub fn spawn(
         config: &tokio_postgres::Config,
         tls: &PgTls,
         slot: &str,
         walsender_pid: Option<i32>,
-        (tables, publication): (Vec<TableName>, &str),
+        watched: Watched,
     ) -> Liveness {
         let (tell, verdict) = watch::channel(None);
         let mut config = config.clone();
         config.application_name("pgoutbox liveness check");
-        let check = Check {
-            config,
-            tls: tls.clone(),
-            slot: slot.to_owned(),
-            walsender_pid,
-            tables,
-            publication: publication.to_owned(),
-        };
+        let check =
+            Check { config, tls: tls.clone(), slot: slot.to_owned(), walsender_pid, watched };
         let task = tokio::spawn(check.run(tell));
         Liveness { verdict, task: task.abort_handle() }
     }
@@ -95,9 +129,8 @@ struct Check {
     tls: PgTls,
     slot: String,
     walsender_pid: Option<i32>,
-    /// The outbox tables and their publication.
-    tables: Vec<TableName>,
-    publication: String,
+    /// The outbox tables, the patterns and their publication.
+    watched: Watched,
 }
 
 impl Check {
@@ -168,19 +201,21 @@ impl Check {
         if let Some(why) = verdict(&self.slot, self.walsender_pid, holder) {
             return Ok(Some(Verdict::Unresponsive(why)));
         }
-        let publication = &self.publication;
-        for table in &self.tables {
+        let publication = &self.watched.publication;
+        for table in &self.watched.tables {
             let answer = connected.simple_query(&outbox_table::query(table, publication)).await?;
-            let rows: Vec<_> = answer
-                .iter()
-                .filter_map(|message| match message {
-                    tokio_postgres::SimpleQueryMessage::Row(row) => Some(
-                        (0..row.len()).map(|i| row.get(i).map(str::to_owned)).collect::<Vec<_>>(),
-                    ),
-                    _ => None,
-                })
-                .collect();
+            let rows = tenant_tables::text_rows(&answer);
             if let Err(drift) = outbox_table::judge(&rows, table, publication) {
+                return Ok(Some(Verdict::Drift(drift)));
+            }
+        }
+        let mut connected = connected;
+        let round = std::time::Instant::now() + ADOPTING;
+        for pattern in &self.watched.patterns {
+            let known = &self.watched.matched;
+            let adopted =
+                tenant_tables::adopt_new(&mut connected, pattern, publication, known, round);
+            if let Some(drift) = adopted.await? {
                 return Ok(Some(Verdict::Drift(drift)));
             }
         }

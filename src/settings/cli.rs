@@ -50,8 +50,9 @@ pub enum Command {
     /// Stream outbox inserts to JetStream until SIGINT/SIGTERM (runs `setup` first).
     #[command(after_help = TRACES_HELP)]
     Run(RunArgs),
-    /// Create the publication, the replication slot and the stream (idempotent).
-    Setup(SlotArgs),
+    /// Create the publication, the replication slot and the stream (idempotent); add the
+    /// tables a --table pattern matches that the publication lacks, with their rows.
+    Setup(SetupArgs),
     /// Show the slot's position and lag, and the stream; exit 0 healthy, 1 warning, 2
     /// critical (slot missing or lost, database or NATS unreachable, the stream missing or
     /// not this source's).
@@ -62,7 +63,8 @@ pub enum Command {
     /// done, 3 when no row of the table is selected (saying how its ids look), 1 on an
     /// error.
     Replay(ReplayArgs),
-    /// Drop the replication slot and the publication (the stream is kept).
+    /// Drop the replication slot and the publication, and the event trigger of `setup
+    /// --tenant-trigger` (the stream is kept).
     Teardown {
         /// Confirm that the slot and publication should be dropped.
         #[arg(long)]
@@ -164,6 +166,17 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct SetupArgs {
+    #[command(flatten)]
+    pub slot: SlotArgs,
+    /// As a superuser: create the event trigger that adds each new table a --table
+    /// pattern matches to the publication in the transaction that creates it, so a new
+    /// tenant's rows are streamed from the first (see docs/operations.md, Tenant tables)
+    #[arg(help_heading = TABLE, long)]
+    pub tenant_trigger: bool,
+}
+
+#[derive(Debug, Args)]
 pub struct SlotArgs {
     /// Create a new slot even though the stream shows pgoutbox ran before (the old slot was
     /// dropped or lost): events committed in between are not recovered.
@@ -245,7 +258,9 @@ pub struct CommonArgs {
     /// The outbox table, schema-qualified or in `public`; repeatable (or comma-separated)
     /// for several tables that share every other setting, streamed into one stream in
     /// commit order, each message naming its table in Pgoutbox-Table and, with several
-    /// tables, in its Nats-Msg-Id (<schema>.<table>:<id>)
+    /// tables, in its Nats-Msg-Id (<schema>.<table>:<id>). A `*` in either part names
+    /// every table that matches, now and later (e.g. 'tenant_*.outbox'; {$schema} and
+    /// {$table} in --subject-template; see docs/operations.md, Tenant tables)
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TABLE", value_delimiter = ',', default_value = "public.outbox")]
     pub table: Vec<String>,
     /// Logical replication slot name.

@@ -5,6 +5,7 @@ use anyhow::{Context, anyhow};
 
 use crate::domain::outbox::{
     CloudEvents, ColumnRoles, ContentMode, MessageId, ScheduleColumn, SubjectTemplate, TableEntry,
+    TablePattern,
 };
 use crate::nats::connect::NatsSettings;
 use crate::nats::credentials::NatsAuth;
@@ -169,8 +170,9 @@ impl Config {
                 table_names(&per_table.iter().flat_map(|a| a.table.clone()).collect::<Vec<_>>())?
             }
         };
-        let message_id = match names.len() {
-            1 => MessageId::Row,
+        // Ids of two tables, or of two tenants, collide: each is qualified by its table.
+        let message_id = match (names.len(), names[0].1.is_some()) {
+            (1, false) => MessageId::Row,
             _ => MessageId::Qualified,
         };
         // libpq's default database is the user's name.
@@ -180,18 +182,25 @@ impl Config {
             (true, _) => Vec::new(),
             (false, true) => names
                 .iter()
-                .map(|table| TableEntry { table: table.clone(), ..entry.clone() })
+                .map(|(table, pattern)| TableEntry {
+                    table: table.clone(),
+                    pattern: pattern.clone(),
+                    ..entry.clone()
+                })
                 .collect(),
             (false, false) => per_table
                 .iter()
                 .zip(&names)
-                .map(|(args, table)| {
-                    table_entry(args, table.clone(), database_name, message_id)
-                        .with_context(|| format!("[[table]] {table} in --config"))
+                .map(|(args, named)| {
+                    table_entry(args, named.clone(), database_name, message_id)
+                        .with_context(|| format!("[[table]] {} in --config", named.0))
                 })
                 .collect::<anyhow::Result<_>>()?,
         };
-        let table = names[0].clone();
+        // The first table named exactly: the one `replay`, the seed and `--retention`
+        // serve, and whose replay table is read (none with patterns alone).
+        let table = names.iter().find(|(_, pattern)| pattern.is_none()).unwrap_or(&names[0]);
+        let table = table.0.clone();
         Ok(Config {
             database,
             pg_tls,
@@ -226,6 +235,13 @@ impl Config {
     /// Refuses `what` (a seed, `--retention`: each reads one table so far) when
     /// several tables are configured, rather than serve only the first of them.
     pub fn refuse_several_tables(&self, what: &str) -> anyhow::Result<()> {
+        if let Some(entry) = self.pipeline.tables.iter().find(|e| e.pattern.is_some()) {
+            return Err(anyhow!(
+                "{what} with a table pattern ({}) is not supported yet: it reads one table \
+                 (see docs/operations.md, Tenant tables)",
+                entry.table
+            ));
+        }
         if self.pipeline.tables.len() > 1 {
             return Err(anyhow!(
                 "{what} with several tables is not supported yet: it reads one table and \
@@ -335,7 +351,7 @@ impl Config {
 /// One table's entry from its arguments.
 fn table_entry(
     args: &CommonArgs,
-    table: TableName,
+    (table, pattern): (TableName, Option<TablePattern>),
     database: &str,
     message_id: MessageId,
 ) -> anyhow::Result<TableEntry> {
@@ -372,24 +388,19 @@ fn table_entry(
         }),
     };
     let dead_letter_subject = args.dead_letter_subject.clone();
-    Ok(TableEntry { table, roles, template, dead_letter_subject, message_id })
+    Ok(TableEntry { table, pattern, roles, template, dead_letter_subject, message_id })
 }
 
-/// `--table`'s tables, each once.
-fn table_names(values: &[String]) -> anyhow::Result<Vec<TableName>> {
-    let mut tables: Vec<TableName> = Vec::with_capacity(values.len());
+/// `--table`'s tables, each once, and the pattern of each that holds `*`.
+fn table_names(values: &[String]) -> anyhow::Result<Vec<(TableName, Option<TablePattern>)>> {
+    let mut tables: Vec<(TableName, Option<TablePattern>)> = Vec::with_capacity(values.len());
     for value in values.iter().map(|v| v.trim()) {
-        if value.contains('*') {
-            return Err(anyhow!(
-                "--table {value:?}: tables named by a pattern are not supported yet; name \
-                 each table"
-            ));
-        }
-        let table: TableName = value.parse().map_err(|e| anyhow!("--table: {e}"))?;
-        if tables.contains(&table) {
+        let pattern: TablePattern = value.parse().map_err(|e| anyhow!("--table: {e}"))?;
+        let table = pattern.as_table_name();
+        if tables.iter().any(|(t, _)| *t == table) {
             return Err(anyhow!("--table names {table} twice"));
         }
-        tables.push(table);
+        tables.push((table, Some(pattern).filter(|p| !p.is_exact())));
     }
     if tables.is_empty() {
         return Err(anyhow!("--table names no table"));

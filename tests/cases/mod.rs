@@ -59,5 +59,6 @@ mod survives_nats_network_faults;
 mod survives_nats_outage;
 mod survives_nats_pauses;
 mod survives_postgres_restart;
+mod tenant_table_created_while_running;
 mod traces;
 mod version_matrix;

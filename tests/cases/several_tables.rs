@@ -3,6 +3,7 @@
 //! is stored once, in commit order, on its table's subject, naming its table. The commit
 //! order is a second slot's, with test_decoding, made before the writes.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::support::pgoutbox::Pgoutbox;
@@ -457,4 +458,91 @@ dead-letter-subject = "billing.dead_letter"
     let want = [(json!("public.outbox"), json!(0)), (json!("billing.outbox"), json!(2))];
     assert_eq!(in_stream[..2], want, "{report}");
     assert_eq!(report["stream"]["dead_letters"], 2, "{report}");
+}
+
+/// The outbox table of `schema`, as sql/outbox.sql makes it, created in `schema`.
+pub fn tenant_table(schema: &str) -> String {
+    let table = include_str!("../../sql/outbox.sql")
+        .replace("IF NOT EXISTS outbox", &format!("{schema}.outbox"));
+    format!("CREATE SCHEMA {schema};\n{table}")
+}
+
+/// Rows `from..to` of `schema`'s outbox, each its own insert.
+pub fn tenant_rows(schema: &str, from: usize, to: usize) -> String {
+    (from..to)
+        .map(|k| {
+            format!(
+                "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ('order', '{k}', 'created', '{{\"k\": {k}}}');\n"
+            )
+        })
+        .collect()
+}
+
+/// How many messages each tenant has in the stream, after checking that each is on its
+/// tenant's subject, names its table, carries an id qualified by it, and is there once.
+pub fn per_tenant(stored: &[Stored]) -> HashMap<String, usize> {
+    let mut seen = std::collections::HashSet::new();
+    let mut tenants = HashMap::new();
+    for message in stored {
+        let table = message.header("Pgoutbox-Table").expect("Pgoutbox-Table on every row");
+        let schema = table.strip_suffix(".outbox").expect("a tenant's outbox");
+        assert_eq!(message.subject, format!("tenants.{schema}.created"), "{table}'s subject");
+        let id = message.header("Nats-Msg-Id").expect("an id");
+        assert!(id.starts_with(&format!("{table}:")), "{id} is qualified by {table}");
+        assert!(seen.insert(id.to_owned()), "{id} stored twice");
+        *tenants.entry(schema.to_owned()).or_insert(0) += 1;
+    }
+    tenants
+}
+
+/// `--table 'tenant_*.outbox'`: the tables of three tenant schemas there at the start are
+/// published by setup and streamed, each tenant's rows on `tenants.<schema>.…`; a fourth
+/// tenant's table that lacks a column the subject needs has its rows made dead letters
+/// naming the column, and the others stream on. `tenantX1.outbox` is not `tenant_*`.
+#[tokio::test(flavor = "multi_thread")]
+async fn tables_of_a_pattern_stream_each_on_its_tenants_subjects() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    for schema in ["tenant_1", "tenant_2", "tenant_3", "tenantX1"] {
+        pg.psql(&tenant_table(schema));
+    }
+    pg.psql(
+        "CREATE SCHEMA tenant_4; \
+         CREATE TABLE tenant_4.outbox (id bigserial PRIMARY KEY, aggregate_type text, \
+           aggregate_id text, payload jsonb NOT NULL);",
+    );
+    let args =
+        ["--table", "tenant_*.outbox", "--subject-template", "tenants.{$schema}.{event_type}"];
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    let mut sql = String::new();
+    for (k, schema) in ["tenant_1", "tenant_2", "tenant_3"].iter().enumerate() {
+        sql.push_str(&tenant_rows(schema, 0, 10 + k));
+    }
+    sql.push_str(&tenant_rows("tenantX1", 0, 5));
+    sql.push_str("INSERT INTO tenant_4.outbox (aggregate_type, aggregate_id, payload) VALUES ('o', '1', '{}');\n");
+    sql.push_str(&tenant_rows("tenant_1", 10, 12));
+    pg.psql(&sql);
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "every tenant's rows stored", || async {
+        (count(&js, "OUTBOX").await >= 36).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let (letters, rows): (Vec<_>, Vec<_>) =
+        stored.into_iter().partition(|m| m.subject == "outbox.dead_letter");
+    let tenants = per_tenant(&rows);
+    let want = [("tenant_1", 12), ("tenant_2", 11), ("tenant_3", 12)];
+    let want = want.iter().map(|(s, n)| ((*s).to_owned(), *n)).collect();
+    assert_eq!(tenants, want, "{}", app.log());
+    assert_eq!(letters.len(), 1, "{}", app.log());
+    assert_eq!(letters[0].header("Pgoutbox-Table"), Some("tenant_4.outbox"));
+    let reason = letters[0].header("Pgoutbox-Dead-Letter-Reason").unwrap_or_default();
+    assert!(reason.contains("no column \"event_type\""), "{reason}");
+    let published = pg.psql(
+        "SELECT string_agg(schemaname, ',' ORDER BY schemaname) FROM pg_publication_tables \
+         WHERE pubname = 'pgoutbox'",
+    );
+    assert_eq!(published, "tenant_1,tenant_2,tenant_3,tenant_4", "tenantX1 is not tenant_*");
 }

@@ -10,10 +10,12 @@ use crate::nats::claim::{Claim, Claims};
 use crate::nats::handshake::Dialer;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::Publisher;
-use crate::postgres::admin::WalStatus;
+use crate::postgres::admin::{self, WalStatus};
+use crate::postgres::outbox_table::{StreamedTable, TableDrift};
+use crate::postgres::tenant_tables;
 use crate::postgres::{ConnectionError, ReplicationConnection, outbox_table};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
-use crate::service::liveness::Liveness;
+use crate::service::liveness::{Liveness, Watched};
 use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
 use crate::service::seed::Seed;
 use crate::service::shutdown::Shutdown;
@@ -140,12 +142,10 @@ impl Target<'_> {
         {
             return Err(PipelineError::InRecovery { slot: slot.clone() });
         }
-        let mut outbox_tables = Vec::with_capacity(pipeline.tables.len());
-        for entry in &pipeline.tables {
-            let query = outbox_table::query(&entry.table, &config.publication);
-            let rows = conn.simple_query(&query).await?;
-            outbox_tables.push(outbox_table::judge(&rows, &entry.table, &config.publication)?);
+        if pipeline.tables.iter().any(|entry| entry.pattern.is_some()) {
+            adopt_new_tables(config, pipeline, database).await?;
         }
+        let outbox_tables = streamed_tables(&mut conn, pipeline, &config.publication).await?;
         // The source is named by the slot it streams from for good, also while seeding.
         let source =
             Source::new(identity.system_id, identity.timeline, &identity.database, &config.slot);
@@ -228,8 +228,7 @@ impl Target<'_> {
             .await
             .map_err(|err| PipelineError::from_start_replication(slot, err))?;
         // Stopped when this attempt ends, with the guard.
-        let watched: Vec<_> = pipeline.tables.iter().map(|entry| entry.table.clone()).collect();
-        let watched = (watched, config.publication.as_str());
+        let watched = Watched::of(&pipeline.tables, &outbox_tables, &config.publication);
         let liveness = Liveness::spawn(database, &config.pg_tls, slot, conn.backend_pid(), watched);
         info!(
             %slot,
@@ -259,6 +258,78 @@ impl Target<'_> {
         readiness.set_streaming(true);
         Ok(Started { conn, resume, liveness, outbound })
     }
+}
+
+/// How long an attempt's start goes on adopting new tables of a pattern; the rest are
+/// adopted by the liveness check, or the next attempt.
+const ADOPTING_AT_START: Duration = Duration::from_secs(10);
+
+/// Tables of a pattern created since the last look (between attempts, say), adopted on
+/// an ordinary SQL connection before replication starts (`tenant_tables::adopt_new`): the
+/// slot is behind their adoption, so their rows come with it. A table pgoutbox's role may
+/// not add stops it with the line that says what to run.
+async fn adopt_new_tables(
+    config: &Config,
+    pipeline: &PipelineConfig,
+    database: &tokio_postgres::Config,
+) -> Result<(), PipelineError> {
+    let retry = |err: &dyn std::fmt::Display| {
+        ConnectionError::Unresponsive(format!("adopting new tables of a pattern: {err}"))
+    };
+    let mut client = admin::connect(database, &config.pg_tls).await.map_err(|e| retry(&e))?;
+    let until = std::time::Instant::now() + ADOPTING_AT_START;
+    for pattern in pipeline.tables.iter().filter_map(|entry| entry.pattern.as_ref()) {
+        let adopted =
+            tenant_tables::adopt_new(&mut client, pattern, &config.publication, &[], until);
+        if let Some(drift) = adopted.await.map_err(|e| retry(&e))? {
+            return Err(drift.into());
+        }
+    }
+    Ok(())
+}
+
+/// The tables this attempt streams, as the catalog has them now: each exact entry's
+/// (or why it cannot be streamed), then each table a pattern matches, the first entry
+/// naming a table winning. A matched table out of the publication stops pgoutbox with
+/// the line that says what to run (`TableDrift::Unpublished`): its rows would be missed.
+/// (`adopt_new_tables` adopted those it could just before; the liveness check adopts
+/// those created while the attempt streams.)
+async fn streamed_tables(
+    conn: &mut ReplicationConnection,
+    pipeline: &PipelineConfig,
+    publication: &str,
+) -> Result<Vec<StreamedTable>, PipelineError> {
+    let mut tables: Vec<StreamedTable> = Vec::with_capacity(pipeline.tables.len());
+    for (i, entry) in pipeline.tables.iter().enumerate().filter(|(_, e)| e.pattern.is_none()) {
+        let rows = conn.simple_query(&outbox_table::query(&entry.table, publication)).await?;
+        let table = outbox_table::judge(&rows, &entry.table, publication)?;
+        tables.push(StreamedTable { entry: i, name: entry.table.clone(), table });
+    }
+    for (i, entry) in pipeline.tables.iter().enumerate() {
+        let Some(pattern) = &entry.pattern else { continue };
+        let rows = conn.simple_query(&tenant_tables::query(pattern, publication)).await?;
+        for matched in tenant_tables::judge(&rows, pattern) {
+            if tables.iter().any(|t| t.name == matched.table) {
+                continue; // an earlier entry's
+            }
+            if !matched.published {
+                return Err(TableDrift::Unpublished {
+                    table: matched.table.to_string(),
+                    pattern: pattern.to_string(),
+                    publication: publication.to_owned(),
+                    failed: String::new(),
+                }
+                .into());
+            }
+            let table = outbox_table::OutboxTable {
+                oid: matched.oid,
+                columns: matched.columns,
+                replay: None,
+            };
+            tables.push(StreamedTable { entry: i, name: matched.table, table });
+        }
+    }
+    Ok(tables)
 }
 
 /// A JetStream question asked at the start of an attempt, given [`LEADER_PROBE_TIMEOUT`]

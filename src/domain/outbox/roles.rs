@@ -1,7 +1,7 @@
 //! One table's settings: which column plays which role, and what the message makes of
 //! them, gathered in a [`TableEntry`], so that each table of several has its own.
 
-use super::{CloudEvents, ScheduleColumn, SubjectTemplate};
+use super::{CloudEvents, ScheduleColumn, SubjectTemplate, TablePattern};
 
 /// Which column plays which role, and what the message makes of them; defaults follow
 /// `sql/outbox.sql`. One table's settings, so that each table could have its own.
@@ -94,7 +94,13 @@ pub enum MessageId {
 /// template, the dead-letter subject and how its message ids are made.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TableEntry {
+    /// The table; for an entry of a pattern, the pattern's text until a table matches,
+    /// then (in the pipeline) each matched table's name.
     pub table: TableName,
+    /// `Some`: the entry names its tables by a pattern with `*` (schema-per-tenant), and a
+    /// matched table whose shape does not fit has its rows made dead letters instead of
+    /// stopping pgoutbox.
+    pub pattern: Option<TablePattern>,
     pub roles: ColumnRoles,
     pub template: SubjectTemplate,
     pub dead_letter_subject: String,
@@ -103,9 +109,18 @@ pub struct TableEntry {
 
 impl TableEntry {
     /// The `table` label of this entry's series on `/metrics` (`pgoutbox_rows_published_total`
-    /// and the other per-row counters): its table, `schema.table`, as configured. Bounded by
-    /// the configuration, whatever the rows are.
+    /// and the other per-row counters): its table, `schema.table`, as configured, or its
+    /// pattern's text for every table the pattern matched. Bounded by the configuration,
+    /// whatever the rows or the tenants are.
     pub fn metrics_label(&self) -> String {
-        self.table.to_string()
+        match &self.pattern {
+            Some(pattern) => pattern.to_string(),
+            None => self.table.to_string(),
+        }
+    }
+
+    /// The entry as the one of `table`, a table its pattern matched.
+    pub fn for_table(&self, table: TableName) -> TableEntry {
+        TableEntry { table, ..self.clone() }
     }
 }

@@ -1,5 +1,9 @@
 //! A subject template such as `outbox.{aggregate_type}.{event_type}`: parsed once, checked
 //! so that every subject it can make is valid, and its wildcard for the stream.
+//!
+//! `{$schema}` and `{$table}` stand for the row's table (a `$` cannot start an unquoted
+//! column name): with a table pattern, `tenants.{$schema}.{event_type}` gives each tenant
+//! its own subjects.
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,7 +14,13 @@ pub(super) enum Part {
     Column(String),
 }
 
-/// A subject such as `outbox.{aggregate_type}.{event_type}`: placeholders name columns.
+/// The placeholder of the row's schema's name.
+pub const SCHEMA_PLACEHOLDER: &str = "$schema";
+/// The placeholder of the row's table's name.
+pub const TABLE_PLACEHOLDER: &str = "$table";
+
+/// A subject such as `outbox.{aggregate_type}.{event_type}`: placeholders name columns, or
+/// the row's table (`{$schema}`, `{$table}`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubjectTemplate {
     pub(super) parts: Vec<Part>,
@@ -39,6 +49,10 @@ impl FromStr for SubjectTemplate {
             let column = &rest[open + 1..open + close];
             if column.is_empty() || column.contains('{') {
                 return Err(fail("a placeholder must be a column name, as in {event_type}"));
+            }
+            if column.starts_with('$') && ![SCHEMA_PLACEHOLDER, TABLE_PLACEHOLDER].contains(&column)
+            {
+                return Err(fail("the placeholders of the table are {$schema} and {$table}"));
             }
             parts.push(Part::Column(column.to_owned()));
             rest = &rest[open + close + 1..];
@@ -94,11 +108,11 @@ impl SubjectTemplate {
             .join(".")
     }
 
-    /// The columns the template reads.
+    /// The columns the template reads (not `{$schema}` nor `{$table}`).
     pub fn columns(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter_map(|p| match p {
-            Part::Column(c) => Some(c.as_str()),
-            Part::Literal(_) => None,
+            Part::Column(c) if !c.starts_with('$') => Some(c.as_str()),
+            Part::Column(_) | Part::Literal(_) => None,
         })
     }
 }

@@ -321,6 +321,7 @@ fn only_allowed_nats_headers_pass_from_the_headers_column() {
 fn a_row_names_its_table_and_with_several_tables_its_id_is_qualified() {
     let entry = |message_id| TableEntry {
         table: "public.outbox".parse().unwrap(),
+        pattern: None,
         roles: ColumnRoles::default(),
         template: "outbox.{aggregate_type}.{event_type}".parse().unwrap(),
         dead_letter_subject: "billing.dead_letter".into(),
@@ -384,4 +385,22 @@ fn a_row_with_a_time_is_held_on_its_own_subject_and_delivered_to_its_own() {
     tuple[7] = text("tomorrow");
     let Rejection(why) = mapping.map(&tuple).unwrap_err();
     assert!(why.contains("column deliver_at") && why.contains("not a time"), "{why}");
+}
+
+#[test]
+fn schema_and_table_placeholders_name_the_rows_table() {
+    let template: SubjectTemplate = "tenants.{$schema}.{$table}.{event_type}".parse().unwrap();
+    assert_eq!(template.wildcard(), "tenants.*.*.*");
+    assert_eq!(template.columns().collect::<Vec<_>>(), ["event_type"], "no such columns needed");
+    assert!("x.{$other}".parse::<SubjectTemplate>().is_err());
+    let tenant = Relation { namespace: "tenant_7".into(), ..outbox_relation() };
+    let mapping = RowMapping::new(&tenant, &ColumnRoles::default(), &template).unwrap();
+    let event = mapping.map(&row(text("order"), "created", ColumnValue::Null)).unwrap();
+    assert_eq!(event.subject, "tenants.tenant_7.outbox.created");
+    // A schema whose name cannot be a token: each row a dead letter saying why.
+    let dotted = Relation { namespace: "a.b".into(), ..outbox_relation() };
+    let mapping = RowMapping::new(&dotted, &ColumnRoles::default(), &template).unwrap();
+    let Rejection(why) =
+        mapping.map(&row(text("order"), "created", ColumnValue::Null)).unwrap_err();
+    assert!(why.starts_with("{$schema} = \"a.b\" contains `.`"), "{why}");
 }

@@ -101,7 +101,7 @@ pub struct Resume {
     pub message_limit: usize,
     /// The outbox tables as they are now, in the entries' order: rows are matched by their
     /// table's OID, not by the name of the moment.
-    pub tables: Vec<crate::postgres::outbox_table::OutboxTable>,
+    pub tables: Vec<crate::postgres::outbox_table::StreamedTable>,
     /// A seed's rows, published before the slot's (`service::seed`).
     pub prelude: Option<crate::service::seed::Prelude>,
 }

@@ -358,6 +358,7 @@ mod tests {
         let template: SubjectTemplate = "outbox.{aggregate_type}.{event_type}".parse().unwrap();
         let entry = TableEntry {
             table: "public.outbox".parse().unwrap(),
+            pattern: None,
             roles: ColumnRoles::default(),
             template,
             dead_letter_subject: "outbox.dead_letter".into(),

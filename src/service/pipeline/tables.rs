@@ -8,20 +8,28 @@
 //! attempt's start. A relation that matches nothing is another table of the publication,
 //! and its rows are ignored. Rows of every table go to
 //! the one chain in the order pgoutput sends them: commit order.
+//!
+//! An entry of a pattern (`tenant_*.outbox`) has as many tables as it matched at the
+//! attempt's start, and by name any table it matches that joined the publication since (a
+//! tenant's table the event trigger added in its creating transaction, or one adopted).
+//! Entries are tried in the configuration's order, the first that names a table wins. A
+//! table of a pattern whose shape does not fit the entry never stops the others: its rows
+//! become dead letters naming the missing column.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use tracing::{debug, warn};
 
-use crate::domain::outbox::{MappingError, RowMapping, TableEntry};
-use crate::postgres::outbox_table::OutboxTable;
+use crate::domain::outbox::{MappingError, RowMapping, TableEntry, TableName};
+use crate::postgres::outbox_table::{OutboxTable, StreamedTable};
 use crate::postgres::pgoutput::Relation;
 
 pub(super) struct TableSet<'a> {
     entries: &'a [TableEntry],
-    /// Each entry's table as it was at the attempt's start, in the entries' order.
-    tables: Vec<OutboxTable>,
+    /// Each streamed table as it was at the attempt's start: exact entries in their
+    /// order, then the tables each pattern matched.
+    tables: Vec<StreamedTable>,
     /// Shared so that a row's mapping stays at hand while the row is published; `None`:
     /// a table of the publication no entry names.
     mappings: HashMap<u32, Option<Arc<RowMapping>>>,
@@ -37,60 +45,84 @@ pub(super) enum Described {
 }
 
 impl<'a> TableSet<'a> {
-    pub(super) fn new(entries: &'a [TableEntry], tables: Vec<OutboxTable>) -> Self {
+    pub(super) fn new(entries: &'a [TableEntry], tables: Vec<StreamedTable>) -> Self {
         TableSet { entries, tables, mappings: HashMap::new() }
     }
 
-    /// The first entry and its table: the one whose replay table is read (`replayed`).
+    /// The first entry, when it names its table exactly, and its table: the one whose
+    /// replay table is read (`replayed`). With a pattern first, replays are off.
     pub(super) fn first(&self) -> Option<(&'a TableEntry, &OutboxTable)> {
-        Some((self.entries.first()?, self.tables.first()?))
+        let entry = self.entries.first().filter(|entry| entry.pattern.is_none())?;
+        let first = self.tables.iter().find(|t| t.entry == 0)?;
+        Some((entry, &first.table))
     }
 
-    /// Which entry `relation` belongs to, by OID, else by name.
-    fn entry_of(&self, relation: &Relation) -> Option<usize> {
-        let by_oid = self.tables.iter().position(|t| t.oid == relation.rel_id);
-        by_oid.or_else(|| {
+    /// Which entry `relation` belongs to, by OID, else by name (exact names first in the
+    /// entries' order, then patterns in theirs), with its table at the attempt's start
+    /// when known by OID.
+    fn entry_of(&self, relation: &Relation) -> Option<(usize, Option<&StreamedTable>)> {
+        if let Some(known) = self.tables.iter().find(|t| t.table.oid == relation.rel_id) {
+            return Some((known.entry, Some(known)));
+        }
+        let (schema, name) = (&relation.namespace, &relation.name);
+        let exact = self.entries.iter().position(|entry| {
+            entry.pattern.is_none() && entry.table.schema == *schema && entry.table.name == *name
+        });
+        let by_pattern = || {
             self.entries.iter().position(|entry| {
-                entry.table.schema == relation.namespace && entry.table.name == relation.name
+                entry.pattern.as_ref().is_some_and(|pattern| pattern.matches(schema, name))
             })
-        })
+        };
+        exact.or_else(by_pattern).map(|i| (i, None))
     }
 
     /// The entry whose table has `relation`'s OID, as the attempt's start found it, and
     /// that table: what a replayed row's frame must describe.
     pub(super) fn by_oid(&self, relation: &Relation) -> Option<(&'a TableEntry, &OutboxTable)> {
-        let i = self.tables.iter().position(|t| t.oid == relation.rel_id)?;
-        Some((self.entries.get(i)?, &self.tables[i]))
+        let known = self.tables.iter().find(|t| t.table.oid == relation.rel_id)?;
+        Some((self.entries.get(known.entry)?, &known.table))
     }
 
-    /// Every entry's table, for a message naming them.
+    /// Every entry's table (or pattern), for a message naming them.
     pub(super) fn names(&self) -> String {
         self.entries.iter().map(|e| e.table.to_string()).collect::<Vec<_>>().join(", ")
     }
 
     /// Builds the mapping of the relation pgoutput describes now. A column the table has
     /// today, missing from this older version, makes its rows dead letters; a column the
-    /// table never had is a misconfiguration that stops pgoutbox.
+    /// table never had is a misconfiguration that stops pgoutbox, unless the table was
+    /// matched by a pattern: then its rows become dead letters saying so.
     pub(super) fn describe(&mut self, relation: &Relation) -> Result<(), MappingError> {
-        let Some(i) = self.entry_of(relation) else {
+        let Some((i, known)) = self.entry_of(relation) else {
             debug!(rel_id = relation.rel_id, "relation of another table");
             self.mappings.insert(relation.rel_id, None);
             return Ok(());
         };
-        let entry = &self.entries[i];
+        let configured = &self.entries[i];
+        let named = TableName { schema: relation.namespace.clone(), name: relation.name.clone() };
+        let entry = match (&configured.pattern, known) {
+            (None, _) => configured.clone(),
+            (Some(_), Some(known)) => configured.for_table(known.name.clone()),
+            (Some(_), None) => configured.for_table(named.clone()),
+        };
         let table = &entry.table;
-        if relation.namespace != table.schema || relation.name != table.name {
-            warn!(%table, named = %format!("{}.{}", relation.namespace, relation.name),
+        if named != *table {
+            warn!(%table, named = %named,
                 "the outbox table had another name when these rows were written; \
                  they are published all the same (matched by the table's OID)");
         }
-        let mapping = match RowMapping::of_entry(relation, entry) {
+        let mapping = match RowMapping::of_entry(relation, &entry) {
             Ok(mapping) => mapping,
-            Err(missing)
-                if self.tables.get(i).is_some_and(|t| t.columns.contains(&missing.column)) =>
-            {
+            Err(missing) if known.is_some_and(|t| t.table.columns.contains(&missing.column)) => {
                 warn!(%missing, "rows written before the column was added become dead letters");
-                RowMapping::unusable(relation, &entry.roles, &missing).in_entry(entry)
+                RowMapping::unusable(relation, &entry.roles, &missing).in_entry(&entry)
+            }
+            Err(missing) if configured.pattern.is_some() => {
+                warn!(%missing, pattern = %configured.table,
+                    "a table of the pattern does not fit: its rows become dead letters; \
+                     the other tables stream on");
+                let why = format!("the row's table does not fit {}: {missing}", configured.table);
+                RowMapping::refusing(relation, &entry.roles, why).in_entry(&entry)
             }
             Err(missing) => return Err(missing),
         };

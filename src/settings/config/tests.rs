@@ -182,10 +182,15 @@ fn a_config_file_gives_each_table_its_subjects() {
     // PGOUTBOX_DATABASE_URL, read by pgoutbox rather than clap, wins over the file too.
     let c = loaded(toml, &[], &[("PGOUTBOX_DATABASE_URL", "dbname=env")]).unwrap();
     assert_eq!(c.database.get_dbname(), Some("env"));
-    let err =
-        loaded("[[table]]\ntable = \"tenant_*.outbox\"\n", &[], &[("DATABASE_URL", "dbname=x")]);
-    let err = err.err().unwrap().to_string();
-    assert!(err.contains("pattern are not supported yet"), "{err}");
+    let tenants = "[[table]]\ntable = \"tenant_*.outbox\"\n\
+                   subject-template = \"tenants.{$schema}.{event_type}\"\n";
+    let c = loaded(tenants, &[], &[("DATABASE_URL", "dbname=x")]).unwrap();
+    let entry = &c.pipeline.tables[0];
+    assert_eq!(entry.pattern.as_ref().map(ToString::to_string).as_deref(), Some("tenant_*.outbox"));
+    assert_eq!(entry.message_id, MessageId::Qualified, "two tenants' ids collide");
+    assert_eq!(c.stream_subjects()[0], "tenants.*.*");
+    let err = c.refuse_several_tables("--recover").unwrap_err().to_string();
+    assert!(err.starts_with("--recover with a table pattern (tenant_*.outbox)"), "{err}");
     let err = loaded(
         "[[table]]\ntable = \"a.t\"\nsubject-template = \"a.{\"\n",
         &[],

@@ -1,0 +1,304 @@
+//! Tables named by a pattern (schema-per-tenant): which tables match it now and whether
+//! each is in the publication; adopting one that is not; and the event trigger that
+//! publishes a new tenant table in the transaction that creates it.
+//!
+//! A table created while pgoutbox runs is not in a `FOR TABLE` publication until someone
+//! adds it, and rows committed before that are never decoded, now or on any later
+//! decoding of that WAL (docs/proposals/several-tables.md, fact 3). So a matching table
+//! out of the publication is never left alone: `setup` (and so `run`'s start) and the
+//! liveness check every 10 s and each attempt's start [`adopt`] it: the table added and
+//! its rows published, once, in one transaction. When pgoutbox's role may not, pgoutbox
+//! stops with [`TableDrift::Unpublished`], a line that says what to run. A superuser's
+//! `pgoutbox setup --tenant-trigger` ([`trigger_sql`]) makes the question moot for
+//! tables created from then on: they join in their creating transaction.
+
+use postgres_protocol::escape::{escape_identifier as quote_ident, escape_literal};
+use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+use tracing::{info, warn};
+
+use crate::domain::outbox::{TableName, TablePattern};
+use crate::postgres::outbox_table::TableDrift;
+use crate::postgres::walsender::TextRow;
+
+/// A table a pattern matches, as the catalog has it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Matched {
+    pub table: TableName,
+    pub oid: u32,
+    /// In the publication (by name, through its root, or `FOR ALL TABLES` / `IN SCHEMA`).
+    pub published: bool,
+    pub columns: Vec<String>,
+}
+
+/// The tables `pattern` matches (ordinary or partitioned, not partitions: their root is
+/// published), each with its OID, whether `publication` holds it, and its columns; in
+/// name order. The publication's tables are listed once, not per table: with thousands
+/// of tenants the view is the costly part.
+pub fn query(pattern: &TablePattern, publication: &str) -> String {
+    let (schema, name) = pattern.like_clauses();
+    let (schema, name, publication) =
+        (escape_literal(&schema), escape_literal(&name), escape_literal(publication));
+    format!(
+        "SELECT c.oid::text, n.nspname::text, c.relname::text, (p.tablename IS NOT NULL)::text, \
+                (SELECT string_agg(a.attname, ',') FROM pg_attribute a \
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) \
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+         LEFT JOIN (SELECT schemaname, tablename FROM pg_publication_tables \
+                    WHERE pubname = {publication}) p \
+           ON p.schemaname = n.nspname AND p.tablename = c.relname \
+         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+           AND n.nspname LIKE {schema} AND c.relname LIKE {name} \
+         ORDER BY n.nspname, c.relname"
+    )
+}
+
+/// The matched tables from the rows [`query`] returned, checked against the pattern
+/// again (the `LIKE` clauses say the same; this keeps a misread row out).
+pub fn judge(rows: &[TextRow], pattern: &TablePattern) -> Vec<Matched> {
+    let field = |row: &TextRow, i: usize| row.get(i).cloned().flatten().unwrap_or_default();
+    rows.iter()
+        .filter_map(|row| {
+            let table = TableName { schema: field(row, 1), name: field(row, 2) };
+            if !pattern.matches(&table.schema, &table.name) {
+                return None;
+            }
+            Some(Matched {
+                oid: field(row, 0).parse().ok()?,
+                published: field(row, 3) == "true",
+                columns: field(row, 4).split(',').map(str::to_owned).collect(),
+                table,
+            })
+        })
+        .collect()
+}
+
+/// [`query`] and [`judge`] on an ordinary connection.
+pub async fn matched(
+    client: &Client,
+    pattern: &TablePattern,
+    publication: &str,
+) -> Result<Vec<Matched>, tokio_postgres::Error> {
+    let answer = client.simple_query(&query(pattern, publication)).await?;
+    Ok(judge(&text_rows(&answer), pattern))
+}
+
+/// The rows of a simple query's answer, as text.
+pub fn text_rows(answer: &[tokio_postgres::SimpleQueryMessage]) -> Vec<TextRow> {
+    answer
+        .iter()
+        .filter_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => {
+                Some((0..row.len()).map(|i| row.get(i).map(str::to_owned)).collect())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// How long adoption waits for the transactions writing to the table.
+pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Adds `table` to `publication` and publishes the rows already in it, once, in one
+/// transaction: `LOCK … IN SHARE ROW EXCLUSIVE MODE` waits for the transactions writing
+/// to it and holds new ones off (`ALTER PUBLICATION` alone does not: fact 5), the table
+/// is added, and each row in it is deleted and inserted again after the table joined the
+/// publication, so that it is decoded with the transaction, at its commit; rows written
+/// after it are decoded as any. None lost (rows committed before were never decoded: fact
+/// 3), none twice (the publication publishes inserts only, and pgoutbox reads no delete).
+/// The rows keep every column, so their ids and created-at; the table's own insert
+/// triggers fire again. `Ok(None)`: the table was in the publication already (another
+/// setup, or the trigger, was first); else how many rows were published.
+pub async fn adopt(
+    client: &mut Client,
+    table: &TableName,
+    publication: &str,
+) -> Result<Option<u64>, tokio_postgres::Error> {
+    let quoted = table.quoted();
+    let tx = client.transaction().await?;
+    // The liveness check gives its whole round 10 s: a table busy longer is tried again.
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '{}ms'; LOCK TABLE {quoted} IN SHARE ROW EXCLUSIVE MODE",
+        LOCK_TIMEOUT.as_millis()
+    ))
+    .await?;
+    let published: bool = tx
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables t \
+               WHERE t.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3)",
+            &[&publication, &table.schema, &table.name],
+        )
+        .await?
+        .get(0);
+    if published {
+        tx.commit().await?;
+        return Ok(None);
+    }
+    tx.batch_execute(&format!("ALTER PUBLICATION {} ADD TABLE {quoted}", quote_ident(publication)))
+        .await?;
+    let rows = tx
+        .execute(
+            &format!(
+                "WITH moved AS (DELETE FROM {quoted} RETURNING *) \
+                 INSERT INTO {quoted} OVERRIDING SYSTEM VALUE SELECT * FROM moved"
+            ),
+            &[],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(Some(rows))
+}
+
+/// Adopts each table `pattern` matches that is out of `publication` ([`adopt`]), until
+/// `until` (the rest wait for the next call). `Some(why)`: pgoutbox must stop, since a
+/// table cannot be adopted (its role may not add it: the error says so), or was streamed
+/// (its OID in `streamed`) and was taken out of the publication on purpose. A table busy
+/// past [`LOCK_TIMEOUT`] is left for the next call.
+pub async fn adopt_new(
+    client: &mut Client,
+    pattern: &TablePattern,
+    publication: &str,
+    streamed: &[u32],
+    until: std::time::Instant,
+) -> Result<Option<TableDrift>, tokio_postgres::Error> {
+    let matched = matched(client, pattern, publication).await?;
+    for missed in matched.into_iter().filter(|m| !m.published) {
+        let table = &missed.table;
+        if streamed.contains(&missed.oid) {
+            let (table, publication) = (table.to_string(), publication.to_owned());
+            return Ok(Some(TableDrift::NotPublished { table, publication }));
+        }
+        if std::time::Instant::now() >= until {
+            break;
+        }
+        match adopt(client, table, publication).await {
+            Ok(rows) => {
+                info!(%table, %pattern, %publication, rows = rows.unwrap_or(0),
+                    "a new table of the pattern joined the publication, with its rows");
+            }
+            Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                warn!(%table, "the new table is busy; adopting it at the next check");
+            }
+            Err(err) if err.as_db_error().is_some() => {
+                let why = err.as_db_error().map(|db| db.message().to_owned());
+                return Ok(Some(TableDrift::Unpublished {
+                    table: table.to_string(),
+                    pattern: pattern.to_string(),
+                    publication: publication.to_owned(),
+                    failed: format!("; adding it failed: {}", why.unwrap_or_default()),
+                }));
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(None)
+}
+
+/// The name of the event trigger (and of its function) `setup --tenant-trigger` makes
+/// for `publication`.
+pub fn trigger_name(publication: &str) -> String {
+    format!("pgoutbox_{publication}_tables")
+}
+
+/// The event trigger that adds each new table matching one of `patterns` to
+/// `publication` at the end of its `CREATE TABLE`, in the creating transaction, so its
+/// rows are decoded from the first (fact 4). `SECURITY DEFINER`: adding a table needs
+/// ownership of it and of the publication, so the function runs as the superuser who
+/// made it. A failure (the publication dropped) fails the `CREATE TABLE`: it fails
+/// closed. Partitions are skipped (their root is published). `CREATE TABLE AS` is left
+/// out on purpose: its rows are written before the trigger runs and would be missed;
+/// such a table is found unpublished and adopted instead.
+pub fn trigger_sql(publication: &str, patterns: &[TablePattern]) -> String {
+    let name = trigger_name(publication);
+    let function = format!("public.{}", quote_ident(&name));
+    let matches = patterns
+        .iter()
+        .map(|pattern| {
+            let (schema, table) = pattern.like_clauses();
+            format!(
+                "(n.nspname LIKE {} AND c.relname LIKE {})",
+                escape_literal(&schema),
+                escape_literal(&table)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" OR ");
+    let matches = if matches.is_empty() { "false".to_owned() } else { matches };
+    let publication_literal = escape_literal(publication);
+    format!(
+        "CREATE OR REPLACE FUNCTION {function}() RETURNS event_trigger \
+         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $pgoutbox$ \
+         DECLARE created record; \
+         BEGIN \
+           FOR created IN SELECT objid FROM pg_event_trigger_ddl_commands() \
+                          WHERE command_tag = 'CREATE TABLE' AND object_type = 'table' LOOP \
+             IF EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                        WHERE c.oid = created.objid AND c.relkind IN ('r', 'p') \
+                          AND NOT c.relispartition AND ({matches})) \
+                AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r \
+                                JOIN pg_publication p ON p.oid = r.prpubid \
+                                WHERE p.pubname = {publication_literal} \
+                                  AND r.prrelid = created.objid) THEN \
+               EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', {publication_literal}, \
+                              created.objid::regclass); \
+             END IF; \
+           END LOOP; \
+         END $pgoutbox$; \
+         REVOKE ALL ON FUNCTION {function}() FROM PUBLIC; \
+         DROP EVENT TRIGGER IF EXISTS {trigger}; \
+         CREATE EVENT TRIGGER {trigger} ON ddl_command_end WHEN TAG IN ('CREATE TABLE') \
+           EXECUTE FUNCTION {function}();",
+        trigger = quote_ident(&name),
+    )
+}
+
+/// Drops what [`trigger_sql`] made, if there.
+pub fn drop_trigger_sql(publication: &str) -> String {
+    let name = trigger_name(publication);
+    format!(
+        "DROP EVENT TRIGGER IF EXISTS {trigger}; DROP FUNCTION IF EXISTS public.{trigger}();",
+        trigger = quote_ident(&name)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(fields: [&str; 5]) -> TextRow {
+        fields.iter().map(|f| Some(f.to_string())).collect()
+    }
+
+    #[test]
+    fn matched_tables_are_read_and_checked_against_the_pattern() {
+        let pattern: TablePattern = "tenant_*.outbox".parse().unwrap();
+        let rows = [
+            row(["16384", "tenant_1", "outbox", "true", "id,payload"]),
+            row(["16390", "tenant_2", "outbox", "false", "id"]),
+            row(["16400", "tenantX", "outbox", "false", "id"]),
+        ];
+        let matched = judge(&rows, &pattern);
+        assert_eq!(matched.len(), 2, "tenantX is not tenant_*");
+        assert_eq!(matched[0].table.to_string(), "tenant_1.outbox");
+        assert!(matched[0].published && !matched[1].published);
+        assert_eq!(
+            (matched[1].oid, matched[1].columns.as_slice()),
+            (16390, &["id".to_owned()][..])
+        );
+    }
+
+    #[test]
+    fn the_queries_escape_like_wildcards_and_quote_names() {
+        let pattern: TablePattern = "tenant_*.out%box".parse().unwrap();
+        let sql = query(&pattern, "it's");
+        // escape_literal writes ` E'…'` when a backslash is in the value.
+        assert!(
+            sql.contains(r"LIKE  E'tenant\\_%'") && sql.contains(r"LIKE  E'out\\%box'"),
+            "{sql}"
+        );
+        assert!(sql.contains("'it''s'"), "{sql}");
+        let trigger = trigger_sql("pgoutbox", &[pattern]);
+        assert!(trigger.contains(r"n.nspname LIKE  E'tenant\\_%'"), "{trigger}");
+        assert!(trigger.contains("CREATE EVENT TRIGGER \"pgoutbox_pgoutbox_tables\""), "{trigger}");
+    }
+}
