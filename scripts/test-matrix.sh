@@ -38,6 +38,8 @@ tests=(
   postgres_black_hole          # a reconnect into a black hole is given up
   several_tables::rows_of_two  # one publication for two tables: rows of both in commit order
   several_tables::a_second     # a second table dropped from the publication stops pgoutbox
+  several_tables::tables_of_a_pattern # tenant_*.outbox: the catalog's LIKE and publication
+  tenant_table_created_while_running  # the event trigger, adoption's lock and ALTER PUBLICATION
 )
 
 scripts/fetch-postgres.sh "${majors[@]}"

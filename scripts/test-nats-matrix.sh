@@ -39,7 +39,8 @@ tests=(
   publishing_connection        # our own connection: pings, its name on the server
   publish_permission           # a permissions -ERR ends the attempt
   message_ttl                  # Nats-TTL from a column on 2.11+, the clear refusal before
-  scheduled_rows               # Nats-Schedule from a column on 2.12+, the clear refusal before
+  scheduled_rows               # Nats-Schedule from a column on 2.12+, the clear refusal before;
+                               # a delivery overtaking a publish, kill -9 among deliveries
   cloudevents                  # CloudEvents read back by the Python SDK
   several_tables::kill_9       # two tables' rows in one chain, in commit order, under kill -9
 )
