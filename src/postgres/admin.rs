@@ -215,14 +215,7 @@ pub async fn ensure_publication(
                     table: table.to_string(),
                 });
             }
-            let covers: bool = client
-                .query_one(
-                    "SELECT EXISTS (SELECT 1 FROM pg_publication_tables t \
-                       WHERE t.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3)",
-                    &[&publication, &table.schema, &table.name],
-                )
-                .await?
-                .get(0);
+            let covers = publishes(client, publication, table).await?;
             if !(inserts && covers) {
                 return Err(SetupError::PublicationMismatch {
                     publication: publication.to_owned(),
@@ -452,6 +445,22 @@ pub async fn teardown(client: &Client, slot: &str, publication: &str) -> Result<
 
 fn is_duplicate(err: &tokio_postgres::Error) -> bool {
     matches!(err.code(), Some(c) if *c == SqlState::DUPLICATE_OBJECT || *c == SqlState::UNIQUE_VIOLATION)
+}
+
+/// Whether `publication` publishes `table` (directly, by its schema, or for all tables).
+pub async fn publishes(
+    client: &impl tokio_postgres::GenericClient,
+    publication: &str,
+    table: &TableName,
+) -> Result<bool, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables t \
+               WHERE t.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3)",
+            &[&publication, &table.schema, &table.name],
+        )
+        .await?;
+    Ok(row.get(0))
 }
 
 #[cfg(test)]

@@ -122,14 +122,7 @@ pub async fn adopt(
         LOCK_TIMEOUT.as_millis()
     ))
     .await?;
-    let published: bool = tx
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables t \
-               WHERE t.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3)",
-            &[&publication, &table.schema, &table.name],
-        )
-        .await?
-        .get(0);
+    let published = crate::postgres::admin::publishes(&tx, publication, table).await?;
     if published {
         tx.commit().await?;
         return Ok(None);
