@@ -223,8 +223,8 @@ impl Config {
         self.pipeline.first()
     }
 
-    /// Refuses `what` (a seed, `--retention`: each reads one table so far) when
-    /// several tables are configured, rather than serve only the first of them.
+    /// Refuses `what` (`--retention`, which reads one table so far) when several tables
+    /// are configured, rather than serve only the first of them.
     pub fn refuse_several_tables(&self, what: &str) -> anyhow::Result<()> {
         if self.pipeline.tables.len() > 1 {
             return Err(anyhow!(
