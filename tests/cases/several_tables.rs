@@ -480,3 +480,61 @@ dead-letter-subject = "billing.dead_letter"
     assert_eq!(in_stream[..2], want, "{report}");
     assert_eq!(report["stream"]["dead_letters"], 2, "{report}");
 }
+
+/// `teardown --only-table billing.outbox`: only that table leaves the publication; the slot,
+/// the other table and the stream stay, and pgoutbox configured with the other table alone
+/// streams on from the slot.
+#[tokio::test(flavor = "multi_thread")]
+async fn teardown_of_one_table_drops_only_it_from_the_publication() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    let app = Pgoutbox::run(&pg, &nats, &TABLES);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&format!("{}{}", insert('A', 0, 0), insert('B', 0, 1)));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "both rows stored", || async {
+        (count(&js, "OUTBOX").await >= 2).then_some(())
+    })
+    .await;
+    app.sigterm();
+    drop(app);
+    let active = "SELECT active FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
+    eventually(Duration::from_secs(10), "slot released", || async {
+        (pg.psql(active) == "f").then_some(())
+    })
+    .await;
+
+    let teardown = |yes: bool| {
+        let mut cmd = crate::support::pgoutbox::command(&pg, &nats);
+        cmd.args(TABLES).args(["teardown", "--only-table", "billing.outbox"]);
+        if yes {
+            cmd.arg("--yes");
+        }
+        cmd.output().expect("teardown runs")
+    };
+    let refused = teardown(false);
+    assert!(!refused.status.success(), "dropped without --yes");
+    let published = "SELECT string_agg(schemaname || '.' || tablename, ',' ORDER BY tablename, \
+                     schemaname) FROM pg_publication_tables WHERE pubname = 'pgoutbox' \
+                     AND tablename = 'outbox'";
+    assert_eq!(pg.psql(published), "billing.outbox,public.outbox", "without --yes");
+    let done = teardown(true);
+    let said = String::from_utf8_lossy(&done.stdout).into_owned();
+    assert!(done.status.success(), "{said}{}", String::from_utf8_lossy(&done.stderr));
+    assert!(said.contains("dropped billing.outbox from publication pgoutbox"), "{said}");
+    assert_eq!(pg.psql(published), "public.outbox");
+    assert_eq!(pg.psql(active), "f", "the slot is kept");
+    assert_eq!(count(&js, "OUTBOX").await, 2, "the stream is kept");
+    let again = teardown(true);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("nothing dropped"));
+
+    let mut app = Pgoutbox::run(&pg, &nats, &["--table", "public.outbox"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&format!("{}{}", insert('A', 0, 2), insert('B', 0, 3)));
+    eventually(Duration::from_secs(30), "the row of the table kept stored", || async {
+        (count(&js, "OUTBOX").await >= 3).then_some(())
+    })
+    .await;
+    assert!(app.is_running(), "{}", app.log());
+}
