@@ -64,7 +64,9 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<ExitCo
             let config = config.with_stream_replicas(args.slot.stream_replicas);
             commands::setup::run(&config, &args).await?
         }
-        Command::Teardown { yes } => commands::teardown::run(&config, yes).await?,
+        Command::Teardown { yes, only_table } => {
+            commands::teardown::run(&config, yes, only_table.as_deref()).await?
+        }
         Command::Replay(args) => commands::replay::run(&config, &args).await?,
         Command::Status(args) => {
             let health = commands::status::run(&config, &args).await;

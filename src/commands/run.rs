@@ -49,14 +49,13 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
             "--retention deletes outbox rows, and --messages-only reads no table: drop one"
         );
     }
-    for (asked, what) in [
-        (args.recover, "--recover"),
-        (args.backfill, "--backfill"),
-        (args.retention.is_some(), "--retention"),
-    ] {
+    for (asked, what) in [(args.recover, "--recover"), (args.backfill, "--backfill")] {
         if asked {
-            config.refuse_several_tables(what)?;
+            config.refuse_patterns(what)?;
         }
+    }
+    if args.retention.is_some() {
+        config.refuse_several_tables("--retention")?;
     }
     let tracing = Tracing::from_env(&ProcessEnv);
     let outcome = serve(config, args, tracing.as_ref().map(Tracing::tracer)).await;

@@ -1,11 +1,18 @@
 //! `pgoutbox teardown --yes`: drops the slot and the publication, and the tenant tables'
 //! event trigger first when there is one (it would fail every new tenant's `CREATE TABLE`
-//! once the publication is gone); the stream is kept.
+//! once the publication is gone); the stream is kept. `--only-table <schema.table>`: drops
+//! only that table from the publication (a table no longer streamed), keeping the slot,
+//! the other tables and the stream.
 
-use crate::postgres::admin;
+use crate::postgres::admin::{self, TableName};
 use crate::settings::config::Config;
 
-pub async fn run(config: &Config, yes: bool) -> anyhow::Result<()> {
+pub async fn run(config: &Config, yes: bool, only_table: Option<&str>) -> anyhow::Result<()> {
+    if let Some(table) = only_table {
+        let table: TableName =
+            table.parse().map_err(|err| anyhow::anyhow!("--only-table: {err}"))?;
+        return drop_table(config, yes, &table).await;
+    }
     if !yes {
         anyhow::bail!(
             "teardown drops slot {} and publication {}: pass --yes to confirm",
@@ -31,5 +38,28 @@ pub async fn run(config: &Config, yes: bool) -> anyhow::Result<()> {
     }
     admin::teardown(&client, &config.slot, &config.publication).await?;
     println!("dropped slot {} and publication {}", config.slot, config.publication);
+    Ok(())
+}
+
+/// `--only-table`: the table out of the publication, nothing else changed.
+async fn drop_table(config: &Config, yes: bool, table: &TableName) -> anyhow::Result<()> {
+    let publication = &config.publication;
+    if !yes {
+        anyhow::bail!(
+            "teardown --only-table drops {table} from publication {publication} (slot and \
+             stream kept): pass --yes to confirm"
+        );
+    }
+    let client = admin::connect(&config.database, &config.pg_tls).await?;
+    if admin::drop_from_publication(&client, publication, table).await? {
+        println!(
+            "dropped {table} from publication {publication}; slot {} and the stream are kept; \
+             remove {table} from --table or --config before pgoutbox runs again, or it stops \
+             saying the table is not published",
+            config.slot
+        );
+    } else {
+        println!("{table} is not in publication {publication}: nothing dropped");
+    }
     Ok(())
 }

@@ -237,6 +237,11 @@ impl RowMapping {
         self
     }
 
+    /// The `Pgoutbox-Table` its messages carry; empty for emitted messages.
+    pub fn source_table(&self) -> &str {
+        &self.source_table
+    }
+
     /// What `/metrics` counts this mapping's messages under: the `table` label.
     pub fn counted_as(&self) -> &str {
         &self.counted_as

@@ -55,10 +55,15 @@ pub fn payload_digest(body: &[u8]) -> u64 {
     hasher.finish()
 }
 
-/// The rows a stream holds, by row id: what tells a row's event from another row's that
-/// reused its id.
+/// The rows a stream holds, by table and row id: what tells a row's event from another
+/// row's that reused its id, and a row of one table from a row of another with the same id.
+///
+/// The table is the message's `Pgoutbox-Table` (a message without it, written before
+/// pgoutbox named tables, is the first table's); the id is the message's row id without
+/// the `<schema>.<table>:` its table's qualified ids start with, so a row is found whether
+/// its message was written with one table (plain ids) or several (qualified ids).
 #[derive(Debug, Default)]
-pub struct HeldRows(HashMap<String, Vec<Held>>);
+pub struct HeldRows(HashMap<(String, String), Vec<Held>>);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Held {
@@ -69,29 +74,38 @@ enum Held {
     Letter(Option<u64>),
 }
 
+/// The key of the row `id` (as a message or a mapping names it, qualified or not) of
+/// `table` (its `Pgoutbox-Table` value).
+fn row_key(table: &str, id: &str) -> (String, String) {
+    let own = id.strip_prefix(table).and_then(|rest| rest.strip_prefix(':')).unwrap_or(id);
+    (table.to_owned(), own.to_owned())
+}
+
 impl HeldRows {
-    /// The message with `Nats-Msg-Id` `msg_id` and body `body`, published from a row.
-    pub fn insert_message(&mut self, msg_id: &str, body: &[u8]) {
+    /// The message of `table` with `Nats-Msg-Id` `msg_id` and body `body`, published from
+    /// a row.
+    pub fn insert_message(&mut self, table: &str, msg_id: &str, body: &[u8]) {
         let held = Held::Message(payload_digest(body));
-        self.0.entry(row_id_of(msg_id).to_owned()).or_default().push(held);
+        self.0.entry(row_key(table, row_id_of(msg_id))).or_default().push(held);
     }
 
-    /// A dead letter of the row `id`, carrying the payload column's text `payload`.
-    pub fn insert_letter(&mut self, id: &str, payload: Option<&str>) {
+    /// A dead letter of the row `id` of `table`, carrying the payload column's text
+    /// `payload`.
+    pub fn insert_letter(&mut self, table: &str, id: &str, payload: Option<&str>) {
         let held = Held::Letter(payload.map(|text| payload_digest(text.as_bytes())));
-        self.0.entry(id.to_owned()).or_default().push(held);
+        self.0.entry(row_key(table, id)).or_default().push(held);
     }
 
-    /// Whether some message names the row id `id`.
-    pub fn has_id(&self, id: &str) -> bool {
-        self.0.contains_key(id)
+    /// Whether some message names the row id `id` of `table`.
+    pub fn has_id(&self, table: &str, id: &str) -> bool {
+        self.0.contains_key(&row_key(table, id))
     }
 
-    /// Whether the stream holds the row with `id` whose message body digests to `event`
-    /// (`None`: it cannot become a message) and whose payload column's text digests to
-    /// `payload`: as that message, or as its dead letter.
-    pub fn holds(&self, id: &str, event: Option<u64>, payload: Option<u64>) -> bool {
-        self.0.get(id).is_some_and(|held| {
+    /// Whether the stream holds the row of `table` with `id` whose message body digests to
+    /// `event` (`None`: it cannot become a message) and whose payload column's text digests
+    /// to `payload`: as that message, or as its dead letter.
+    pub fn holds(&self, table: &str, id: &str, event: Option<u64>, payload: Option<u64>) -> bool {
+        self.0.get(&row_key(table, id)).is_some_and(|held| {
             held.iter().any(|held| match *held {
                 Held::Message(digest) => event == Some(digest),
                 Held::Letter(None) => true,
@@ -100,7 +114,7 @@ impl HeldRows {
         })
     }
 
-    /// How many row ids.
+    /// How many rows.
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -110,10 +124,17 @@ impl HeldRows {
     }
 
     pub fn extend(&mut self, other: HeldRows) {
-        for (id, held) in other.0 {
-            self.0.entry(id).or_default().extend(held);
+        for (key, held) in other.0 {
+            self.0.entry(key).or_default().extend(held);
         }
     }
+}
+
+/// The id of the row a message of `table` names, without its table's qualifier: how the
+/// recovery's anchor finds the row in its table.
+pub fn own_row_id<'a>(table: &str, msg_id: &'a str) -> &'a str {
+    let id = row_id_of(msg_id);
+    id.strip_prefix(table).and_then(|rest| rest.strip_prefix(':')).unwrap_or(id)
 }
 
 /// The row a message was published from, by its `Nats-Msg-Id`: the id itself, or the id a
@@ -169,14 +190,31 @@ mod tests {
     fn a_row_is_held_only_with_its_own_payload() {
         let digest = |text: &str| Some(payload_digest(text.as_bytes()));
         let mut held = HeldRows::default();
-        held.insert_message("7", b"{\"n\": 1}");
-        held.insert_letter("8", Some("{\"n\": 3}"));
-        held.insert_letter("9", None);
-        assert!(held.holds("7", digest("{\"n\": 1}"), None));
-        assert!(!held.holds("7", digest("{\"n\": 2}"), None), "a reused id");
-        assert!(held.holds("8", None, digest("{\"n\": 3}")), "its dead letter");
-        assert!(!held.holds("8", None, digest("{\"n\": 4}")), "another row's letter");
-        assert!(held.holds("9", None, None), "a letter without the payload holds its id");
-        assert!(!held.holds("10", None, None));
+        let t = "public.outbox";
+        held.insert_message(t, "7", b"{\"n\": 1}");
+        held.insert_letter(t, "8", Some("{\"n\": 3}"));
+        held.insert_letter(t, "9", None);
+        assert!(held.holds(t, "7", digest("{\"n\": 1}"), None));
+        assert!(!held.holds(t, "7", digest("{\"n\": 2}"), None), "a reused id");
+        assert!(held.holds(t, "8", None, digest("{\"n\": 3}")), "its dead letter");
+        assert!(!held.holds(t, "8", None, digest("{\"n\": 4}")), "another row's letter");
+        assert!(held.holds(t, "9", None, None), "a letter without the payload holds its id");
+        assert!(!held.holds(t, "10", None, None));
+    }
+
+    #[test]
+    fn the_same_id_in_two_tables_is_two_rows() {
+        let digest = |text: &str| Some(payload_digest(text.as_bytes()));
+        let mut held = HeldRows::default();
+        held.insert_message("public.outbox", "public.outbox:7", b"{}");
+        held.insert_letter("billing.outbox", "billing.outbox:8", None);
+        assert!(held.holds("public.outbox", "public.outbox:7", digest("{}"), None));
+        assert!(held.holds("public.outbox", "7", digest("{}"), None), "plain or qualified");
+        assert!(!held.holds("billing.outbox", "billing.outbox:7", digest("{}"), None));
+        assert!(held.has_id("billing.outbox", "billing.outbox:8"));
+        assert!(!held.has_id("public.outbox", "public.outbox:8"), "B's letter holds no row of A");
+        assert_eq!(own_row_id("billing.outbox", "dead-letter:billing.outbox:8"), "8");
+        assert_eq!(own_row_id("billing.outbox", "8"), "8");
+        assert_eq!(held.len(), 2);
     }
 }

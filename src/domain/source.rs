@@ -95,6 +95,8 @@ pub struct TailOrigin {
     pub position: Option<Position>,
     /// Its `Nats-Msg-Id`.
     pub msg_id: Option<String>,
+    /// Its `Pgoutbox-Table`: the table of the row it was published from.
+    pub table: Option<String>,
     /// Written by a recovery from the table: its bound, epoch seconds (`service::seed`).
     pub seed_since: Option<String>,
     /// Written under the id chain (`publishing.rs`), which leaves no gap behind
@@ -317,6 +319,7 @@ mod tests {
             source: Some(source.to_owned()),
             position: Some(Position { commit_lsn: lsn, index: 0 }),
             msg_id: Some("id-1".to_owned()),
+            table: None,
             seed_since: None,
             chained: true,
             payload_digest: 0,

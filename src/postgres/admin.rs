@@ -435,6 +435,29 @@ pub async fn teardown_slot(client: &Client, slot: &str) -> Result<(), SetupError
 }
 
 /// Drops the slot (if present and not in use) and the publication.
+/// Drops `table` from `publication` (`teardown --only-table`); `false` when it was not in
+/// it (nothing to do).
+pub async fn drop_from_publication(
+    client: &Client,
+    publication: &str,
+    table: &TableName,
+) -> Result<bool, SetupError> {
+    let published = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid \
+             WHERE p.pubname = $1 AND r.prrelid = $2::text::regclass",
+            &[&publication, &table.quoted()],
+        )
+        .await?
+        .is_some();
+    if published {
+        let sql =
+            format!("ALTER PUBLICATION {} DROP TABLE {}", quote_ident(publication), table.quoted());
+        client.batch_execute(&sql).await?;
+    }
+    Ok(published)
+}
+
 pub async fn teardown(client: &Client, slot: &str, publication: &str) -> Result<(), SetupError> {
     teardown_slot(client, slot).await?;
     client

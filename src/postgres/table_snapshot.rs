@@ -63,11 +63,22 @@ pub enum Selection {
 /// A batch of rows as pgoutput would have sent them (text values), or the read's failure.
 pub type RowBatch = Result<Vec<Vec<ColumnValue>>, tokio_postgres::Error>;
 
-/// The outbox table frozen at one snapshot.
+/// A batch of rows of several tables, each with the index of its table in the order they
+/// were given to [`TableSnapshot::open_set`], or the read's failure.
+pub type TaggedBatch = Result<Vec<(usize, Vec<ColumnValue>)>, tokio_postgres::Error>;
+
+/// The outbox tables frozen at one snapshot: one table for `pgoutbox replay`, every
+/// configured table for the seed.
 pub struct TableSnapshot {
     client: Arc<Client>,
-    relation: Relation,
     order: RowOrder,
+    /// Never empty.
+    tables: Vec<SnapshotTable>,
+}
+
+/// One table of a snapshot.
+struct SnapshotTable {
+    relation: Relation,
     /// The SQL of the order key, an epoch in seconds (`float8`).
     key: String,
     /// The id column, quoted.
@@ -88,6 +99,17 @@ impl TableSnapshot {
         table: &TableName,
         roles: &ColumnRoles,
     ) -> Result<TableSnapshot, SetupError> {
+        Self::open_set(database, tls, snapshot, &[(table, roles)]).await
+    }
+
+    /// [`TableSnapshot::open`] for several tables (at least one), read in one session and
+    /// one snapshot, each with its own roles.
+    pub async fn open_set(
+        database: &tokio_postgres::Config,
+        tls: &PgTls,
+        snapshot: Option<&str>,
+        tables: &[(&TableName, &ColumnRoles)],
+    ) -> Result<TableSnapshot, SetupError> {
         let client = admin::connect(database, tls).await?;
         client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await?;
         if let Some(snapshot) = snapshot {
@@ -95,6 +117,159 @@ impl TableSnapshot {
             client.batch_execute(&import).await?;
         }
         let tracked: String = client.query_one("SHOW track_commit_timestamp", &[]).await?.get(0);
+        let order = match tracked == "on" {
+            true => RowOrder::CommitTime,
+            false => RowOrder::CreatedAt,
+        };
+        let mut read = Vec::with_capacity(tables.len());
+        for (table, roles) in tables {
+            read.push(SnapshotTable::read(&client, order, table, roles).await?);
+        }
+        if read.is_empty() {
+            return Err(SetupError::SeedOrder { table: "(no table)".to_owned() });
+        }
+        Ok(TableSnapshot { client: Arc::new(client), order, tables: read })
+    }
+
+    /// The (first) table's columns, for the row mapping.
+    pub fn relation(&self) -> &Relation {
+        &self.tables[0].relation
+    }
+
+    /// Every table's columns, in the order the tables were given.
+    pub fn relations(&self) -> impl Iterator<Item = &Relation> {
+        self.tables.iter().map(|table| &table.relation)
+    }
+
+    pub fn order(&self) -> RowOrder {
+        self.order
+    }
+
+    /// Whether the session holding the snapshot is gone (then so is the snapshot).
+    pub fn is_lost(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// The smallest order key (epoch seconds) of every table; `None` when all are empty.
+    pub async fn oldest_key(&self) -> Result<Option<f64>, tokio_postgres::Error> {
+        let mut oldest: Option<f64> = None;
+        for table in &self.tables {
+            let sql = format!("SELECT min({}) FROM {}", table.key, table.table);
+            let key: Option<f64> = self.client.query_one(&sql, &[]).await?.get(0);
+            oldest = match (oldest, key) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        Ok(oldest)
+    }
+
+    /// The rows of table `index` (in the order given) whose id reads `id` (one, unless the
+    /// id column is not unique), each with its order key (epoch seconds), as pgoutput would
+    /// have sent them.
+    pub async fn rows_with_id(
+        &self,
+        index: usize,
+        id: &str,
+    ) -> Result<Vec<(Option<f64>, Vec<ColumnValue>)>, tokio_postgres::Error> {
+        let Some(table) = self.tables.get(index) else { return Ok(Vec::new()) };
+        let sql = format!(
+            "SELECT {}, {} FROM {} WHERE {}::text = {}",
+            table.key,
+            table.columns().join(", "),
+            table.table,
+            table.id,
+            escape_literal(id)
+        );
+        let rows = text_rows(&self.client.simple_query(&sql).await?);
+        Ok(rows
+            .into_iter()
+            .filter_map(|mut row| {
+                let key = match row.first()? {
+                    ColumnValue::Text(text) => std::str::from_utf8(text).ok()?.parse().ok(),
+                    _ => None,
+                };
+                row.remove(0);
+                Some((key, row))
+            })
+            .collect())
+    }
+
+    /// How many rows `selection` holds, in every table.
+    pub async fn count(&self, selection: &Selection) -> Result<u64, tokio_postgres::Error> {
+        let mut total = 0;
+        for table in &self.tables {
+            let sql = format!("SELECT count(*) FROM {}{}", table.table, table.filter(selection));
+            let count: i64 = self.client.query_one(&sql, &[]).await?.get(0);
+            total += count.max(0) as u64;
+        }
+        Ok(total)
+    }
+
+    /// Up to `limit` ids of the (first) table, whichever come first: how its ids look, for
+    /// a selection that matched none.
+    pub async fn some_ids(&self, limit: i64) -> Result<Vec<String>, tokio_postgres::Error> {
+        let table = &self.tables[0];
+        let sql = format!("SELECT {}::text FROM {} LIMIT $1", table.id, table.table);
+        let rows = self.client.query(&sql, &[&limit]).await?;
+        Ok(rows.iter().filter_map(|row| row.get::<_, Option<String>>(0)).collect())
+    }
+
+    /// Reads the rows of `selection` of the (first) table, in order, from the first, a
+    /// batch at a time into the returned channel; the reader stops when the handle drops.
+    pub fn read(&self, selection: &Selection) -> (mpsc::Receiver<RowBatch>, Reader) {
+        let (tx, rx) = mpsc::channel(2);
+        let (rows, reader) = self.read_query(tagged_query(&self.tables[..1], selection));
+        let task = tokio::spawn(forward(rows, tx, |batch| {
+            batch.into_iter().map(|(_, tuple)| tuple).collect()
+        }));
+        (rx, Reader::both(reader, task.abort_handle()))
+    }
+
+    /// Reads the rows of `selection` of every table in one order (see [`tagged_query`]),
+    /// each with its table's index, a batch at a time; the reader stops when the handle
+    /// drops.
+    pub fn read_all(&self, selection: &Selection) -> (mpsc::Receiver<TaggedBatch>, Reader) {
+        self.read_query(tagged_query(&self.tables, selection))
+    }
+
+    fn read_query(&self, query: String) -> (mpsc::Receiver<TaggedBatch>, Reader) {
+        let (tx, rx) = mpsc::channel(2);
+        let client = Arc::clone(&self.client);
+        let widths: Vec<usize> = self.tables.iter().map(|t| t.relation.columns.len()).collect();
+        let declare = format!("CLOSE ALL; DECLARE pgoutbox_seed NO SCROLL CURSOR FOR {query}");
+        let task = tokio::spawn(async move {
+            if let Err(err) = client.batch_execute(&declare).await {
+                let _ = tx.send(Err(err)).await;
+                return;
+            }
+            loop {
+                let fetched =
+                    client.simple_query(&format!("FETCH {BATCH} FROM pgoutbox_seed")).await;
+                let batch = fetched.map(|messages| tagged_rows(&messages, &widths));
+                let done = batch.as_ref().map_or(true, Vec::is_empty);
+                if tx.send(batch).await.is_err() || done {
+                    return;
+                }
+            }
+        });
+        (rx, Reader::one(task.abort_handle()))
+    }
+
+    /// Ends the snapshot's transaction.
+    pub async fn close(self) {
+        let _ = self.client.batch_execute("COMMIT").await;
+    }
+}
+
+impl SnapshotTable {
+    /// The table's columns and order key, in the snapshot's session.
+    async fn read(
+        client: &Client,
+        order: RowOrder,
+        table: &TableName,
+        roles: &ColumnRoles,
+    ) -> Result<SnapshotTable, SetupError> {
         let rows = client
             .query(
                 "SELECT c.oid, a.attname::text, a.atttypid, a.atttypmod FROM pg_attribute a \
@@ -116,19 +291,17 @@ impl TableSnapshot {
         let rel_id = rows.first().map(|row| row.get::<_, u32>(0)).unwrap_or_default();
         let has = |name: &str| columns.iter().any(|c| c.name == name);
         let created_at = escape_identifier(&roles.created_at);
-        let (order, key) = match (tracked == "on", has(&roles.created_at)) {
-            (true, true) => (
-                RowOrder::CommitTime,
-                format!(
-                    "extract(epoch FROM coalesce(pg_xact_commit_timestamp(xmin), {created_at}))"
-                ),
+        let key = match (order, has(&roles.created_at)) {
+            (RowOrder::CommitTime, true) => format!(
+                "extract(epoch FROM coalesce(pg_xact_commit_timestamp(xmin), {created_at}))"
             ),
-            (true, false) => (
-                RowOrder::CommitTime,
-                "coalesce(extract(epoch FROM pg_xact_commit_timestamp(xmin)), 0)".to_owned(),
-            ),
-            (false, true) => (RowOrder::CreatedAt, format!("extract(epoch FROM {created_at})")),
-            (false, false) => return Err(SetupError::SeedOrder { table: table.to_string() }),
+            (RowOrder::CommitTime, false) => {
+                "coalesce(extract(epoch FROM pg_xact_commit_timestamp(xmin)), 0)".to_owned()
+            }
+            (RowOrder::CreatedAt, true) => format!("extract(epoch FROM {created_at})"),
+            (RowOrder::CreatedAt, false) => {
+                return Err(SetupError::SeedOrder { table: table.to_string() });
+            }
         };
         let relation = Relation {
             rel_id,
@@ -137,10 +310,8 @@ impl TableSnapshot {
             replica_identity: b'd',
             columns,
         };
-        Ok(TableSnapshot {
-            client: Arc::new(client),
+        Ok(SnapshotTable {
             relation,
-            order,
             key: format!("{key}::float8"),
             id: escape_identifier(&roles.id),
             created_at,
@@ -148,69 +319,8 @@ impl TableSnapshot {
         })
     }
 
-    /// The table's columns, for the row mapping.
-    pub fn relation(&self) -> &Relation {
-        &self.relation
-    }
-
-    pub fn order(&self) -> RowOrder {
-        self.order
-    }
-
-    /// Whether the session holding the snapshot is gone (then so is the snapshot).
-    pub fn is_lost(&self) -> bool {
-        self.client.is_closed()
-    }
-
-    /// The smallest order key (epoch seconds) of the table; `None` when it is empty.
-    pub async fn oldest_key(&self) -> Result<Option<f64>, tokio_postgres::Error> {
-        let sql = format!("SELECT min({}) FROM {}", self.key, self.table);
-        Ok(self.client.query_one(&sql, &[]).await?.get(0))
-    }
-
-    /// The rows whose id reads `id` (one, unless the id column is not unique), each with
-    /// its order key (epoch seconds), as pgoutput would have sent them.
-    pub async fn rows_with_id(
-        &self,
-        id: &str,
-    ) -> Result<Vec<(Option<f64>, Vec<ColumnValue>)>, tokio_postgres::Error> {
-        let columns: Vec<String> =
-            self.relation.columns.iter().map(|c| escape_identifier(&c.name)).collect();
-        let sql = format!(
-            "SELECT {}, {} FROM {} WHERE {}::text = {}",
-            self.key,
-            columns.join(", "),
-            self.table,
-            self.id,
-            escape_literal(id)
-        );
-        let rows = text_rows(&self.client.simple_query(&sql).await?);
-        Ok(rows
-            .into_iter()
-            .filter_map(|mut row| {
-                let key = match row.first()? {
-                    ColumnValue::Text(text) => std::str::from_utf8(text).ok()?.parse().ok(),
-                    _ => None,
-                };
-                row.remove(0);
-                Some((key, row))
-            })
-            .collect())
-    }
-
-    /// How many rows `selection` holds.
-    pub async fn count(&self, selection: &Selection) -> Result<u64, tokio_postgres::Error> {
-        let sql = format!("SELECT count(*) FROM {}{}", self.table, self.filter(selection));
-        let count: i64 = self.client.query_one(&sql, &[]).await?.get(0);
-        Ok(count.max(0) as u64)
-    }
-
-    /// Up to `limit` ids of the table, whichever come first: how its ids look, for a
-    /// selection that matched none.
-    pub async fn some_ids(&self, limit: i64) -> Result<Vec<String>, tokio_postgres::Error> {
-        let sql = format!("SELECT {}::text FROM {} LIMIT $1", self.id, self.table);
-        let rows = self.client.query(&sql, &[&limit]).await?;
-        Ok(rows.iter().filter_map(|row| row.get::<_, Option<String>>(0)).collect())
+    fn columns(&self) -> Vec<String> {
+        self.relation.columns.iter().map(|c| escape_identifier(&c.name)).collect()
     }
 
     fn filter(&self, selection: &Selection) -> String {
@@ -239,54 +349,129 @@ impl TableSnapshot {
             }
         }
     }
+}
 
-    /// Reads the rows of `selection`, in order, from the first, a batch at a time into the
-    /// returned channel; the reader stops when the handle drops.
-    pub fn read(&self, selection: &Selection) -> (mpsc::Receiver<RowBatch>, Reader) {
-        let (tx, rx) = mpsc::channel(2);
-        let client = Arc::clone(&self.client);
-        let columns: Vec<String> =
-            self.relation.columns.iter().map(|c| escape_identifier(&c.name)).collect();
-        let declare = format!(
-            "CLOSE ALL; DECLARE pgoutbox_seed NO SCROLL CURSOR FOR SELECT {} FROM {}{} \
-             ORDER BY {} NULLS FIRST, xmin::text::bigint, tableoid, ctid, {}::text",
-            columns.join(", "),
-            self.table,
-            self.filter(selection),
-            self.key,
-            self.id,
+/// The query of [`TableSnapshot::read_all`]: each row's table index first, then its columns.
+///
+/// One table: its columns as they are, ordered as the single-table read orders them.
+/// Several: one `UNION ALL` of every table, each row's columns as their type's output
+/// text (`format('%s', …)`, what pgoutput and a plain `SELECT` send, where a `::text`
+/// cast would print `true` for `t`, strip a `char(n)`'s padding), padded with NULLs to the
+/// widest table, ordered by the order key, then the transaction (a transaction's rows stay
+/// together), then the table in configured order, then the row's place in its table.
+fn tagged_query(tables: &[SnapshotTable], selection: &Selection) -> String {
+    if let [table] = tables {
+        return format!(
+            "SELECT 0, {} FROM {}{} ORDER BY {} NULLS FIRST, xmin::text::bigint, tableoid, \
+             ctid, {}::text",
+            table.columns().join(", "),
+            table.table,
+            table.filter(selection),
+            table.key,
+            table.id,
         );
-        let task = tokio::spawn(async move {
-            if let Err(err) = client.batch_execute(&declare).await {
-                let _ = tx.send(Err(err)).await;
-                return;
-            }
-            loop {
-                let fetched =
-                    client.simple_query(&format!("FETCH {BATCH} FROM pgoutbox_seed")).await;
-                let batch = fetched.map(|messages| text_rows(&messages));
-                let done = batch.as_ref().map_or(true, Vec::is_empty);
-                if tx.send(batch).await.is_err() || done {
-                    return;
-                }
-            }
-        });
-        (rx, Reader(task.abort_handle()))
+    }
+    let widest = tables.iter().map(|t| t.relation.columns.len()).max().unwrap_or(0);
+    let branches: Vec<String> = tables
+        .iter()
+        .enumerate()
+        .map(|(entry, table)| {
+            let mut values: Vec<String> = table
+                .columns()
+                .iter()
+                .map(|c| {
+                    format!("CASE WHEN num_nulls({c}) = 1 THEN NULL ELSE format('%s', {c}) END")
+                })
+                .collect();
+            values.resize(widest, "NULL::text".to_owned());
+            let values: Vec<String> = values
+                .into_iter()
+                .enumerate()
+                .map(|(i, value)| format!("{value} AS pgoutbox_c{i}"))
+                .collect();
+            format!(
+                "SELECT {entry} AS pgoutbox_entry, {} AS pgoutbox_key, xmin::text::bigint AS \
+                 pgoutbox_xid, tableoid AS pgoutbox_oid, ctid AS pgoutbox_ctid, {}::text AS \
+                 pgoutbox_id, {} FROM {}{}",
+                table.key,
+                table.id,
+                values.join(", "),
+                table.table,
+                table.filter(selection),
+            )
+        })
+        .collect();
+    let columns: Vec<String> = (0..widest).map(|i| format!("pgoutbox_c{i}")).collect();
+    format!(
+        "SELECT pgoutbox_entry, {} FROM ({}) AS pgoutbox_rows ORDER BY pgoutbox_key NULLS \
+         FIRST, pgoutbox_xid, pgoutbox_entry, pgoutbox_oid, pgoutbox_ctid, pgoutbox_id",
+        columns.join(", "),
+        branches.join(" UNION ALL "),
+    )
+}
+
+/// The tasks reading rows; stopped when dropped.
+pub struct Reader(Vec<AbortHandle>);
+
+impl Reader {
+    fn one(task: AbortHandle) -> Reader {
+        Reader(vec![task])
     }
 
-    /// Ends the snapshot's transaction.
-    pub async fn close(self) {
-        let _ = self.client.batch_execute("COMMIT").await;
+    fn both(mut first: Reader, second: AbortHandle) -> Reader {
+        first.0.push(second);
+        first
     }
 }
 
-/// The task reading rows; stopped when dropped.
-pub struct Reader(AbortHandle);
-
 impl Drop for Reader {
     fn drop(&mut self) {
-        self.0.abort();
+        for task in &self.0 {
+            task.abort();
+        }
     }
+}
+
+/// Passes each batch of `rows` on to `tx`, changed by `each`, until either side ends.
+async fn forward<T: Send + 'static>(
+    mut rows: mpsc::Receiver<TaggedBatch>,
+    tx: mpsc::Sender<Result<T, tokio_postgres::Error>>,
+    each: impl Fn(Vec<(usize, Vec<ColumnValue>)>) -> T + Send + 'static,
+) {
+    while let Some(batch) = rows.recv().await {
+        if tx.send(batch.map(&each)).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The rows of a tagged read: the first value, the table's index, taken off each row, and
+/// the padding past its table's `widths` cut. A row whose index cannot be read (never: the
+/// query writes it) goes to the first table.
+fn tagged_rows(
+    messages: &[SimpleQueryMessage],
+    widths: &[usize],
+) -> Vec<(usize, Vec<ColumnValue>)> {
+    text_rows(messages)
+        .into_iter()
+        .map(|mut row| {
+            let index = match row.first() {
+                Some(ColumnValue::Text(text)) => std::str::from_utf8(text)
+                    .ok()
+                    .and_then(|text| text.parse::<usize>().ok())
+                    .filter(|&index| index < widths.len())
+                    .unwrap_or(0),
+                _ => 0,
+            };
+            if !row.is_empty() {
+                row.remove(0);
+            }
+            if widths.len() > 1 {
+                row.truncate(widths[index]);
+            }
+            (index, row)
+        })
+        .collect()
 }
 
 /// The rows of a simple query's answer as pgoutput's text tuples.

@@ -273,7 +273,7 @@ impl<'a> Pipeline<'a> {
                 ack = self.in_flight.oldest() => self.on_ack(ack).await?,
                 () = self.outbound.written(), if !unsent_room => {}
                 row = next_seed_row(&mut self.prelude), if room => match row? {
-                    Some((position, tuple)) => self.on_seed_row(position, tuple).await?,
+                    Some(row) => self.on_seed_row(row).await?,
                     None => {
                         // The seed's rows end where the slot starts.
                         let timing = Timing { committed: 0, received: 0 };

@@ -39,11 +39,11 @@ use crate::domain::progress::Position;
 use crate::domain::retry::Failure;
 use crate::domain::row::ColumnValue;
 use crate::domain::seed::{
-    HeldRows, SEED_HEADER, SEED_SINCE_HEADER, is_replayed_message, payload_digest,
+    HeldRows, SEED_HEADER, SEED_SINCE_HEADER, is_replayed_message, own_row_id, payload_digest,
 };
 use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
 use crate::postgres::admin::{self, SetupError};
-use crate::postgres::table_snapshot::{Reader, RowBatch, Selection, TableSnapshot};
+use crate::postgres::table_snapshot::{Reader, Selection, TableSnapshot, TaggedBatch};
 use crate::postgres::{ConnectionError, ReplicationConnection};
 use crate::settings::config::{Config, PipelineConfig};
 
@@ -124,8 +124,9 @@ pub struct Seed {
     since: Option<f64>,
     /// The rows the stream holds already, as read up to `read_up_to`.
     held: HeldRows,
-    /// The payload column, as dead letters name it.
-    payload_column: String,
+    /// Each table's `Pgoutbox-Table` and payload column (as dead letters name it), in
+    /// configured order.
+    tables: Vec<(String, String)>,
     read_up_to: u64,
     /// Rows the seed reads; how many were published or found held so far.
     pub total: u64,
@@ -161,31 +162,44 @@ impl Seed {
         }
         let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
         let exported = conn.create_slot_exporting_snapshot(&slot).await?;
-        let snapshot = TableSnapshot::open(
+        let entries = match config.pipeline.tables.as_slice() {
+            [] => std::slice::from_ref(config.entry()),
+            tables => tables,
+        };
+        let tables: Vec<_> = entries.iter().map(|e| (&e.table, &e.roles)).collect();
+        let snapshot = TableSnapshot::open_set(
             &config.database,
             &config.pg_tls,
             Some(&exported.name),
-            &config.table,
-            &config.entry().roles,
+            &tables,
         )
         .await?;
         // Imported: the exporting session may go.
         conn.terminate().await;
+        let mappings = entries
+            .iter()
+            .zip(snapshot.relations())
+            .map(|(entry, relation)| RowMapping::of_entry(relation, entry))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tables: Vec<(String, String)> = mappings
+            .iter()
+            .zip(entries)
+            .map(|(mapping, entry)| {
+                (mapping.source_table().to_owned(), entry.roles.payload.clone())
+            })
+            .collect();
         let margin = margin.as_secs_f64();
         let since = match kind {
             SeedKind::Backfill => None,
-            SeedKind::Recover => {
-                let mapping = RowMapping::of_entry(snapshot.relation(), config.entry())?;
-                bound(publisher, &snapshot, &mapping, margin).await?
-            }
+            SeedKind::Recover => bound(publisher, &snapshot, &mappings, margin).await?,
         };
         let from = since.map_or(ReadFrom::Start, |since| ReadFrom::Time(since - margin));
-        let payload_column = config.entry().roles.payload.clone();
-        let (held, read_up_to) = publisher.held_rows(from, &payload_column).await?;
+        let (held, read_up_to) = publisher.held_rows(from, &tables).await?;
         let total = snapshot.count(&Selection::Since(since)).await?;
         info!(
             %slot,
             kind = ?kind,
+            tables = tables.len(),
             consistent_point = %tokio_postgres::types::PgLsn::from(exported.consistent_point),
             order = %snapshot.order(),
             rows = total,
@@ -198,7 +212,7 @@ impl Seed {
             snapshot,
             since,
             held,
-            payload_column,
+            tables,
             read_up_to,
             total,
             done: 0,
@@ -210,7 +224,7 @@ impl Seed {
     /// what the stream lacks instead of being refused behind each row it has.
     pub async fn catch_up(&mut self, publisher: &Publisher) -> Result<(), SeedError> {
         let from = ReadFrom::After(self.read_up_to);
-        let (held, last) = publisher.held_rows(from, &self.payload_column).await?;
+        let (held, last) = publisher.held_rows(from, &self.tables).await?;
         self.held.extend(held);
         self.read_up_to = self.read_up_to.max(last);
         Ok(())
@@ -239,10 +253,19 @@ impl Seed {
         self.snapshot.is_lost()
     }
 
-    /// The rows to publish, from the first, for one attempt.
+    /// The rows to publish, from the first, for one attempt: every table's, each mapped by
+    /// its own table's entry.
     pub fn prelude(&mut self, config: &PipelineConfig) -> Result<Prelude, MappingError> {
-        let mapping = Arc::new(RowMapping::of_entry(self.snapshot.relation(), config.first())?);
-        let (rows, reader) = self.snapshot.read(&Selection::Since(self.since));
+        let entries = match config.tables.as_slice() {
+            [] => std::slice::from_ref(config.first()),
+            tables => tables,
+        };
+        let mappings = entries
+            .iter()
+            .zip(self.snapshot.relations())
+            .map(|(entry, relation)| RowMapping::of_entry(relation, entry).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (rows, reader) = self.snapshot.read_all(&Selection::Since(self.since));
         self.done = 0;
         let mut marks = vec![(
             SEED_HEADER,
@@ -255,7 +278,7 @@ impl Seed {
             rows,
             _reader: reader,
             batch: Vec::new().into_iter(),
-            mapping,
+            mappings,
             next_index: 0,
             finished: false,
             marks,
@@ -264,14 +287,16 @@ impl Seed {
 
     /// Whether the stream holds the row `tuple`: a message with its id and its payload (or
     /// its dead letter). A message with its id and another payload is another row's event.
+    /// The table is the mapping's: the same id in two tables is two rows.
     pub fn holds(&self, mapping: &RowMapping, tuple: &[ColumnValue]) -> bool {
         let Some(id) = mapping.row_id(tuple) else { return false };
-        if !self.held.has_id(&id) {
+        let table = mapping.source_table();
+        if !self.held.has_id(table, &id) {
             return false;
         }
         let event = mapping.map(tuple).ok().map(|event| payload_digest(&event.payload));
         let payload = mapping.payload_text(tuple).map(|text| payload_digest(text.as_bytes()));
-        self.held.holds(&id, event, payload)
+        self.held.holds(table, &id, event, payload)
     }
 
     /// Every row is in the stream: the temporary slot becomes the slot.
@@ -316,14 +341,16 @@ async fn promote_seed_slot(
 }
 
 /// The bound of a recovery: the one earlier tries wrote, else the order key of the row of
-/// the newest message whose row the table has, less `margin`. `None` when the stream is
+/// the newest message whose row its table has (the table its `Pgoutbox-Table` names, the
+/// first without it; `mappings` are the tables' in the snapshot's order), less `margin`:
+/// one bound for every table, since the chain leaves no gap across tables either. `None` when the stream is
 /// empty (every row is missing). Only a message of a source, published from its row (not a
 /// replay, not a dead letter), anchors, and only on a row whose payload is the message's:
 /// after a truncate that restarted the ids, the tail's id names a newer row (issue 28, F3).
 async fn bound(
     publisher: &Publisher,
     snapshot: &TableSnapshot,
-    mapping: &RowMapping,
+    mappings: &[RowMapping],
     margin: f64,
 ) -> Result<Option<f64>, SeedError> {
     let tail = publisher.tail().await?;
@@ -348,7 +375,16 @@ async fn bound(
         {
             continue;
         }
-        for (key, tuple) in snapshot.rows_with_id(&id).await? {
+        let table = match &origin.table {
+            Some(named) => mappings.iter().position(|m| m.source_table() == named),
+            None => Some(0),
+        };
+        // A message of a table the seed does not read has no row to look for.
+        let Some((index, mapping)) = table.and_then(|i| Some((i, mappings.get(i)?))) else {
+            continue;
+        };
+        let own = own_row_id(mapping.source_table(), &id);
+        for (key, tuple) in snapshot.rows_with_id(index, own).await? {
             let Some(key) = key else { continue };
             let event = mapping.map(&tuple).ok();
             if event.is_some_and(|event| payload_digest(&event.payload) == origin.payload_digest) {
@@ -365,13 +401,17 @@ async fn bound(
     }
 }
 
+/// A row of the seed: its position, its table's mapping and its values.
+pub type SeedRow = (Position, Arc<RowMapping>, Vec<ColumnValue>);
+
 /// The seed's rows as one attempt publishes them: one transaction at commit LSN 0, each
 /// row at its index in the snapshot's order, which is the same in every attempt.
 pub struct Prelude {
-    rows: mpsc::Receiver<RowBatch>,
+    rows: mpsc::Receiver<TaggedBatch>,
     _reader: Reader,
-    batch: std::vec::IntoIter<Vec<ColumnValue>>,
-    pub mapping: Arc<RowMapping>,
+    batch: std::vec::IntoIter<(usize, Vec<ColumnValue>)>,
+    /// Each table's mapping, in the snapshot's order.
+    mappings: Vec<Arc<RowMapping>>,
     next_index: u32,
     finished: bool,
     /// The seed's headers, added to each of its messages.
@@ -379,13 +419,15 @@ pub struct Prelude {
 }
 
 impl Prelude {
-    /// The next row and its position; `None` once every row was read. Cancel-safe.
-    pub async fn next(&mut self) -> Result<Option<(Position, Vec<ColumnValue>)>, SeedError> {
+    /// The next row, its position and its table's mapping; `None` once every row was
+    /// read. Cancel-safe.
+    pub async fn next(&mut self) -> Result<Option<SeedRow>, SeedError> {
         loop {
-            if let Some(tuple) = self.batch.next() {
+            if let Some((table, tuple)) = self.batch.next() {
                 let position = Position { commit_lsn: 0, index: self.next_index };
                 self.next_index += 1;
-                return Ok(Some((position, tuple)));
+                let Some(mapping) = self.mappings.get(table) else { continue };
+                return Ok(Some((position, Arc::clone(mapping), tuple)));
             }
             if self.finished {
                 return Ok(None);

@@ -64,11 +64,17 @@ pub enum Command {
     /// error.
     Replay(ReplayArgs),
     /// Drop the replication slot and the publication, and the event trigger of `setup
-    /// --tenant-trigger` (the stream is kept).
+    /// --tenant-trigger` (the stream is kept); with --only-table, drop only that table from
+    /// the publication.
     Teardown {
-        /// Confirm that the slot and publication should be dropped.
+        /// Confirm that the slot and publication (or the table) should be dropped.
         #[arg(long)]
         yes: bool,
+        /// Drop only this table from the publication (ALTER PUBLICATION … DROP TABLE),
+        /// keeping the slot, the publication's other tables and the stream: a table no
+        /// longer streamed (remove it from --table or --config too)
+        #[arg(long, value_name = "SCHEMA.TABLE")]
+        only_table: Option<String>,
     },
 }
 

@@ -232,16 +232,23 @@ impl Config {
         self.pipeline.first()
     }
 
-    /// Refuses `what` (a seed, `--retention`: each reads one table so far) when
-    /// several tables are configured, rather than serve only the first of them.
-    pub fn refuse_several_tables(&self, what: &str) -> anyhow::Result<()> {
-        if let Some(entry) = self.pipeline.tables.iter().find(|e| e.pattern.is_some()) {
-            return Err(anyhow!(
-                "{what} with a table pattern ({}) is not supported yet: it reads one table \
-                 (see docs/operations.md, Tenant tables)",
+    /// Refuses `what` (a seed, `replay`, `--retention`: each reads tables it names) when a
+    /// table is named by a pattern, rather than read the tables matched at one moment.
+    pub fn refuse_patterns(&self, what: &str) -> anyhow::Result<()> {
+        match self.pipeline.tables.iter().find(|e| e.pattern.is_some()) {
+            Some(entry) => Err(anyhow!(
+                "{what} with a table pattern ({}) is not supported yet: it reads the tables \
+                 it names (see docs/operations.md, Tenant tables)",
                 entry.table
-            ));
+            )),
+            None => Ok(()),
         }
+    }
+
+    /// Refuses `what` (`--retention`, which reads one table so far) when several tables
+    /// are configured, rather than serve only the first of them.
+    pub fn refuse_several_tables(&self, what: &str) -> anyhow::Result<()> {
+        self.refuse_patterns(what)?;
         if self.pipeline.tables.len() > 1 {
             return Err(anyhow!(
                 "{what} with several tables is not supported yet: it reads one table and \
@@ -256,6 +263,7 @@ impl Config {
     /// configured, or the one table; several tables and none named is refused, rather than
     /// replaying the first of them.
     pub fn replay_entry(&self, named: Option<&str>) -> anyhow::Result<&TableEntry> {
+        self.refuse_patterns("replay")?;
         let tables = &self.pipeline.tables;
         let list = || tables.iter().map(|e| e.table.to_string()).collect::<Vec<_>>().join(", ");
         let Some(named) = named else {

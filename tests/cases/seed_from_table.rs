@@ -251,3 +251,125 @@ async fn a_second_recovery_of_the_same_slot_stops_and_leaves_the_first_whole() {
     pg.psql(&numbered_rows(50_100, 50_200, 10));
     assert_exactly_once_in_order(&nats, 50_200, &first.log()).await;
 }
+
+/// The stream of two tables holds every row of both once, each on its table's subject:
+/// the seeded rows in the seed's order (commit order, a transaction's rows together, and
+/// within a transaction that wrote to both, the first table's rows first), the rows the
+/// slot sent after them in commit order. `committed` is the witness slot's order.
+async fn assert_two_tables_once(pg: &Postgres, nats: &Nats, log: &str) -> usize {
+    use crate::cases::several_tables::{committed_transactions, stored_order};
+    let committed = committed_transactions(pg);
+    let rows: usize = committed.iter().map(Vec::len).sum();
+    wait_for(nats, rows as u64, "every row of both tables stored").await;
+    let js = jetstream(&nats.url()).await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let keys = stored_order(&stored);
+    let seeded: std::collections::HashSet<&String> = keys
+        .iter()
+        .zip(&stored)
+        .filter(|(_, message)| message.header("Pgoutbox-Seed").is_some())
+        .map(|(key, _)| key)
+        .collect();
+    let expected: Vec<String> = committed
+        .into_iter()
+        .flat_map(|mut transaction| {
+            if transaction.iter().all(|key| seeded.contains(key)) {
+                transaction.sort_by_key(|key| !key.starts_with("public."));
+            }
+            transaction
+        })
+        .collect();
+    if keys != expected {
+        let first = keys.iter().zip(&expected).position(|(s, e)| s != e);
+        panic!(
+            "{} stored, {} committed; first difference at {first:?}: {:?} for {:?}\nlog:\n{log}",
+            keys.len(),
+            expected.len(),
+            first.map(|i| &keys[i]),
+            first.map(|i| &expected[i]),
+        );
+    }
+    assert!(seeded.iter().any(|k| k.starts_with("public.")), "no row of the first table seeded");
+    assert!(seeded.iter().any(|k| k.starts_with("billing.")), "no row of the second table seeded");
+    seeded.len()
+}
+
+/// Issue 32, step 5: two tables, the slot dropped, rows of both committed interleaved while
+/// none exists (a transaction of A, of B, of A then B, of B then A), among them a row of A
+/// with the id and payload of B's row that is the stream's tail. `--recover` anchors on
+/// that row of B, in B, reads both tables in one snapshot, and stores every row once on its
+/// table's subject; the row of A is not taken for B's (the stream's rows are known by
+/// table and id). Then live rows of two sessions after it, once, in commit order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_slot_of_two_tables_is_recovered_once_each_on_its_subject() {
+    use crate::cases::several_tables::{TABLES, session, two_tables};
+    let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    let app = Pgoutbox::run(&pg, &nats, &TABLES);
+    wait_until_streaming(&pg, &app).await;
+    let same = "00000000-0000-4000-8000-000000000032";
+    // The same id and payload in both tables, each on its table's subject.
+    let row = |table: &str| {
+        let aggregate = if table.starts_with("public.") { "order" } else { "invoice" };
+        format!(
+            "INSERT INTO {table} (id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('{same}', '{aggregate}', '1', 'created', '{{}}');"
+        )
+    };
+    pg.psql(&session(0, 46, 0.0));
+    pg.psql(&row("billing.outbox"));
+    wait_for(&nats, 69, "the rows before the gap stored").await;
+    app.sigterm();
+    drop(app);
+    // The witness slot stays inactive too: only pgoutbox's is waited for.
+    eventually(Duration::from_secs(10), "slot released", || async {
+        let active = "SELECT active FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
+        (pg.psql(active) == "f").then_some(())
+    })
+    .await;
+    pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
+    pg.psql(&row("public.outbox"));
+    pg.psql(&session(1, 200, 0.0));
+
+    let mut args = TABLES.to_vec();
+    args.extend(["--recover", "--recover-margin", "0s"]);
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    let writers =
+        [pg.psql_in_background(session(2, 60, 0.0)), pg.psql_in_background(session(3, 60, 0.0))];
+    for writer in writers {
+        writer.join().expect("writer").expect("inserts");
+    }
+    let log = app.log();
+    let seeded = assert_two_tables_once(&pg, &nats, &log).await;
+    // The gap: 200 transactions of 1 or 2 rows, and A's row with B's id.
+    assert_eq!(seeded, 1 + 300, "seeded rows:\n{log}");
+    assert_eq!(seed_rows_read(&log), 1 + seeded, "rows read: the tail's, then the gap");
+    assert!(log.contains("tables=2") && log.contains("seed finished"), "{log}");
+}
+
+/// Issue 32, step 5: `--backfill` with two tables: both tables' history, written
+/// interleaved before any slot existed, in created-at order (no commit timestamps), then
+/// live rows, every row once, on its table's subject.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_tables_are_backfilled_into_a_new_stream_once_each() {
+    use crate::cases::several_tables::{TABLES, session, two_tables};
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    pg.psql(&session(0, 200, 0.0));
+    let mut args = TABLES.to_vec();
+    args.push("--backfill");
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    let writers =
+        [pg.psql_in_background(session(1, 60, 0.0)), pg.psql_in_background(session(2, 60, 0.0))];
+    for writer in writers {
+        writer.join().expect("writer").expect("inserts");
+    }
+    let log = app.log();
+    let seeded = assert_two_tables_once(&pg, &nats, &log).await;
+    assert_eq!(seeded, 300, "every row of the history seeded:\n{log}");
+    assert!(log.contains("created-at order"), "{log}");
+}

@@ -6,7 +6,8 @@ use std::collections::HashSet;
 
 use super::{Publisher, PublisherError, is_no_message, request_error};
 use crate::domain::outbox::{
-    DEAD_LETTER_ID_PREFIX, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER, SCHEDULER_HEADER, letter_row,
+    DEAD_LETTER_ID_PREFIX, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER, SCHEDULER_HEADER,
+    TABLE_HEADER, letter_row,
 };
 use crate::domain::seed::{HeldRows, row_id_of};
 
@@ -80,27 +81,35 @@ impl Publisher {
         Ok(None)
     }
 
-    /// The rows the messages from `from` to the stream's end hold, each by its id and its
-    /// payload (a dead letter's as its body names them, `payload_column` the column), and
-    /// the last sequence read: what the stream holds, for the seed (`service::seed`), where
-    /// a reused id must not pass for its older row's event.
+    /// The rows the messages from `from` to the stream's end hold, each by its table, its
+    /// id and its payload (a dead letter's as its body names them), and the last sequence
+    /// read: what the stream holds, for the seed (`service::seed`), where a reused id must
+    /// not pass for its older row's event. `tables`: each table's `Pgoutbox-Table` value
+    /// and payload column; a message without that header is the first table's.
     pub async fn held_rows(
         &self,
         from: ReadFrom,
-        payload_column: &str,
+        tables: &[(String, String)],
     ) -> Result<(HeldRows, u64), PublisherError> {
         let mut held = HeldRows::default();
         let last = self
             .read_messages(from, None, false, |headers, body| {
                 let Some(id) = headers.and_then(|h| self.msg_id_of(h)) else { return };
                 let id = id.as_str();
+                let named = headers.and_then(|h| h.get(TABLE_HEADER)).map(|v| v.as_str());
+                let table = match named {
+                    Some(name) => tables.iter().find(|(table, _)| table == name),
+                    None => tables.first(),
+                };
+                // A message of a table the seed does not read holds none of its rows.
+                let Some((table, payload_column)) = table else { return };
                 if !id.starts_with(DEAD_LETTER_ID_PREFIX) {
-                    held.insert_message(id, body);
+                    held.insert_message(table, id, body);
                 } else if let Some((row, payload)) = letter_row(body, payload_column) {
-                    held.insert_letter(&row, payload.as_deref());
+                    held.insert_letter(table, &row, payload.as_deref());
                 } else {
                     // Not a letter this version reads: its id alone, as before.
-                    held.insert_letter(row_id_of(id), None);
+                    held.insert_letter(table, row_id_of(id), None);
                 }
             })
             .await?;

@@ -5,7 +5,7 @@
 use async_nats::jetstream;
 
 use super::{POSITION_HEADER, Publisher, PublisherError, is_no_message, request_error};
-use crate::domain::outbox::{MESSAGE_ID_HEADER, SCHEDULER_HEADER};
+use crate::domain::outbox::{MESSAGE_ID_HEADER, SCHEDULER_HEADER, TABLE_HEADER};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
 use crate::domain::seed::{SEED_SINCE_HEADER, payload_digest};
@@ -122,6 +122,7 @@ fn origin(message: &async_nats::jetstream::message::StreamMessage) -> TailOrigin
         source: header(SOURCE_HEADER),
         position: header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()),
         msg_id: header(MESSAGE_ID_HEADER),
+        table: header(TABLE_HEADER),
         seed_since: header(SEED_SINCE_HEADER),
         payload_digest: payload_digest(&message.payload),
         stored_at_millis: (message.time.unix_timestamp_nanos() / 1_000_000) as i64,

@@ -128,9 +128,9 @@ fn several_tables_share_the_settings_and_qualify_their_ids() {
     let err = config(&["--table", "a.t,public.t,t"], &db).err().unwrap().to_string();
     assert!(err.contains("names public.t twice"), "{err}");
     let several = config(&["--table", "a.t,b.t"], &db).unwrap();
-    let err = several.refuse_several_tables("--backfill").unwrap_err().to_string();
-    assert!(err.starts_with("--backfill with several tables is not supported yet"), "{err}");
-    assert!(one.refuse_several_tables("--backfill").is_ok());
+    let err = several.refuse_several_tables("--retention").unwrap_err().to_string();
+    assert!(err.starts_with("--retention with several tables is not supported yet"), "{err}");
+    assert!(one.refuse_several_tables("--retention").is_ok());
 }
 
 /// `Config::load` with a file holding `toml`; `explicit`: the arguments given.
@@ -189,7 +189,7 @@ fn a_config_file_gives_each_table_its_subjects() {
     assert_eq!(entry.pattern.as_ref().map(ToString::to_string).as_deref(), Some("tenant_*.outbox"));
     assert_eq!(entry.message_id, MessageId::Qualified, "two tenants' ids collide");
     assert_eq!(c.stream_subjects()[0], "tenants.*.*");
-    let err = c.refuse_several_tables("--recover").unwrap_err().to_string();
+    let err = c.refuse_patterns("--recover").unwrap_err().to_string();
     assert!(err.starts_with("--recover with a table pattern (tenant_*.outbox)"), "{err}");
     let err = loaded(
         "[[table]]\ntable = \"a.t\"\nsubject-template = \"a.{\"\n",
