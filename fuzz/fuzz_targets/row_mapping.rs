@@ -9,7 +9,7 @@ use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use pgoutbox::domain::outbox::{
     CloudEvents, ColumnRoles, ContentMode, Headers, MIN_BUDGET, PAYLOAD_OMITTED_HEADER, Rejection,
-    RowMapping, SubjectTemplate, refuse_allowed,
+    RowMapping, ScheduleColumn, SubjectTemplate, refuse_allowed,
 };
 use pgoutbox::domain::progress::Position;
 use pgoutbox::postgres::pgoutput::{Column, ColumnValue, Relation};
@@ -39,6 +39,8 @@ struct Input {
     /// `--ttl-column`, `--allow-nats-header`s, and `--cloudevents` (structured or binary,
     /// with a source or not).
     ttl: Option<Role>,
+    /// `--schedule-column` and `--schedule-subject-prefix`.
+    schedule: Option<(Role, String)>,
     allowed_nats_headers: Vec<String>,
     cloudevents: Option<(bool, Option<String>)>,
     /// Placeholders of the subject template, as roles; the template's literal prefix.
@@ -87,6 +89,10 @@ fuzz_target!(|input: Input| {
         event_type: role(event_type),
         created_at: role(created_at),
         ttl: input.ttl.as_ref().map(role),
+        schedule: input.schedule.as_ref().map(|(column, subject_prefix)| ScheduleColumn {
+            column: role(column),
+            subject_prefix: subject_prefix.clone(),
+        }),
         // As the settings take them: valid names only, lowercase.
         allowed_nats_headers: input
             .allowed_nats_headers
