@@ -78,7 +78,7 @@ pub fn replay_table(table: &TableName) -> TableName {
 }
 
 /// Its columns: the slot the row is for (a pgoutbox takes only its own), the replay's id,
-/// the row's place in it, and the frame (`postgres::pgoutput::ReplayFrame`).
+/// the place of the frame's last row in it, and the frame (`postgres::pgoutput::ReplayFrame`).
 pub const REPLAY_TABLE_COLUMNS: &str = "slot text NOT NULL, replay_id text NOT NULL, \
      row_index bigint NOT NULL, total bigint NOT NULL, frame bytea NOT NULL, \
      handed_at timestamptz NOT NULL DEFAULT now()";

@@ -48,9 +48,10 @@ pub async fn ensure(
     };
     let (exists, published) = state(client, publication, &replay).await?;
     if !exists {
-        // Its deletes need no key in a publication that publishes deletes too.
+        // Its deletes need no key in a publication that publishes deletes too. Frames of
+        // up to 7,500 bytes stay in the row, uncompressed (the default is 2 kB).
         let sql = format!(
-            "CREATE TABLE IF NOT EXISTS {0} ({REPLAY_TABLE_COLUMNS}); \
+            "CREATE TABLE IF NOT EXISTS {0} ({REPLAY_TABLE_COLUMNS}) WITH (toast_tuple_target = 8160); \
              ALTER TABLE {0} REPLICA IDENTITY FULL",
             replay.quoted()
         );

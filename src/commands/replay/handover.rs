@@ -26,7 +26,7 @@ use crate::domain::seed::{REPLAY_HEADER, replay_id_prefix};
 use crate::nats::publisher::{Publisher, ReadFrom};
 use crate::postgres::admin::TableName;
 use crate::postgres::outbox_table::replay_table;
-use crate::postgres::pgoutput::{ReplayFrame, ReplayedRow};
+use crate::postgres::pgoutput::{FrameWriter, ReplayFrame};
 use crate::postgres::table_snapshot::TableSnapshot;
 use crate::settings::cli::ReplayArgs;
 use crate::settings::config::Config;
@@ -34,6 +34,12 @@ use crate::settings::config::Config;
 /// Rows per transaction: large enough to cost few round trips and commits (2,000 replayed
 /// 47,000 rows/s in the benchmark, 500 40,000), small enough that the progress moves.
 const CHUNK: usize = 2_000;
+/// Bytes of rows per frame, at most (a larger row has a frame of its own): each row of the
+/// replay table costs an insert, a delete and their decoding once for all the rows of its
+/// frame. Within the replay table's `toast_tuple_target` (8,160), below which a row stays
+/// in its page uncompressed: 1,900 bytes (PostgreSQL's default target) replayed 63,000-
+/// 82,000 rows/s, 7,500 bytes 84,000-85,000 (docs/performance.md).
+const FRAME_BYTES: usize = 7_500;
 /// Bytes of frames per transaction, at most, whatever the rows weigh: a chunk is held in
 /// memory until it is committed.
 const CHUNK_BYTES: usize = 8 << 20;
@@ -140,7 +146,15 @@ pub(super) async fn hand_over(
     });
     let (mut rows, _reader) = snapshot.read(selection);
     let mut tally = Tally::default();
-    let (mut chunk, mut chunk_bytes): (Vec<(i64, Vec<u8>)>, usize) = (Vec::new(), 0);
+    // Frames of the transaction being filled, each with the place of its last row.
+    let (mut chunk, mut chunk_bytes, mut chunk_rows): (Vec<(i64, Vec<u8>)>, usize, usize) =
+        (Vec::new(), 0, 0);
+    let mut frame: Option<FrameWriter> = None;
+    let close = |frame: &mut Option<FrameWriter>, chunk: &mut Vec<(i64, Vec<u8>)>, last: u64| {
+        if let Some(writer) = frame.take() {
+            chunk.push((last as i64, writer.finish()));
+        }
+    };
     // Each transaction handed over: where it ends, how many rows it carried, and how many
     // rows of the selection were read up to its last.
     let mut handed: std::collections::VecDeque<(u64, u64, u64)> = Default::default();
@@ -153,25 +167,23 @@ pub(super) async fn hand_over(
             if plan.admit(&mapping, &tuple, &mut tally).is_none() {
                 continue;
             }
-            let row = ReplayedRow {
-                replay_id: id.clone(),
-                index: seen,
-                total: *total,
-                relation: relation.clone(),
-                tuple,
-            };
-            let frame = ReplayFrame::Row(row).encode();
+            let row_len = FrameWriter::row_len(&tuple);
+            if frame.as_ref().is_some_and(|f| f.bytes() + row_len > FRAME_BYTES) {
+                close(&mut frame, &mut chunk, tally.last_handed);
+            }
+            let writer = frame.get_or_insert_with(|| FrameWriter::new(id, *total, relation));
+            writer.push(seen, &tuple);
             tally.last_handed = seen;
-            chunk_bytes += frame.len();
-            chunk.push((seen as i64, frame));
-            if chunk.len() < chunk_size && chunk_bytes < CHUNK_BYTES {
+            (chunk_rows, chunk_bytes) = (chunk_rows + 1, chunk_bytes + row_len);
+            if chunk_rows < chunk_size && chunk_bytes < CHUNK_BYTES {
                 continue;
             }
-            chunk_bytes = 0;
+            close(&mut frame, &mut chunk, seen);
+            let rows = chunk_rows as u64;
+            (chunk_rows, chunk_bytes) = (0, 0);
             if let Some(pace) = pace.as_mut() {
                 pace.tick().await;
             }
-            let rows = chunk.len() as u64;
             handed.push_back((to.insert(client, *total, &mut chunk).await?, rows, seen));
             handed_rows += rows;
             // Keep at most AHEAD rows waiting for pgoutbox, when it runs.
@@ -202,7 +214,8 @@ pub(super) async fn hand_over(
         }
     }
     // The rest, then the end, which carries no row: the progress reaches its total.
-    let rows = chunk.len() as u64;
+    close(&mut frame, &mut chunk, tally.last_handed);
+    let rows = chunk_rows as u64;
     chunk.push((0, ReplayFrame::End { replay_id: id.clone(), total: *total }.encode()));
     let end = to.insert(client, *total, &mut chunk).await?;
     handed_rows += rows;

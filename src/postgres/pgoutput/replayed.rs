@@ -1,18 +1,24 @@
-//! A row `pgoutbox replay` hands to the running pgoutbox through the WAL: the `frame` of a
+//! Rows `pgoutbox replay` hands to the running pgoutbox through the WAL: the `frame` of a
 //! row it inserts into the replay table (`postgres::outbox_table::replay_table`), which only
 //! roles the operator granted INSERT may write. Decoded in commit order like any change,
-//! the row is published by the pipeline in that place, chained like every other message,
+//! each row is published by the pipeline in that place, chained like every other message,
 //! so a replay into a live stream never writes beside it.
 //!
-//! The row travels with its relation, both in pgoutput's own formats (the Relation message
-//! body and TupleData), so the pipeline maps it exactly as it maps an Insert. A replay ends
-//! with a mark that carries no row, so that its progress reaches its total even when its
-//! last rows were passed over.
+//! A frame carries several rows of one relation, in pgoutput's own formats (the Relation
+//! message body once, then each row's TupleData), so the pipeline maps them exactly as it
+//! maps an Insert. Several rows to a frame because every row of the replay table costs an
+//! insert, a delete, their WAL records and their decoding: a frame of a few kilobytes costs
+//! that once for all its rows. A replay ends with a mark that carries no row, so that its
+//! progress reaches its total even when its last rows were passed over.
 //!
 //! ```text
+//! u8 version (1) | 'M' | cstr replay id | u64 rows | u64 total | Relation | rows × (u64 index | TupleData)
 //! u8 version (1) | 'R' | cstr replay id | u64 index | u64 total | Relation | TupleData
 //! u8 version (1) | 'E' | cstr replay id | u64 total | u64 total
 //! ```
+//!
+//! `'R'`, one row to a frame, is what replays before 2026-11-27 wrote: still read, so that
+//! rows they handed over and left waiting in the slot are published after an upgrade.
 
 use bytes::{BufMut, Bytes};
 
@@ -22,28 +28,34 @@ use crate::domain::seed::is_replay_id;
 
 const VERSION: u8 = 1;
 
-/// What a replay hands over: a row, or its end.
+/// What a replay hands over: rows, or its end.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplayFrame {
-    Row(ReplayedRow),
+    Rows(ReplayedRows),
     End { replay_id: String, total: u64 },
 }
 
-/// One replayed row and where it stands in its replay.
+/// Replayed rows of one relation, and where each stands in its replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplayedRow {
+pub struct ReplayedRows {
     pub replay_id: String,
-    /// Its place among the rows this run of the replay selected, from 1 to `total`.
-    pub index: u64,
     pub total: u64,
     pub relation: Relation,
-    pub tuple: Vec<ColumnValue>,
+    /// Each row's place among the rows this run of the replay selected (from 1 to `total`),
+    /// and its values.
+    pub rows: Vec<(u64, Vec<ColumnValue>)>,
 }
 
 impl ReplayFrame {
     pub fn encode(&self) -> Vec<u8> {
         match self {
-            ReplayFrame::Row(row) => row.encode(),
+            ReplayFrame::Rows(rows) => {
+                let mut frame = FrameWriter::new(&rows.replay_id, rows.total, &rows.relation);
+                for (index, tuple) in &rows.rows {
+                    frame.push(*index, tuple);
+                }
+                frame.finish()
+            }
             ReplayFrame::End { replay_id, total } => {
                 let mut out = Vec::with_capacity(24 + replay_id.len());
                 out.put_u8(VERSION);
@@ -64,18 +76,26 @@ impl ReplayFrame {
             other => return Err(DecodeError::UnknownReplayVersion(other)),
         }
         let kind = cur.u8()?;
-        let (replay_id, index, total) = (cur.cstr()?, cur.u64()?, cur.u64()?);
+        let (replay_id, index_or_rows, total) = (cur.cstr()?, cur.u64()?, cur.u64()?);
         if !is_replay_id(&replay_id) {
             return Err(DecodeError::BadReplayId(replay_id));
         }
         let frame = match kind {
-            b'R' => ReplayFrame::Row(ReplayedRow {
-                replay_id,
-                index,
-                total,
-                relation: parse_relation(&mut cur)?,
-                tuple: parse_tuple(&mut cur)?,
-            }),
+            b'M' => {
+                let relation = parse_relation(&mut cur)?;
+                // Not allocated by the count it states: every row takes bytes, so a count
+                // larger than the frame holds ends at its end.
+                let mut rows = Vec::new();
+                for _ in 0..index_or_rows {
+                    rows.push((cur.u64()?, parse_tuple(&mut cur)?));
+                }
+                ReplayFrame::Rows(ReplayedRows { replay_id, total, relation, rows })
+            }
+            b'R' => {
+                let relation = parse_relation(&mut cur)?;
+                let rows = vec![(index_or_rows, parse_tuple(&mut cur)?)];
+                ReplayFrame::Rows(ReplayedRows { replay_id, total, relation, rows })
+            }
             b'E' => ReplayFrame::End { replay_id, total },
             other => return Err(DecodeError::UnknownMessageTag(other)),
         };
@@ -86,15 +106,24 @@ impl ReplayFrame {
     }
 }
 
-impl ReplayedRow {
-    fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.tuple_len());
+/// A frame of rows written as they come: `pgoutbox replay` adds rows until the frame is
+/// large enough, without holding them twice.
+pub struct FrameWriter {
+    out: Vec<u8>,
+    /// Where the row count stands, written at the end.
+    count_at: usize,
+    rows: u64,
+}
+
+impl FrameWriter {
+    pub fn new(replay_id: &str, total: u64, relation: &Relation) -> FrameWriter {
+        let mut out = Vec::with_capacity(4096);
         out.put_u8(VERSION);
-        out.put_u8(b'R');
-        put_cstr(&mut out, &self.replay_id);
-        out.put_u64(self.index);
-        out.put_u64(self.total);
-        let relation = &self.relation;
+        out.put_u8(b'M');
+        put_cstr(&mut out, replay_id);
+        let count_at = out.len();
+        out.put_u64(0);
+        out.put_u64(total);
         out.put_u32(relation.rel_id);
         put_cstr(&mut out, &relation.namespace);
         put_cstr(&mut out, &relation.name);
@@ -106,8 +135,23 @@ impl ReplayedRow {
             out.put_u32(column.type_oid);
             out.put_i32(column.type_modifier);
         }
-        out.put_i16(self.tuple.len() as i16);
-        for value in &self.tuple {
+        FrameWriter { out, count_at, rows: 0 }
+    }
+
+    /// The bytes [`push`](Self::push) adds for `tuple`.
+    pub fn row_len(tuple: &[ColumnValue]) -> usize {
+        let value_len = |value: &ColumnValue| match value {
+            ColumnValue::Text(bytes) | ColumnValue::Binary(bytes) => bytes.len() + 5,
+            ColumnValue::Null | ColumnValue::UnchangedToast => 1,
+        };
+        8 + 2 + tuple.iter().map(value_len).sum::<usize>()
+    }
+
+    pub fn push(&mut self, index: u64, tuple: &[ColumnValue]) {
+        let out = &mut self.out;
+        out.put_u64(index);
+        out.put_i16(tuple.len() as i16);
+        for value in tuple {
             match value {
                 ColumnValue::Null => out.put_u8(b'n'),
                 ColumnValue::UnchangedToast => out.put_u8(b'u'),
@@ -119,17 +163,17 @@ impl ReplayedRow {
                 }
             }
         }
-        out
+        self.rows += 1;
     }
 
-    fn tuple_len(&self) -> usize {
-        self.tuple
-            .iter()
-            .map(|value| match value {
-                ColumnValue::Text(bytes) | ColumnValue::Binary(bytes) => bytes.len() + 5,
-                _ => 1,
-            })
-            .sum()
+    /// Bytes written so far.
+    pub fn bytes(&self) -> usize {
+        self.out.len()
+    }
+
+    pub fn finish(mut self) -> Vec<u8> {
+        self.out[self.count_at..self.count_at + 8].copy_from_slice(&self.rows.to_be_bytes());
+        self.out
     }
 }
 
@@ -146,29 +190,36 @@ mod tests {
     use super::*;
     use crate::postgres::pgoutput::Column;
 
-    fn row() -> ReplayedRow {
+    fn relation() -> Relation {
         let column = |name: &str, type_oid| Column {
             flags: 0,
             name: name.into(),
             type_oid,
             type_modifier: -1,
         };
-        ReplayedRow {
+        Relation {
+            rel_id: 16384,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: vec![column("id", 2950), column("payload", 3802), column("h", 3802)],
+        }
+    }
+
+    fn tuple() -> Vec<ColumnValue> {
+        vec![
+            ColumnValue::Text(Bytes::from_static(b"7f0c")),
+            ColumnValue::Binary(Bytes::from_static(&[0, 1, 2])),
+            ColumnValue::Null,
+        ]
+    }
+
+    fn rows() -> ReplayedRows {
+        ReplayedRows {
             replay_id: "r1764050000".into(),
-            index: 3,
             total: 10,
-            relation: Relation {
-                rel_id: 16384,
-                namespace: "public".into(),
-                name: "outbox".into(),
-                replica_identity: b'd',
-                columns: vec![column("id", 2950), column("payload", 3802), column("h", 3802)],
-            },
-            tuple: vec![
-                ColumnValue::Text(Bytes::from_static(b"7f0c")),
-                ColumnValue::Binary(Bytes::from_static(&[0, 1, 2])),
-                ColumnValue::Null,
-            ],
+            relation: relation(),
+            rows: vec![(3, tuple()), (7, vec![ColumnValue::UnchangedToast])],
         }
     }
 
@@ -177,23 +228,63 @@ mod tests {
     }
 
     #[test]
-    fn a_row_and_an_end_come_back_as_they_went() {
-        round_trip(ReplayFrame::Row(row()));
+    fn rows_and_an_end_come_back_as_they_went() {
+        round_trip(ReplayFrame::Rows(rows()));
         round_trip(ReplayFrame::End { replay_id: "nightly".into(), total: 42 });
+    }
+
+    /// A one-row frame as replays before several-row frames wrote it, byte by byte.
+    fn one_row_frame() -> Vec<u8> {
+        let mut out = vec![1, b'R'];
+        out.extend_from_slice(b"r1764050000\0");
+        out.extend_from_slice(&3u64.to_be_bytes());
+        out.extend_from_slice(&10u64.to_be_bytes());
+        out.extend_from_slice(&16384u32.to_be_bytes());
+        out.extend_from_slice(b"public\0outbox\0d");
+        out.extend_from_slice(&1i16.to_be_bytes());
+        out.extend_from_slice(b"\0id\0");
+        out.extend_from_slice(&25u32.to_be_bytes());
+        out.extend_from_slice(&(-1i32).to_be_bytes());
+        out.extend_from_slice(&1i16.to_be_bytes());
+        out.extend_from_slice(b"t");
+        out.extend_from_slice(&4i32.to_be_bytes());
+        out.extend_from_slice(b"7f0c");
+        out
+    }
+
+    #[test]
+    fn a_one_row_frame_of_an_older_replay_is_still_read() {
+        let Ok(ReplayFrame::Rows(rows)) = ReplayFrame::decode(&Bytes::from(one_row_frame())) else {
+            panic!("the one-row frame was not read");
+        };
+        assert_eq!((rows.replay_id.as_str(), rows.total), ("r1764050000", 10));
+        assert_eq!(rows.relation.columns[0].name, "id");
+        assert_eq!(rows.rows, vec![(3, vec![ColumnValue::Text(Bytes::from_static(b"7f0c"))])]);
     }
 
     #[test]
     fn another_version_is_refused_by_name() {
-        let mut bytes = ReplayFrame::Row(row()).encode();
+        let mut bytes = ReplayFrame::Rows(rows()).encode();
         bytes[0] = 2;
         let err = ReplayFrame::decode(&Bytes::from(bytes));
         assert_eq!(err, Err(DecodeError::UnknownReplayVersion(2)));
     }
 
     #[test]
+    fn a_row_count_larger_than_the_frame_ends_at_its_end() {
+        let mut bytes = ReplayFrame::Rows(rows()).encode();
+        let at = 2 + "r1764050000".len() + 1;
+        bytes[at..at + 8].copy_from_slice(&u64::MAX.to_be_bytes());
+        assert!(matches!(
+            ReplayFrame::decode(&Bytes::from(bytes)),
+            Err(DecodeError::UnexpectedEof { .. })
+        ));
+    }
+
+    #[test]
     fn every_cut_and_every_flipped_byte_is_an_error_or_a_frame_never_a_panic() {
         let end = ReplayFrame::End { replay_id: "r1".into(), total: 1 };
-        for bytes in [ReplayFrame::Row(row()).encode(), end.encode()] {
+        for bytes in [ReplayFrame::Rows(rows()).encode(), one_row_frame(), end.encode()] {
             for len in 0..bytes.len() {
                 assert!(ReplayFrame::decode(&Bytes::copy_from_slice(&bytes[..len])).is_err());
             }
@@ -225,30 +316,31 @@ mod tests {
 
     proptest! {
         #[test]
-        fn any_row_comes_back_as_it_went(
+        fn any_rows_come_back_as_they_went(
             replay_id in "[a-z0-9-]{1,20}",
-            index in any::<u64>(),
             names in proptest::collection::vec("[a-z_]{1,12}", 0..6),
-            tuple in proptest::collection::vec(value(), 0..6),
+            rows in proptest::collection::vec(
+                (any::<u64>(), proptest::collection::vec(value(), 0..6)),
+                0..8,
+            ),
         ) {
-            let mut row = row();
-            row.replay_id = replay_id;
-            row.index = index;
-            row.relation.columns = names
+            let mut frame = self::rows();
+            frame.replay_id = replay_id;
+            frame.relation.columns = names
                 .into_iter()
                 .map(|name| Column { flags: 1, name, type_oid: 25, type_modifier: -1 })
                 .collect();
-            row.tuple = tuple;
-            let frame = ReplayFrame::Row(row);
+            frame.rows = rows;
+            let frame = ReplayFrame::Rows(frame);
             prop_assert_eq!(ReplayFrame::decode(&Bytes::from(frame.encode())), Ok(frame));
         }
     }
 
     #[test]
     fn a_replay_id_with_a_separator_is_refused() {
-        let mut row = row();
-        row.replay_id = "r1:x".into();
-        let err = ReplayFrame::decode(&Bytes::from(ReplayFrame::Row(row).encode()));
+        let mut rows = rows();
+        rows.replay_id = "r1:x".into();
+        let err = ReplayFrame::decode(&Bytes::from(ReplayFrame::Rows(rows).encode()));
         assert_eq!(err, Err(DecodeError::BadReplayId("r1:x".into())));
     }
 }

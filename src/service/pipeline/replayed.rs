@@ -21,7 +21,7 @@ use super::Pipeline;
 use crate::domain::outbox::{RowMapping, TableEntry};
 use crate::domain::progress::Position;
 use crate::domain::seed::replay_id_prefix;
-use crate::postgres::pgoutput::{ColumnValue, Relation, ReplayFrame, ReplayedRow};
+use crate::postgres::pgoutput::{ColumnValue, Relation, ReplayFrame, ReplayedRows};
 use crate::service::error::PipelineError;
 
 /// The replayed rows of one attempt.
@@ -32,7 +32,7 @@ pub(super) struct Replays {
     /// Each relation's columns as pgoutput last described them, by OID: an outbox table's
     /// are newer than the catalog's at the attempt's start when the table changed since.
     described_columns: HashMap<u32, Vec<String>>,
-    /// The mapping of the relation of the last replayed row, without its id prefix.
+    /// The mapping of the relation of the last replayed rows, without its id prefix.
     mapping: Option<(Relation, Arc<RowMapping>)>,
     /// Replayed rows sent and not yet acknowledged, oldest first.
     awaiting: VecDeque<Awaiting>,
@@ -57,7 +57,7 @@ struct Awaiting {
 enum Handed {
     /// A row of another slot's pgoutbox (one replay table serves every slot of the table).
     NotOurs,
-    Row(ReplayedRow),
+    Rows(ReplayedRows),
     End(u64),
     /// Why it cannot be published.
     Refused(String),
@@ -119,42 +119,45 @@ impl Replays {
         Some(progress)
     }
 
-    /// The row's mapping: each replayed row's `Nats-Msg-Id` names its replay and its place
+    /// A row's mapping: each replayed row's `Nats-Msg-Id` names its replay and its place
     /// in it (`replay_id_prefix`), so two rows of one replay never share one.
-    fn mapping(&mut self, row: &ReplayedRow, entry: &TableEntry) -> Arc<RowMapping> {
+    fn mapping(
+        &mut self,
+        (relation, replay_id, index): (&Relation, &str, u64),
+        entry: &TableEntry,
+    ) -> Arc<RowMapping> {
         let base = match &self.mapping {
-            Some((known, mapping)) if *known == row.relation => Arc::clone(mapping),
+            Some((known, mapping)) if known == relation => Arc::clone(mapping),
             _ => {
                 // A row that lacks a column this pgoutbox maps becomes a dead letter.
-                let mapping = Arc::new(RowMapping::of_entry(&row.relation, entry).unwrap_or_else(
-                    |missing| {
-                        RowMapping::unusable(&row.relation, &entry.roles, &missing).in_entry(entry)
-                    },
-                ));
-                self.mapping = Some((row.relation.clone(), Arc::clone(&mapping)));
+                let mapping =
+                    Arc::new(RowMapping::of_entry(relation, entry).unwrap_or_else(|missing| {
+                        RowMapping::unusable(relation, &entry.roles, &missing).in_entry(entry)
+                    }));
+                self.mapping = Some((relation.clone(), Arc::clone(&mapping)));
                 mapping
             }
         };
-        let prefix = replay_id_prefix(&row.replay_id, row.index);
+        let prefix = replay_id_prefix(replay_id, index);
         Arc::new(RowMapping::clone(&base).with_id_prefix(prefix))
     }
 }
 
 impl<'a> Pipeline<'a> {
-    /// A row inserted into the replay table: the row it hands over is published in its
-    /// place like an Insert, or its dead letter when pgoutbox may not publish it.
+    /// A row inserted into the replay table: each row its frame hands over is published in
+    /// its place like an Insert, or the frame's dead letter when pgoutbox may not publish it.
     pub(super) async fn on_replayed(
         &mut self,
         tuple: Vec<ColumnValue>,
     ) -> Result<(), PipelineError> {
-        let row = match self.handed(&tuple) {
+        let frame = match self.handed(&tuple) {
             Handed::NotOurs => return Ok(()),
             Handed::End(total) => {
                 self.replays.end = Some(total);
                 self.replay_ended();
                 return Ok(());
             }
-            Handed::Row(row) => row,
+            Handed::Rows(rows) => rows,
             Handed::Refused(why) => {
                 let position = self.next_position("replayed row outside a transaction")?;
                 warn!(%position, reason = %why, "a replayed row is published as a dead letter");
@@ -168,21 +171,26 @@ impl<'a> Pipeline<'a> {
                 return self.on_row(Arc::new(mapping), tuple, position, None).await;
             }
         };
-        let position = self.next_position("replayed row outside a transaction")?;
-        let mapping = match self.foreign(&row.relation) {
-            Ok(entry) => self.replays.mapping(&row, entry),
-            Err((why, entry)) => {
-                warn!(%position, reason = %why, "a replayed row is published as a dead letter");
-                self.metrics.replayed_rows_unreadable.increment(1);
-                let prefix = replay_id_prefix(&row.replay_id, row.index);
-                let mapping =
-                    RowMapping::refusing(&row.relation, &entry.roles, why).in_entry(entry);
-                Arc::new(mapping.with_id_prefix(prefix))
-            }
-        };
-        let ReplayedRow { replay_id, index, total, tuple, .. } = row;
-        self.replays.awaiting.push_back(Awaiting { position, replay_id, index, total });
-        self.on_row(mapping, tuple, position, None).await
+        let ReplayedRows { replay_id, total, relation, rows } = frame;
+        let entry = self.foreign(&relation);
+        for (index, tuple) in rows {
+            let position = self.next_position("replayed row outside a transaction")?;
+            let mapping = match entry {
+                Ok(entry) => self.replays.mapping((&relation, &replay_id, index), entry),
+                Err((ref why, entry)) => {
+                    warn!(%position, reason = %why, "a replayed row is published as a dead letter");
+                    self.metrics.replayed_rows_unreadable.increment(1);
+                    let prefix = replay_id_prefix(&replay_id, index);
+                    let mapping =
+                        RowMapping::refusing(&relation, &entry.roles, why.clone()).in_entry(entry);
+                    Arc::new(mapping.with_id_prefix(prefix))
+                }
+            };
+            let replay_id = replay_id.clone();
+            self.replays.awaiting.push_back(Awaiting { position, replay_id, index, total });
+            self.on_row(mapping, tuple, position, None).await?;
+        }
+        Ok(())
     }
 
     /// What a row of the replay table hands over.
@@ -203,7 +211,7 @@ impl<'a> Pipeline<'a> {
             return Handed::Refused("the replay table's row has no readable frame".into());
         };
         match ReplayFrame::decode(&frame) {
-            Ok(ReplayFrame::Row(row)) => Handed::Row(row),
+            Ok(ReplayFrame::Rows(rows)) => Handed::Rows(rows),
             Ok(ReplayFrame::End { total, .. }) => Handed::End(total),
             Err(err) => Handed::Refused(format!(
                 "the replayed row cannot be read ({err}): run the replay again with a \
@@ -366,17 +374,10 @@ mod tests {
         };
         let text = |s: &'static str| ColumnValue::Text(Bytes::from_static(s.as_bytes()));
         let tuple = vec![text("7"), text("order"), text("created"), text("{}")];
-        let row = |index| ReplayedRow {
-            replay_id: "r1".into(),
-            index,
-            total: 2,
-            relation: relation.clone(),
-            tuple: tuple.clone(),
-        };
         let mut replays = Replays::default();
-        let ids: Vec<String> = [row(1), row(2)]
-            .iter()
-            .map(|row| replays.mapping(row, &entry).map(&row.tuple).unwrap().id)
+        let ids: Vec<String> = [1, 2]
+            .into_iter()
+            .map(|index| replays.mapping((&relation, "r1", index), &entry).map(&tuple).unwrap().id)
             .collect();
         assert_eq!(ids, ["replay:r1/1:7", "replay:r1/2:7"]);
     }
