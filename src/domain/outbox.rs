@@ -12,7 +12,7 @@
 
 use bytes::Bytes;
 
-use crate::domain::row::{ColumnValue, Relation};
+use crate::domain::row::{ColumnValue, Relation, bytea_text};
 
 mod cloudevents;
 mod controls;
@@ -395,7 +395,7 @@ impl RowMapping {
             subject = held_on;
         }
         let payload = match &tuple[self.payload] {
-            ColumnValue::Text(bytes) if self.payload_is_bytea => decode_bytea_hex(bytes)
+            ColumnValue::Text(bytes) if self.payload_is_bytea => bytea_text(bytes)
                 .ok_or_else(|| Rejection("bytea payload is not in hex format".into()))?,
             ColumnValue::Text(bytes) | ColumnValue::Binary(bytes) => bytes.clone(),
             ColumnValue::Null => {
@@ -511,19 +511,6 @@ fn check_subject_token(token: &str) -> Result<(), &'static str> {
     } else {
         Ok(())
     }
-}
-
-/// Decodes bytea's text output (`\x` followed by hex digits).
-fn decode_bytea_hex(text: &[u8]) -> Option<Bytes> {
-    let hex = text.strip_prefix(b"\\x")?;
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    hex.chunks_exact(2)
-        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
-        .collect::<Option<Vec<u8>>>()
-        .map(Bytes::from)
 }
 
 #[cfg(test)]

@@ -178,6 +178,9 @@ fn bytea_payload_is_sent_raw() {
     assert_eq!(&mapping.map(&tuple).unwrap().payload[..], &[0x00, 0xff, 0x41]);
     tuple[4] = text("\\x0");
     assert!(mapping.map(&tuple).is_err());
+    // A server or database with `bytea_output = 'escape'` sends the other text format.
+    tuple[4] = text("\\000\\377A");
+    assert_eq!(&mapping.map(&tuple).unwrap().payload[..], &[0x00, 0xff, 0x41]);
 }
 
 #[test]

@@ -14,12 +14,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tracing::warn;
 
 use super::Pipeline;
 use crate::domain::outbox::{RowMapping, TableEntry};
 use crate::domain::progress::Position;
+use crate::domain::row::bytea_text;
 use crate::domain::seed::replay_id_prefix;
 use crate::postgres::pgoutput::{ColumnValue, Relation, ReplayFrame, ReplayedRows};
 use crate::service::error::PipelineError;
@@ -207,7 +207,7 @@ impl<'a> Pipeline<'a> {
             Some(_) => {}
             None => return Handed::Refused("the replay table's row names no slot".into()),
         }
-        let Some(frame) = text(table.frame).as_deref().and_then(bytea) else {
+        let Some(frame) = text(table.frame).as_deref().and_then(bytea_text) else {
             return Handed::Refused("the replay table's row has no readable frame".into());
         };
         match ReplayFrame::decode(&frame) {
@@ -277,54 +277,10 @@ impl<'a> Pipeline<'a> {
     }
 }
 
-/// A bytea value in pgoutput's text format: `\x` and hex, or the escape format when the
-/// server's `bytea_output` says so.
-fn bytea(text: &[u8]) -> Option<Bytes> {
-    if let Some(hex) = text.strip_prefix(b"\\x") {
-        // Every replayed row's frame passes here, twice its size in hex: one pass into a
-        // buffer of the right size (collecting `Option`s cost a fifth of pgoutbox's CPU in
-        // a replay).
-        fn digit(c: u8) -> Option<u8> {
-            match c {
-                b'0'..=b'9' => Some(c - b'0'),
-                b'a'..=b'f' => Some(c - b'a' + 10),
-                b'A'..=b'F' => Some(c - b'A' + 10),
-                _ => None,
-            }
-        }
-        if hex.len() % 2 != 0 {
-            return None;
-        }
-        let mut out = Vec::with_capacity(hex.len() / 2);
-        for pair in hex.chunks_exact(2) {
-            out.push(digit(pair[0])? << 4 | digit(pair[1])?);
-        }
-        return Some(Bytes::from(out));
-    }
-    let mut out = Vec::with_capacity(text.len());
-    let mut rest = text;
-    while let Some((&c, tail)) = rest.split_first() {
-        match (c, tail) {
-            (b'\\', [b'\\', tail @ ..]) => {
-                out.push(b'\\');
-                rest = tail;
-            }
-            (b'\\', [a @ b'0'..=b'3', b @ b'0'..=b'7', d @ b'0'..=b'7', tail @ ..]) => {
-                out.push((a - b'0') << 6 | (b - b'0') << 3 | (d - b'0'));
-                rest = tail;
-            }
-            (b'\\', _) => return None,
-            _ => {
-                out.push(c);
-                rest = tail;
-            }
-        }
-    }
-    Some(Bytes::from(out))
-}
-
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+
     use super::*;
 
     fn at(index: u32) -> Position {
@@ -380,15 +336,6 @@ mod tests {
             .map(|index| replays.mapping((&relation, "r1", index), &entry).map(&tuple).unwrap().id)
             .collect();
         assert_eq!(ids, ["replay:r1/1:7", "replay:r1/2:7"]);
-    }
-
-    #[test]
-    fn a_bytea_reads_in_either_output_format() {
-        assert_eq!(bytea(b"\\x00ff10").as_deref(), Some(&[0u8, 0xff, 0x10][..]));
-        assert_eq!(bytea(b"a\\\\b\\001").as_deref(), Some(&b"a\\b\x01"[..]));
-        assert_eq!(bytea(b"\\x0"), None);
-        assert_eq!(bytea(b"\\xzz"), None);
-        assert_eq!(bytea(b"\\9"), None);
     }
 
     #[test]
