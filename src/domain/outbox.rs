@@ -36,8 +36,8 @@ pub use emitted::{EMITTED_LABEL, log_preview};
 pub use headers::Headers;
 pub use pattern::{InvalidPattern, TablePattern};
 pub use roles::{ColumnRoles, InvalidTableName, MessageId, TableEntry, TableName};
-use template::Part;
-pub use template::{SubjectTemplate, TemplateError};
+pub use template::{MAX_SUBJECT_BYTES, SubjectTemplate, TemplateError};
+use template::{Part, check_subject_token};
 
 const BYTEA_OID: u32 = 17;
 /// How much of a bad value a rejection's reason quotes.
@@ -491,25 +491,6 @@ fn header_value<'v, 'n>(
         Ok(value)
     } else {
         Err(Rejection(format!("column {} holds a line break, not allowed in a header", column())))
-    }
-}
-
-/// The longest subject published: the `HPUB` line also holds the reply subject (about 50
-/// bytes) and two lengths, and nats-server refuses a line over its `max_control_line`
-/// (4,096 bytes by default) with `-ERR 'Maximum Control Line Exceeded'`, closing the
-/// connection, so such a row would be retried forever.
-pub const MAX_SUBJECT_BYTES: usize = 3_968;
-
-/// Why a value cannot be one subject token, if it cannot.
-fn check_subject_token(token: &str) -> Result<(), &'static str> {
-    if token.is_empty() {
-        Err("is empty and cannot be a subject token")
-    } else if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        Err("contains whitespace and cannot be a subject token")
-    } else if token.contains(['.', '*', '>']) {
-        Err("contains `.`, `*` or `>` and cannot be a subject token")
-    } else {
-        Ok(())
     }
 }
 

@@ -5,9 +5,7 @@
 //! updates them with an atomic add, without a registry lookup per row.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
@@ -16,7 +14,6 @@ use axum::routing::get;
 use metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::domain::stall::{Progress, StallDetector};
 use crate::service::error::NatsFailureKind;
 
 /// Where `/metrics`, `/healthz` and `/readyz` are served unless `--http-addr` says otherwise.
@@ -56,6 +53,9 @@ const LATENCY_BUCKETS: &[f64] =
     &[0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0];
 
 pub mod names;
+mod readiness;
+
+pub use readiness::{Readiness, watch_stalls};
 
 /// Gives every metric its `# HELP` line, puts every counter (each label value too) at 0 so
 /// that `rate()` and `increase()` alerts work before the first event, and sets
@@ -376,94 +376,6 @@ impl Default for Metrics {
     }
 }
 
-/// What `/readyz` answers from.
-#[derive(Default)]
-pub struct Readiness {
-    streaming: AtomicBool,
-    nats: Mutex<Option<async_nats::Client>>,
-    stalled: Mutex<Option<String>>,
-    /// Why the last connection attempt ended, while pgoutbox waits to reconnect.
-    retrying_after: Mutex<Option<String>>,
-    /// Set while another pgoutbox holds the slot and this one waits to take over.
-    standby_for: Mutex<Option<String>>,
-}
-
-impl Readiness {
-    pub fn set_streaming(&self, streaming: bool) {
-        if streaming {
-            if let Ok(mut reason) = self.retrying_after.lock() {
-                *reason = None;
-            }
-            if let Ok(mut slot) = self.standby_for.lock() {
-                *slot = None;
-            }
-        }
-        self.streaming.store(streaming, Ordering::Relaxed);
-        gauge!(names::STREAMING).set(f64::from(u8::from(streaming)));
-    }
-
-    pub fn set_nats(&self, client: async_nats::Client) {
-        if let Ok(mut nats) = self.nats.lock() {
-            *nats = Some(client);
-        }
-    }
-
-    /// Records why streaming stopped, for `/readyz` to say until it resumes.
-    /// This process waits as hot standby for `slot`.
-    pub fn set_standby(&self, slot: &str) {
-        if let Ok(mut standby) = self.standby_for.lock() {
-            *standby = Some(slot.to_owned());
-        }
-    }
-
-    pub fn set_retrying_after(&self, error: String) {
-        if let Ok(mut standby) = self.standby_for.lock() {
-            *standby = None;
-        }
-        if let Ok(mut reason) = self.retrying_after.lock() {
-            *reason = Some(error);
-        }
-    }
-
-    /// Records the stall detector's verdict: `Some(reason)` while stalled.
-    pub fn set_stalled(&self, reason: Option<String>) {
-        gauge!(names::STALLED).set(f64::from(u8::from(reason.is_some())));
-        if let Ok(mut stalled) = self.stalled.lock() {
-            *stalled = reason;
-        }
-    }
-
-    /// Why pgoutbox is not ready, if it is not (the body of `/readyz`'s 503).
-    pub fn not_ready_because(&self) -> Option<String> {
-        if let Some(reason) = self.stalled.lock().ok().and_then(|s| s.clone()) {
-            return Some(reason);
-        }
-        let nats_connected = self
-            .nats
-            .lock()
-            .ok()
-            .and_then(|n| n.as_ref().map(|c| c.connection_state()))
-            .is_some_and(|s| s == async_nats::connection::State::Connected);
-        let streaming = self.streaming.load(Ordering::Relaxed);
-        let standby = self.standby_for.lock().ok().and_then(|s| s.clone());
-        let retrying = self.retrying_after.lock().ok().and_then(|r| r.clone());
-        let not_streaming = match (standby, retrying) {
-            (Some(slot), _) => format!(
-                "hot standby: slot {slot} is streamed by another pgoutbox; this one takes over \
-                 when it goes away"
-            ),
-            (None, Some(error)) => format!("not streaming, reconnecting after: {error}"),
-            (None, None) => "not streaming from Postgres".to_owned(),
-        };
-        match (streaming, nats_connected) {
-            (true, true) => None,
-            (false, true) => Some(not_streaming),
-            (true, false) => Some("not connected to NATS".into()),
-            (false, false) => Some(format!("{not_streaming}; not connected to NATS")),
-        }
-    }
-}
-
 /// Installs the Prometheus recorder and describes every metric; call once, before any
 /// metric is touched.
 pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
@@ -530,23 +442,6 @@ async fn ready(State(state): State<AppState>) -> (StatusCode, String) {
     match state.readiness.not_ready_because() {
         None => (StatusCode::OK, "ready\n".into()),
         Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-    }
-}
-
-/// How often [`watch_stalls`] looks at [`Progress`].
-const STALL_WATCH_INTERVAL: Duration = Duration::from_millis(250);
-
-/// Judges `progress` every 250 ms for as long as the process runs; reports to `/readyz`,
-/// `pgoutbox_stalled` and `pgoutbox_last_confirmation_age_seconds`.
-pub async fn watch_stalls(progress: Arc<Progress>, readiness: Arc<Readiness>, timeout: Duration) {
-    let mut detector = StallDetector::new(timeout, Instant::now());
-    let age = metrics::gauge!(names::LAST_CONFIRMATION_AGE);
-    let mut tick = tokio::time::interval(STALL_WATCH_INTERVAL);
-    loop {
-        tick.tick().await;
-        let now = Instant::now();
-        readiness.set_stalled(detector.observe(progress.read(), now));
-        age.set(detector.age(now).as_secs_f64());
     }
 }
 

@@ -116,3 +116,22 @@ impl SubjectTemplate {
         })
     }
 }
+
+/// The longest subject published: the `HPUB` line also holds the reply subject (about 50
+/// bytes) and two lengths, and nats-server refuses a line over its `max_control_line`
+/// (4,096 bytes by default) with `-ERR 'Maximum Control Line Exceeded'`, closing the
+/// connection, so such a row would be retried forever.
+pub const MAX_SUBJECT_BYTES: usize = 3_968;
+
+/// Why a value cannot be one subject token, if it cannot.
+pub(super) fn check_subject_token(token: &str) -> Result<(), &'static str> {
+    if token.is_empty() {
+        Err("is empty and cannot be a subject token")
+    } else if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        Err("contains whitespace and cannot be a subject token")
+    } else if token.contains(['.', '*', '>']) {
+        Err("contains `.`, `*` or `>` and cannot be a subject token")
+    } else {
+        Ok(())
+    }
+}
