@@ -69,14 +69,7 @@ async fn a_scheduled_row_is_delivered_at_its_time_once_and_the_chain_goes_on_pas
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("ALTER TABLE outbox ADD COLUMN deliver_at timestamptz;");
     let mut app = start(&pg, &nats);
-    if nats.release() < (2, 12) {
-        let status = app.wait_exit(Duration::from_secs(30));
-        assert!(!status.success(), "{}", app.log());
-        assert!(
-            app.log().contains("--schedule-column needs nats-server 2.12 or later"),
-            "one line saying what to do:\n{}",
-            app.log()
-        );
+    if app.refused_before(&nats, (2, 12), "--schedule-column needs nats-server 2.12 or later") {
         return;
     }
     wait_until_streaming(&pg, &app).await;

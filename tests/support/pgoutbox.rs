@@ -105,6 +105,18 @@ impl Pgoutbox {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+
+    /// On a nats-server older than `since`: asserts that pgoutbox refused to start with
+    /// `line` and answers true (the test ends there). On a newer one: false.
+    pub fn refused_before(&mut self, nats: &Nats, since: (u32, u32), line: &str) -> bool {
+        if nats.release() >= since {
+            return false;
+        }
+        let status = self.wait_exit(Duration::from_secs(30));
+        assert!(!status.success(), "{}", self.log());
+        assert!(self.log().contains(line), "one line saying what to do:\n{}", self.log());
+        true
+    }
 }
 
 impl Drop for Pgoutbox {
