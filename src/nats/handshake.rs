@@ -6,6 +6,7 @@
 //! async-nats's.
 
 use std::io;
+use std::os::fd::AsFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use crate::nats::connect::NatsSettings;
 use crate::nats::credentials::NatsAuth;
 use crate::nats::credentials::{self, CredentialsError};
+use crate::nats::low_water::LowWater;
 use crate::nats::wire::{self, ServerInfo, ServerOp, WireError};
 
 /// How long one server may take to accept the connection and the login.
@@ -59,6 +61,8 @@ pub enum ServerError {
 /// after the `PONG`.
 pub struct Opened {
     pub transport: Box<dyn Transport>,
+    /// The receive low-water mark of the connection's socket, whatever is layered on it.
+    pub low_water: LowWater,
     pub info: ServerInfo,
     pub unread: BytesMut,
 }
@@ -123,6 +127,7 @@ impl<'a> Dialer<'a> {
 async fn open(server: &ServerAddr, auth: &NatsAuth) -> Result<Opened, ServerError> {
     let tcp = tokio::net::TcpStream::connect((server.host(), server.port())).await?;
     tcp.set_nodelay(true)?;
+    let low_water = LowWater::of(tcp.as_fd())?;
     let mut transport: Box<dyn Transport> = Box::new(tcp);
     let mut unread = BytesMut::with_capacity(16 * 1024);
     let info = match next_op(&mut transport, &mut unread).await? {
@@ -139,7 +144,7 @@ async fn open(server: &ServerAddr, auth: &NatsAuth) -> Result<Opened, ServerErro
     transport.flush().await?;
     // `INFO` may come again meanwhile; `-ERR` is a refused login.
     while let Step::Info(_) = next_op(&mut transport, &mut unread).await? {}
-    Ok(Opened { transport, info, unread })
+    Ok(Opened { transport, low_water, info, unread })
 }
 
 enum Step {

@@ -6,6 +6,7 @@ pub mod claim;
 pub mod connect;
 pub mod credentials;
 pub mod handshake;
+pub mod low_water;
 pub mod outbound;
 pub mod publisher;
 pub mod server_version;

@@ -21,6 +21,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use crate::nats::handshake::{Dialer, OpenError, Opened, Transport};
+use crate::nats::low_water::LowWater;
 use crate::nats::wire::{self, HeaderBlock, ServerOp};
 
 /// What JetStream answered for a stored message.
@@ -61,6 +62,10 @@ pub struct Outbound {
 /// The receiving half: the acks, in the order they arrive, each with its message's token.
 pub struct Acks {
     read: ReadHalf<Box<dyn Transport>>,
+    /// When arriving acks wake the reader: between pulls, only in bulk (see `low_water`).
+    low_water: LowWater,
+    /// Every ack wakes the reader as it arrives (see [`Acks::wake_on_each`]).
+    each: bool,
     unread: BytesMut,
     reply_prefix: String,
     shared: Arc<Shared>,
@@ -88,7 +93,7 @@ pub async fn open(
     inbox: &str,
     ack_timeout: Duration,
 ) -> Result<(Outbound, Acks), OpenError> {
-    let Opened { transport, info, unread } = dialer.open().await?;
+    let Opened { transport, low_water, info, unread } = dialer.open().await?;
     let (read, write) = tokio::io::split(transport);
     let reply_prefix = format!("{inbox}.");
     let mut pending = BytesMut::with_capacity(64 * 1024);
@@ -111,7 +116,8 @@ pub async fn open(
         max_payload: if info.max_payload == 0 { DEFAULT_MAX_PAYLOAD } else { info.max_payload },
         headers: BytesMut::with_capacity(1024),
     };
-    Ok((outbound, Acks { read, unread, reply_prefix, shared }))
+    let acks = Acks { read, low_water, each: false, unread, reply_prefix, shared };
+    Ok((outbound, acks))
 }
 
 impl Outbound {
@@ -169,6 +175,23 @@ impl Drop for Outbound {
 }
 
 impl Acks {
+    /// Makes the acks that wait readable now, and the next one to arrive if none does; once
+    /// a read took them, acks are held back again until the next pull. Between pulls, they
+    /// wake the reader only in bulk ([`crate::nats::low_water::RAISED`] bytes) or when the connection
+    /// ends.
+    pub fn pull(&mut self) {
+        self.low_water.lower();
+    }
+
+    /// While `each` holds, every ack wakes the reader as it arrives: for when the pipeline
+    /// waits for acks and nothing else (a full window, a drain).
+    pub fn wake_on_each(&mut self, each: bool) {
+        self.each = each;
+        if each {
+            self.low_water.lower();
+        }
+    }
+
     /// The next ack to arrive, with its message's token; an error once the connection has
     /// ended. Answers the server's `PING`s meanwhile. Cancel-safe: bytes read are kept in
     /// `unread` before the next await.
@@ -183,7 +206,12 @@ impl Acks {
             else {
                 match self.read.read_buf(&mut self.unread).await {
                     Ok(0) => return Err(ended("closed by the server".into())),
-                    Ok(_) => continue,
+                    Ok(_) => {
+                        if !self.each {
+                            self.low_water.raise();
+                        }
+                        continue;
+                    }
                     Err(err) => return Err(ended(err.to_string())),
                 }
             };

@@ -218,6 +218,13 @@ impl<'a> Pipeline<'a> {
         let confirm = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(confirm);
         let mut confirm_armed = false;
+        // Acks are read when pulled, once per `MIN_STATUS_GAP` while messages are in flight,
+        // rather than as each arrives (see `nats::low_water`): what they move is reported no
+        // more often than that.
+        let pull = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(pull);
+        let mut pull_armed = false;
+        let mut pulled_at = Instant::now();
         loop {
             if self.prelude.as_ref().is_some_and(Prelude::is_finished)
                 && self.protocol.in_flight() == 0
@@ -229,10 +236,24 @@ impl<'a> Pipeline<'a> {
                 confirm.as_mut().reset(due.into());
                 confirm_armed = true;
             }
+            if !pull_armed && !self.in_flight.is_empty() {
+                let due = pulled_at + MIN_STATUS_GAP;
+                let now = Instant::now();
+                if due <= now {
+                    // The first message after a pause: its ack is read as it arrives.
+                    self.in_flight.pull_acks();
+                    pulled_at = now;
+                } else {
+                    pull.as_mut().reset(due.into());
+                    pull_armed = true;
+                }
+            }
             let unsent_room = self.outbound.has_room();
             let most = MAX_IN_FLIGHT.min(self.protocol.send_limit());
-            let room =
-                unsent_room && self.in_flight.has_room(most, self.config.max_in_flight_bytes);
+            let window_room = self.in_flight.has_room(most, self.config.max_in_flight_bytes);
+            // A full window waits for acks and nothing else: each one is read as it arrives.
+            self.in_flight.wake_on_each_ack(!window_room);
+            let room = unsent_room && window_room;
             tokio::select! {
                 biased;
                 interruption = interruptions.next() => match interruption {
@@ -258,11 +279,18 @@ impl<'a> Pipeline<'a> {
                 // a tick placed after them never ran (gauges, ack checks and the stall
                 // detector's view went stale for as long as the drain lasted).
                 _ = tick.tick() => {
+                    // Also when nothing is in flight: the server's pings are answered there.
+                    self.in_flight.pull_acks();
                     self.check_acks()?;
                     self.update_gauges();
                     if self.reported_at.elapsed() >= self.conn.status_keepalive() {
                         self.send_status(false).await?;
                     }
+                }
+                () = &mut pull, if pull_armed => {
+                    pull_armed = false;
+                    pulled_at = Instant::now();
+                    self.in_flight.pull_acks();
                 }
                 () = &mut confirm, if confirm_armed => {
                     confirm_armed = false;

@@ -98,6 +98,7 @@ impl Pipeline<'_> {
     /// confirmed and is published again on the next start, and the exit status says so.
     pub(super) async fn drain(&mut self) -> Result<(), PipelineError> {
         let waiting = self.in_flight.len();
+        self.in_flight.wake_on_each_ack(true);
         let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
         while !self.in_flight.is_empty() {
             let left = self.in_flight.len();

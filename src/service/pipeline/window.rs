@@ -72,6 +72,16 @@ impl Window {
         self.entries.push_back(InFlight { token, sent_at, ack, position, bytes, span, counters });
     }
 
+    /// Reads the acks that wait now (see [`Acks::pull`]).
+    pub(super) fn pull_acks(&mut self) {
+        self.acks.pull();
+    }
+
+    /// Whether every ack is read as it arrives (see [`Acks::wake_on_each`]).
+    pub(super) fn wake_on_each_ack(&mut self, each: bool) {
+        self.acks.wake_on_each(each);
+    }
+
     pub(super) fn pop_oldest(&mut self) -> Option<InFlight> {
         let oldest = self.entries.pop_front()?;
         self.bytes -= oldest.bytes;
