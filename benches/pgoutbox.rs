@@ -24,7 +24,7 @@ use support::cluster::NatsCluster;
 use support::pgoutbox::{Pgoutbox, command};
 use support::{Nats, Postgres};
 
-/// The single-row steps: rate, and whether two CPU hogs contend the cores.
+/// The single-row steps: rate, and whether a CPU hog contends the cores.
 const SMALL_STEPS: [(u64, bool); 3] = [(1_000, false), (3_000, false), (3_000, true)];
 const SMALL_LABELS: [&str; 3] = ["@1,000/s", "@3,000/s", "@3,000/s, contended"];
 
