@@ -2,7 +2,10 @@
 //! delivering the same single-row load (test_decoding to pg_recvlogical), each row stamped
 //! when its line arrives; and the same rows taken one hop further, published to JetStream as
 //! they arrive (acks pipelined, each message shaped as pgoutbox's: its headers, its guards,
-//! its size), timed by when JetStream stored them.
+//! its size), timed by when JetStream stored them. That hop is a process of its own, this
+//! binary in relay mode (`relay_main`, async-nats on a current-thread runtime as pgoutbox
+//! runs), so that its CPU is counted beside pg_recvlogical's: the two are what a minimal
+//! relay of the same rows costs.
 //! pgoutbox is stopped meanwhile and the rows go to a table outside its publication, so
 //! the floor has the machine to itself as pgoutbox has in its own step.
 
@@ -22,11 +25,20 @@ pub struct Floor {
     pub arrival: [f64; 3],
     pub stored: [f64; 3],
     pub reader_cpu_us_per_row: f64,
+    /// The NATS hop's client (`relay_main`) per row, µs: with pg_recvlogical's, what a
+    /// minimal relay of the same rows costs.
+    pub relay_cpu_us_per_row: f64,
     /// pg_recvlogical's wake-ups per row.
     pub reader_wakeups_per_row: f64,
 }
 
-pub async fn measure(pg: &Postgres, js: &jetstream::Context, rate: u64, seconds: u64) -> Floor {
+pub async fn measure(
+    pg: &Postgres,
+    nats_url: &str,
+    js: &jetstream::Context,
+    rate: u64,
+    seconds: u64,
+) -> Floor {
     pg.psql("CREATE TABLE IF NOT EXISTS outbox_floor (LIKE outbox INCLUDING DEFAULTS)");
     pg.psql("SELECT pg_create_logical_replication_slot('floor', 'test_decoding')");
     // Kept from step to step, as pgoutbox's stream is: the server's cost per message depends
@@ -35,33 +47,21 @@ pub async fn measure(pg: &Postgres, js: &jetstream::Context, rate: u64, seconds:
         create_stream(js, "FLOOR", "floor.>", 1).await;
     }
     let held = super::stream_count(js, "FLOOR").await as usize;
-    let mut reader = tokio::process::Command::new(pg_bin().join("pg_recvlogical"))
+    let mut reader = std::process::Command::new(pg_bin().join("pg_recvlogical"))
         .args(["-h", "127.0.0.1", "-p", &pg.port().to_string(), "-U", "postgres"])
         .args(["-d", "postgres", "--slot", "floor", "--start", "-f", "-", "--no-loop"])
         .stdout(Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .expect("pg_recvlogical");
-    let mut lines = BufReader::new(reader.stdout.take().expect("stdout")).lines();
-    let (acks, mut acked) = tokio::sync::mpsc::unbounded_channel::<super::AckFuture>();
-    let ack_task = tokio::spawn(async move {
-        while let Some(ack) = acked.recv().await {
-            ack.await.expect("floor ack");
-        }
-    });
-    let relay_js = js.clone();
-    let relay = tokio::spawn(async move {
-        let mut arrivals = Vec::new();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let Some(committed) = row_time(&line) else { continue };
-            arrivals.push((now_seconds() - committed) * 1e3);
-            let (headers, body) = pgoutbox_like(committed, held + arrivals.len() - 1);
-            let ack = relay_js.publish_with_headers("floor.row", headers, body).await;
-            let ack = ack.expect("floor publish");
-            let _ = acks.send(Box::pin(ack.into_future()));
-        }
-        arrivals
-    });
+    let lines = reader.stdout.take().expect("stdout");
+    // The NATS hop in a process of its own, so that its CPU is counted apart from the
+    // benchmark's: this binary again, in relay mode (`relay_main`).
+    let relay = std::process::Command::new(std::env::current_exe().expect("the bench binary"))
+        .args([RELAY_FLAG, nats_url, &held.to_string()])
+        .stdin(lines)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the floor's relay");
     let (inserted, _) = steady_writer_at(&pg.url(), "outbox_floor", rate, seconds).await;
     // The rows are all committed; wait for their lines, then stop the reader.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -69,12 +69,18 @@ pub async fn measure(pg: &Postgres, js: &jetstream::Context, rate: u64, seconds:
         assert!(tokio::time::Instant::now() < deadline, "the floor's rows never all arrived");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let reader_pid = reader.id().unwrap_or(0);
-    let reader_cpu = super::small_transactions::thread_cpu_seconds(reader_pid);
-    let reader_wakeups = super::small_transactions::wakeups(reader_pid);
-    let _ = reader.kill().await;
-    let mut arrivals = relay.await.expect("floor relay");
-    ack_task.await.expect("floor acks");
+    let reader_cpu = super::small_transactions::thread_cpu_seconds(reader.id());
+    let reader_wakeups = super::small_transactions::wakeups(reader.id());
+    let relay_cpu = super::small_transactions::thread_cpu_seconds(relay.id());
+    let _ = reader.kill();
+    let _ = reader.wait();
+    // The relay ends at its input's end, once every ack came, and prints the arrivals.
+    let output = relay.wait_with_output().expect("the floor's relay");
+    assert!(output.status.success(), "the floor's relay failed");
+    let mut arrivals: Vec<f64> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.parse().ok())
+        .collect();
     pg.psql("SELECT pg_drop_replication_slot('floor')");
     let times = stored_and_committed(js, "FLOOR", held as u64, inserted).await;
     let mut stored: Vec<f64> = times.iter().map(|(s, c)| ((s - c) * 1e3).max(0.0)).collect();
@@ -83,7 +89,52 @@ pub async fn measure(pg: &Postgres, js: &jetstream::Context, rate: u64, seconds:
         stored: percentiles(&mut stored),
         reader_cpu_us_per_row: reader_cpu * 1e6 / inserted.max(1) as f64,
         reader_wakeups_per_row: reader_wakeups / inserted.max(1) as f64,
+        relay_cpu_us_per_row: relay_cpu * 1e6 / inserted.max(1) as f64,
     }
+}
+
+/// The argument that makes the bench binary the floor's relay.
+pub const RELAY_FLAG: &str = "--floor-relay";
+
+/// The floor's NATS hop, run as `<bench> --floor-relay <nats url> <held>`: each test_decoding
+/// line of the floor's table on stdin is stamped as it arrives and published as pgoutbox
+/// would publish its row (acks pipelined, read by a task of their own); at the input's end,
+/// once every ack came, the arrivals (ms after commit) are printed one per line. A
+/// current-thread runtime, as pgoutbox's.
+pub fn relay_main(args: &[String]) {
+    let (Some(url), Some(held)) = (args.first(), args.get(1).and_then(|h| h.parse().ok())) else {
+        panic!("usage: --floor-relay <nats url> <messages held>");
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let arrivals = runtime.expect("runtime").block_on(relay(url, held));
+    let lines: Vec<String> = arrivals.iter().map(|a| a.to_string()).collect();
+    println!("{}", lines.join("\n"));
+}
+
+async fn relay(url: &str, held: usize) -> Vec<f64> {
+    let js = jetstream::new(async_nats::connect(url).await.expect("NATS"));
+    let (acks, mut acked) = tokio::sync::mpsc::unbounded_channel::<super::AckFuture>();
+    let ack_task = tokio::spawn(async move {
+        while let Some(ack) = acked.recv().await {
+            ack.await.expect("floor ack");
+        }
+    });
+    // Read as pgoutbox reads its socket: non-blocking, woken by epoll (tokio's `stdin()`
+    // hands each read to a thread of its blocking pool: a relay slower than it need be).
+    let stdin = std::os::fd::AsFd::as_fd(&std::io::stdin()).try_clone_to_owned();
+    let pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(stdin.expect("stdin"));
+    let mut lines = BufReader::new(pipe.expect("stdin is a pipe")).lines();
+    let mut arrivals = Vec::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let Some(committed) = row_time(&line) else { continue };
+        arrivals.push((now_seconds() - committed) * 1e3);
+        let (headers, body) = pgoutbox_like(committed, held + arrivals.len() - 1);
+        let ack = js.publish_with_headers("floor.row", headers, body).await;
+        let _ = acks.send(Box::pin(ack.expect("floor publish").into_future()));
+    }
+    drop(acks);
+    ack_task.await.expect("floor acks");
+    arrivals
 }
 
 /// A message shaped as pgoutbox's for the same row: the same headers with values of the same

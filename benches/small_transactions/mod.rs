@@ -46,7 +46,7 @@ pub async fn step(
     contended: bool,
 ) -> Step {
     let hog = contended.then(Hog::start);
-    let floor = floor::measure(pg, js, rate, seconds).await;
+    let floor = floor::measure(pg, &nats.url(), js, rate, seconds).await;
     // Logging as in production: the tests' `pgoutbox=debug` writes a line per status update.
     let mut run = command(pg, nats);
     run.env("RUST_LOG", "info").arg("run");
