@@ -861,7 +861,7 @@ fn print_small(f: &Figures) {
         row("  pgoutbox CPU per transaction, µs", &cpu, target);
         row("  pgoutbox CPU / pg_recvlogical CPU", &cpu_ratio, "≤ 1.3".into());
         let hop_cpu = of(&|s| s.floor.relay_cpu_us_per_row);
-        row("  floor's NATS hop (relay) CPU per transaction, µs", &hop_cpu, "-".into());
+        row("  relay (the floor's NATS hop) CPU per tx, µs", &hop_cpu, "-".into());
         let with_hop: Vec<f64> =
             cpu.iter().zip(floor_cpu.iter().zip(&hop_cpu)).map(|(c, (f, h))| c / (f + h)).collect();
         row("  pgoutbox CPU / (pg_recvlogical + relay) CPU", &with_hop, "-".into());
