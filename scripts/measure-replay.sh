@@ -95,10 +95,14 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg); $rows rows; $("$bin
 # transaction is slower (the walsender decodes it whole at its commit, spilling to disk)
 # and made every ratio below look better than the benchmark's (until 2026-11-27).
 insert_rows() {
-  awk -v rows="$1" 'BEGIN { for (s = 1; s <= rows; s += 100) {
-    e = s + 99; if (e > rows) e = rows
-    printf "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) SELECT '"'"'order'"'"', n::text, '"'"'created'"'"', jsonb_build_object('"'"'n'"'"', n, '"'"'t'"'"', 0, '"'"'pad'"'"', repeat('"'"'x'"'"', 220)) FROM generate_series(%d, %d) n;\n", s, e } }' |
-    psql >/dev/null
+  psql >/dev/null <<SQL
+SELECT format('INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+  SELECT ''order'', n::text, ''created'',
+    jsonb_build_object(''n'', n, ''t'', 0, ''pad'', repeat(''x'', 220))
+  FROM generate_series(%s, %s) n', s, least(s + 99, $1))
+FROM generate_series(1, $1, 100) s
+\gexec
+SQL
 }
 insert_rows "$rows"
 end=$(psql -c "SELECT pg_current_wal_lsn()")
