@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::stream::{audit, count, jetstream, read_all};
-use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_slot_active};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming_on};
 
 /// `pgoutbox run` for database `db` through slot `slot`, plus `args`.
 fn run_for(pg: &Postgres, nats: &Nats, db: &str, slot: &str, args: &[&str]) -> Pgoutbox {
@@ -34,7 +34,7 @@ async fn a_second_database_on_the_same_stream_is_refused_and_loses_nothing() {
         pg.psql_db(db, include_str!("../../sql/outbox.sql"));
     }
     let a = run_for(&pg, &nats, "app_a", "slot_a", &[]);
-    wait_until_slot_active(&pg, "slot_a", &a).await;
+    wait_until_streaming_on(&pg, "slot_a", &a).await;
 
     // Everything else default: both would write stream OUTBOX.
     let mut b = run_for(&pg, &nats, "app_b", "slot_b", &[]);
@@ -81,7 +81,7 @@ async fn a_second_database_on_the_same_stream_is_refused_and_loses_nothing() {
             "outbox_app_b.dead_letter",
         ],
     );
-    wait_until_slot_active(&pg, "slot_b", &b).await;
+    wait_until_streaming_on(&pg, "slot_b", &b).await;
     eventually(Duration::from_secs(30), "B's 1,000 rows stored in its own stream", || async {
         (count(&js, "OUTBOX_app_b").await >= 1_000).then_some(())
     })

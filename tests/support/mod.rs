@@ -59,27 +59,29 @@ pub fn free_port() -> u16 {
     panic!("no free port between {low} and {high}")
 }
 
-/// Waits until `app` holds the slot and streams: the slot is active and pgoutbox has said
-/// "streaming". The slot alone is not enough: it is active while it is being created, and
-/// a test that stopped NATS at that moment caught pgoutbox still setting up.
+/// Waits until `app` holds slot `pgoutbox` and streams; see [`wait_until_streaming_on`].
 pub async fn wait_until_streaming(pg: &Postgres, app: &pgoutbox::Pgoutbox) {
-    wait_until_slot_active(pg, "pgoutbox", app).await;
+    wait_until_streaming_on(pg, "pgoutbox", app).await;
+}
+
+/// Waits until `app` holds `slot` and streams: the slot is active and pgoutbox has said
+/// "streaming". The slot alone is not enough: it is active while it is being created, before
+/// pgoutbox has claimed its stream. A test that stopped NATS at that moment caught pgoutbox
+/// still setting up, and one that started a second source then saw that source claim the
+/// stream first.
+pub async fn wait_until_streaming_on(pg: &Postgres, slot: &str, app: &pgoutbox::Pgoutbox) {
+    let query = format!("SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'");
     let deadline = Instant::now() + Duration::from_secs(30);
+    while pg.try_psql(&query).as_deref() != Ok("t") {
+        assert!(Instant::now() < deadline, "pgoutbox never held slot {slot}; log:\n{}", app.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     loop {
         let log = app.log();
         if log.contains(": streaming slot=") || log.contains(r#""message":"streaming""#) {
             return;
         }
         assert!(Instant::now() < deadline, "pgoutbox never said it streams; log:\n{log}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-pub async fn wait_until_slot_active(pg: &Postgres, slot: &str, app: &pgoutbox::Pgoutbox) {
-    let query = format!("SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while pg.try_psql(&query).as_deref() != Ok("t") {
-        assert!(Instant::now() < deadline, "pgoutbox never started streaming; log:\n{}", app.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
