@@ -119,7 +119,7 @@ cpu_start() { # phase
   cpu_phase=$1
   perf record -a -F 997 -o "$out/cpu-$1.data" >/dev/null 2>&1 &
   cpu_perf=$!
-  perf stat -a --per-thread -e syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_epoll_wait \
+  perf stat -a --per-thread -e syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex \
     -o "$out/sys-$1.txt" >/dev/null 2>&1 &
   sys_perf=$!
   echo "SELECT pid, coalesce(nullif(application_name, ''), backend_type) FROM pg_stat_activity \\watch 0.2" |
