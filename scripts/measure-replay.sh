@@ -14,7 +14,7 @@
 # no call graphs) during each phase and prints each process's CPU seconds beside the rows/s:
 # what a phase costs beyond the drain, process by process (`perf report -i $OUT/cpu-<phase>.data
 # --comm nats-server --sort sym` then compares a process's functions between phases), and
-# counts each thread's socket syscalls into $OUT/sys-<phase>.txt.
+# counts each thread's socket and futex syscalls into $OUT/sys-<phase>.txt.
 # NATS_SERVER=<binary> runs another nats-server than /usr/sbin's (2.9, stripped), e.g. one
 # from scripts/fetch-nats.sh. FRESH_NATS=1 runs each phase on a new nats-server (a new
 # store), so that no phase works beside the streams and duplicate windows of the ones before.
