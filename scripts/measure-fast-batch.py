@@ -457,10 +457,9 @@ class RawPublisher(asyncio.Protocol):
             self.transport.close()
 
 
-async def run_single(raw: RawPublisher, cl: Client, srv: NatsServer, stream: str, n: int, payload: bytes,
-                     inflight: int) -> RunResult:
-    """(a) one publish with its own reply per message, at most `inflight` acks outstanding."""
-    subj = f"{stream}.e"
+async def publish_pipelined(raw: RawPublisher, frame, n: int, inflight: int) -> list[bytes]:
+    """Sends `frame(0)` .. `frame(n - 1)`, each an HPUB with its own reply, keeping at most
+    `inflight` acks outstanding, and waits for every ack; returns the refusals and duplicates."""
     acked, errors = 0, []
 
     def on_reply(_subject: str, body: bytes) -> None:
@@ -470,17 +469,28 @@ async def run_single(raw: RawPublisher, cl: Client, srv: NatsServer, stream: str
             errors.append(body)
 
     raw.on_reply = on_reply
-    cpu0, ccpu0, t0 = srv.cpu_seconds(), time.process_time(), time.perf_counter()
     sent = 0
     while sent < n:
         room = min(inflight - (sent - acked), n - sent)
         if room > 0:
-            raw.transport.write(b"".join(raw.hpub(subj, f"{raw.inbox}.{sent + i}", {H_MSG_ID: f"{stream}-{sent + i}"},
-                                                  payload) for i in range(room)))
+            raw.transport.write(b"".join(frame(sent + i) for i in range(room)))
             sent += room
         await raw.wait()
     while acked < n:
         await raw.wait()
+    return errors
+
+
+async def run_single(raw: RawPublisher, cl: Client, srv: NatsServer, stream: str, n: int, payload: bytes,
+                     inflight: int) -> RunResult:
+    """(a) one publish with its own reply per message, at most `inflight` acks outstanding."""
+    subj = f"{stream}.e"
+
+    def frame(i: int) -> bytes:
+        return raw.hpub(subj, f"{raw.inbox}.{i}", {H_MSG_ID: f"{stream}-{i}"}, payload)
+
+    cpu0, ccpu0, t0 = srv.cpu_seconds(), time.process_time(), time.perf_counter()
+    errors = await publish_pipelined(raw, frame, n, inflight)
     t1, cpu1, ccpu1 = time.perf_counter(), srv.cpu_seconds(), time.process_time()
     stored = await cl.stream_msgs(stream)
     if errors or stored != n:
