@@ -55,7 +55,7 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
         }
     }
     if args.retention.is_some() {
-        config.refuse_several_tables("--retention")?;
+        config.refuse_patterns("--retention")?;
     }
     let tracing = Tracing::from_env(&ProcessEnv);
     let outcome = serve(config, args, tracing.as_ref().map(Tracing::tracer)).await;
@@ -109,13 +109,15 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         super::setup::warn_if_public_may_emit(&client).await;
     }
     if args.retention.is_some() {
-        let column = &config.entry().roles.created_at;
-        crate::postgres::admin::check_prerequisites(
-            &client,
-            &config.table,
-            &[("created-at column (for --retention)", column)],
-        )
-        .await?;
+        for entry in &config.pipeline.tables {
+            let column = &entry.roles.created_at;
+            crate::postgres::admin::check_prerequisites(
+                &client,
+                &entry.table,
+                &[("created-at column (for --retention)", column)],
+            )
+            .await?;
+        }
     }
     let (disconnects, nats_disconnects) = tokio::sync::watch::channel(0);
     let disconnects = Arc::new(disconnects);
@@ -172,31 +174,46 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
     memory.tracer = tracer;
     if let Some(keep) = args.retention {
         // Dead letters of earlier runs that lack their payload: those rows must stay.
-        let subject = &config.entry().dead_letter_subject;
-        let read = || async {
-            publisher.ids_of_letters_without_payload(subject).await.with_context(|| {
-                format!("reading the dead letters on {subject} that --retention must keep")
-            })
-        };
-        let Some(ids) =
-            patiently(UNANSWERED, jetstream_unanswered, backoff(), &mut shutdown, &readiness, read)
-                .await?
-        else {
-            return Ok(());
-        };
-        for id in ids {
-            memory.kept_rows.keep_letter_id(&id);
+        let mut subjects: Vec<&str> =
+            config.pipeline.tables.iter().map(|e| e.dead_letter_subject.as_str()).collect();
+        subjects.sort_unstable();
+        subjects.dedup();
+        for subject in subjects {
+            let read = || async {
+                publisher.rows_of_letters_without_payload(subject).await.with_context(|| {
+                    format!("reading the dead letters on {subject} that --retention must keep")
+                })
+            };
+            let Some(rows) = patiently(
+                UNANSWERED,
+                jetstream_unanswered,
+                backoff(),
+                &mut shutdown,
+                &readiness,
+                read,
+            )
+            .await?
+            else {
+                return Ok(());
+            };
+            for (table, id) in rows {
+                memory.kept_rows.keep_letter_id(&table, &id);
+            }
         }
-        let roles = &config.entry().roles;
-        let columns = crate::service::retention::Columns {
-            created_at: roles.created_at.clone(),
-            id: roles.id.clone(),
-        };
+        let tables = config
+            .pipeline
+            .tables
+            .iter()
+            .map(|entry| crate::service::retention::RetainedTable {
+                table: entry.table.clone(),
+                created_at: entry.roles.created_at.clone(),
+                id: entry.roles.id.clone(),
+            })
+            .collect();
         tasks.spawn(crate::service::retention::run(
             config.database.clone(),
             config.pg_tls.clone(),
-            config.table.clone(),
-            columns,
+            tables,
             keep,
             memory.published_up_to.clone(),
             memory.kept_rows.clone(),

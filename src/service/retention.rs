@@ -1,5 +1,6 @@
 //! `--retention`: deleting outbox rows that are old *and* already published, in small
-//! batches, so the table does not grow forever.
+//! batches, so the tables do not grow forever. Every configured table is served, each by
+//! its own created-at and id columns.
 //!
 //! "Published" is known from the pipeline: it records the commit time of the newest
 //! transaction confirmed to Postgres; transactions are published in commit order, so every
@@ -15,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use tracing::{info, warn};
@@ -46,9 +47,10 @@ impl PublishedUpTo {
 
 /// Rows never to delete: those whose dead letter lacks the payload (it was too large to
 /// fit), so the table holds the only copy. Filled from the stream's dead letters at start
-/// and by the pipeline as it publishes more.
+/// and by the pipeline as it publishes more. Known by table (`schema.table`, as a dead
+/// letter names it) and id: the same id in two tables is two rows.
 #[derive(Clone, Default)]
-pub struct KeptRows(Arc<Mutex<Kept>>);
+pub struct KeptRows(Arc<Mutex<HashMap<String, Kept>>>);
 
 #[derive(Default)]
 struct Kept {
@@ -58,49 +60,71 @@ struct Kept {
 }
 
 impl KeptRows {
-    pub fn keep(&self, id: String) {
+    pub fn keep(&self, table: &str, id: String) {
         if let Ok(mut kept) = self.0.lock() {
-            kept.ids.insert(id);
+            kept.entry(table.to_owned()).or_default().ids.insert(id);
         }
     }
 
     /// An id as a dead letter's body gives it, which may be shortened.
-    pub fn keep_letter_id(&self, id: &str) {
+    pub fn keep_letter_id(&self, table: &str, id: &str) {
         match id.strip_suffix(TRUNCATED) {
             Some(prefix) => {
                 if let Ok(mut kept) = self.0.lock() {
-                    kept.prefixes.insert(prefix.to_owned());
+                    kept.entry(table.to_owned()).or_default().prefixes.insert(prefix.to_owned());
                 }
             }
-            None => self.keep(id.to_owned()),
+            None => self.keep(table, id.to_owned()),
         }
     }
 
-    /// The ids and the id prefixes to keep, as query parameters.
-    fn snapshot(&self) -> (Vec<String>, Vec<String>) {
-        match self.0.lock() {
-            Ok(kept) => {
+    /// The ids and the id prefixes to keep in `table`, as query parameters.
+    fn snapshot(&self, table: &str) -> (Vec<String>, Vec<String>) {
+        let Ok(kept) = self.0.lock() else { return (Vec::new(), Vec::new()) };
+        match kept.get(table) {
+            Some(kept) => {
                 (kept.ids.iter().cloned().collect(), kept.prefixes.iter().cloned().collect())
             }
-            Err(_) => (Vec::new(), Vec::new()),
+            None => (Vec::new(), Vec::new()),
         }
     }
 }
 
-/// The columns retention reads.
-pub struct Columns {
+/// A table retention serves, and the columns it reads there.
+pub struct RetainedTable {
+    pub table: TableName,
     pub created_at: String,
     pub id: String,
 }
 
-/// Deletes published rows older than `keep` until shutdown; errors are logged and retried.
-/// Rows in `kept` are never deleted.
-#[allow(clippy::too_many_arguments)]
+impl RetainedTable {
+    /// One batch: rows of this table older than `$1` (Unix seconds), not kept by id (`$2`)
+    /// or id prefix (`$3`). By id, with every condition checked again on the rows deleted:
+    /// a ctid names a row only within one table, and a partitioned outbox repeats ctids in
+    /// every partition (deleting by ctid there emptied young partitions too). A row sharing
+    /// an old row's id is deleted only if it is old and published itself.
+    fn delete_batch(&self) -> String {
+        let conditions = format!(
+            "{created_at} < to_timestamp($1::float8) AND NOT ({id}::text = ANY($2::text[])) \
+             AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS p WHERE starts_with({id}::text, p))",
+            created_at = quote_ident(&self.created_at),
+            id = quote_ident(&self.id),
+        );
+        format!(
+            "DELETE FROM {table} WHERE {id} = ANY(ARRAY(SELECT {id} FROM {table} \
+             WHERE {conditions} LIMIT {BATCH})) AND {conditions}",
+            table = self.table.quoted(),
+            id = quote_ident(&self.id),
+        )
+    }
+}
+
+/// Deletes published rows older than `keep` from every table until shutdown; errors are
+/// logged and retried. Rows in `kept` are never deleted.
 pub async fn run(
     database: tokio_postgres::Config,
     tls: crate::postgres::tls::PgTls,
-    table: TableName,
-    columns: Columns,
+    tables: Vec<RetainedTable>,
     keep: Duration,
     published: PublishedUpTo,
     kept: KeptRows,
@@ -108,22 +132,7 @@ pub async fn run(
 ) {
     let every = (keep / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
     let deleted_total = metrics::counter!(crate::service::telemetry::names::RETENTION_DELETED);
-    // By id, with every condition checked again on the rows deleted: a ctid names a row
-    // only within one table, and a partitioned outbox repeats ctids in every partition
-    // (deleting by ctid there emptied young partitions too). A row sharing an old row's id
-    // is deleted only if it is old and published itself.
-    let conditions = format!(
-        "{created_at} < to_timestamp($1::float8) AND NOT ({id}::text = ANY($2::text[])) \
-         AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS p WHERE starts_with({id}::text, p))",
-        created_at = quote_ident(&columns.created_at),
-        id = quote_ident(&columns.id),
-    );
-    let sql = format!(
-        "DELETE FROM {table} WHERE {id} = ANY(ARRAY(SELECT {id} FROM {table} \
-         WHERE {conditions} LIMIT {BATCH})) AND {conditions}",
-        table = table.quoted(),
-        id = quote_ident(&columns.id),
-    );
+    let statements: Vec<String> = tables.iter().map(RetainedTable::delete_batch).collect();
     let mut client = None;
     loop {
         tokio::select! {
@@ -141,27 +150,30 @@ pub async fn run(
                 }
             }
         }
-        let Some(db) = client.as_ref() else { continue };
-        let mut deleted = 0;
-        let (kept_ids, kept_prefixes) = kept.snapshot();
-        loop {
-            match db.execute(&sql, &[&cutoff_unix, &kept_ids, &kept_prefixes]).await {
-                Ok(n) => {
-                    deleted += n;
-                    if n < BATCH as u64 {
+        for (retained, sql) in tables.iter().zip(&statements) {
+            let Some(db) = client.as_ref() else { break };
+            let table = retained.table.to_string();
+            let (kept_ids, kept_prefixes) = kept.snapshot(&table);
+            let mut deleted = 0;
+            loop {
+                match db.execute(sql, &[&cutoff_unix, &kept_ids, &kept_prefixes]).await {
+                    Ok(n) => {
+                        deleted += n;
+                        if n < BATCH as u64 {
+                            break;
+                        }
+                    }
+                    Err(err) => {
+                        warn!(error = %err, table = %table, "retention: delete failed; will retry");
+                        client = None;
                         break;
                     }
                 }
-                Err(err) => {
-                    warn!(error = %err, "retention: delete failed; will retry");
-                    client = None;
-                    break;
-                }
             }
-        }
-        if deleted > 0 {
-            deleted_total.increment(deleted);
-            info!(deleted, table = %table, "retention: deleted published rows");
+            if deleted > 0 {
+                deleted_total.increment(deleted);
+                info!(deleted, table = %table, "retention: deleted published rows");
+            }
         }
     }
 }
@@ -177,5 +189,15 @@ mod tests {
         p.advance(10);
         p.advance(5);
         assert_eq!(p.get(), Some(10));
+    }
+
+    #[test]
+    fn kept_rows_are_kept_in_their_own_table_only() {
+        let kept = KeptRows::default();
+        kept.keep("public.outbox", "7".into());
+        kept.keep_letter_id("billing.outbox", &format!("long{TRUNCATED}"));
+        assert_eq!(kept.snapshot("public.outbox"), (vec!["7".to_owned()], vec![]));
+        assert_eq!(kept.snapshot("billing.outbox"), (vec![], vec!["long".to_owned()]));
+        assert_eq!(kept.snapshot("other.outbox"), (vec![], vec![]));
     }
 }

@@ -137,7 +137,8 @@ pub struct RunArgs {
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_HTTP_ADDR")]
     pub http_addr: Option<std::net::SocketAddr>,
     /// Delete outbox rows this long after they were published (e.g. 24h, 7d), in batches
-    /// of 1,000; needs the created-at column and DELETE on the table [default: keep all]
+    /// of 1,000, from every outbox table; needs the created-at column and DELETE on each
+    /// [default: keep all]
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_RETENTION", value_parser = crate::settings::units::parse_duration)]
     pub retention: Option<std::time::Duration>,
     /// Report a stall (/readyz 503, pgoutbox_stalled 1, a warning) when messages wait for

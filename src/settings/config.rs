@@ -30,7 +30,8 @@ pub struct Config {
     pub database: tokio_postgres::Config,
     pub pg_tls: crate::postgres::tls::PgTls,
     pub nats: NatsSettings,
-    /// The first outbox table: the one `replay`, the seed and `--retention` serve.
+    /// The first outbox table named exactly: the one whose replay table `replay` hands
+    /// rows over through.
     pub table: TableName,
     /// `--messages-only`: no table is read or checked.
     pub messages_only: bool,
@@ -197,8 +198,8 @@ impl Config {
                 })
                 .collect::<anyhow::Result<_>>()?,
         };
-        // The first table named exactly: the one `replay`, the seed and `--retention`
-        // serve, and whose replay table is read (none with patterns alone).
+        // The first table named exactly: the one whose replay table is read (none with
+        // patterns alone).
         let table = names.iter().find(|(_, pattern)| pattern.is_none()).unwrap_or(&names[0]);
         let table = table.0.clone();
         Ok(Config {
@@ -226,8 +227,7 @@ impl Config {
         self
     }
 
-    /// The first table's entry (the defaults with `--messages-only`): the one `replay`,
-    /// the seed and `--retention` serve.
+    /// The first table's entry (the defaults with `--messages-only`).
     pub fn entry(&self) -> &TableEntry {
         self.pipeline.first()
     }
@@ -243,20 +243,6 @@ impl Config {
             )),
             None => Ok(()),
         }
-    }
-
-    /// Refuses `what` (`--retention`, which reads one table so far) when several tables
-    /// are configured, rather than serve only the first of them.
-    pub fn refuse_several_tables(&self, what: &str) -> anyhow::Result<()> {
-        self.refuse_patterns(what)?;
-        if self.pipeline.tables.len() > 1 {
-            return Err(anyhow!(
-                "{what} with several tables is not supported yet: it reads one table and \
-                 would leave the other tables' rows out (see docs/operations.md, Several \
-                 tables)"
-            ));
-        }
-        Ok(())
     }
 
     /// The entry whose rows `replay --from-table` replays: the one named, which must be

@@ -116,3 +116,69 @@ async fn keeps_rows_whose_dead_letter_lacks_the_payload() {
     .await;
     assert_eq!(pg.psql(big_row), "1", "deleted after a restart:\n{}", app.log());
 }
+
+/// With several tables, each is served, and a row kept for its dead letter is kept in its
+/// own table only: the same id in another table is another row, deleted once old and
+/// published. Also after a restart, which learns the kept rows from the dead letters'
+/// bodies (table and id).
+#[tokio::test(flavor = "multi_thread")]
+async fn serves_every_table_and_keeps_a_dead_letters_row_in_its_own_table() {
+    use crate::cases::several_tables::{TABLES, two_tables};
+    let pg = Postgres::start();
+    let conf_dir = tempfile::tempdir().expect("conf dir");
+    let conf = conf_dir.path().join("nats.conf");
+    std::fs::write(&conf, "max_payload: 8192\n").expect("write nats.conf");
+    let nats = Nats::start_with_args(&["-c", conf.to_str().expect("utf-8 path")]);
+    two_tables(&pg);
+    let mut args = TABLES.to_vec();
+    args.extend(["--retention", "2s"]);
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+
+    let same = "00000000-0000-0000-0000-000000000007";
+    pg.psql(&format!(
+        "INSERT INTO billing.outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('{same}', 'invoice', 'big', 'created', \
+                 jsonb_build_object('pad', repeat('x', 20000))); \
+         INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('{same}', 'order', 'same', 'created', '{{}}');"
+    ));
+    for table in ["public.outbox", "billing.outbox"] {
+        pg.psql(&numbered_rows(0, 10, 5).replace("INTO outbox", &format!("INTO {table}")));
+    }
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "22 messages stored", || async {
+        (count(&js, "OUTBOX").await == 22).then_some(())
+    })
+    .await;
+    let rows = |table: &str| -> u64 {
+        pg.psql(&format!("SELECT count(*) FROM {table}")).parse().expect("count")
+    };
+    let big_row = "SELECT count(*) FROM billing.outbox WHERE aggregate_id = 'big'";
+    age_past_retention_then_publish_one_more(&pg, &js, 23).await;
+    eventually(Duration::from_secs(20), "both tables' published rows deleted", || async {
+        (rows("public.outbox") == 1 && rows("billing.outbox") == 1).then_some(())
+    })
+    .await;
+    assert_eq!(pg.psql(big_row), "1", "the only copy of a dead-lettered row was deleted");
+    let log = app.log();
+    for table in ["public.outbox", "billing.outbox"] {
+        let line = log.lines().find(|l| l.contains("retention: deleted") && l.contains(table));
+        assert!(line.is_some(), "no deletion logged for {table}:\n{log}");
+    }
+
+    crate::support::stop_and_wait_released(&pg, app).await;
+    pg.psql(&numbered_rows(23, 24, 1));
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    eventually(Duration::from_secs(20), "the row after the restart stored", || async {
+        (count(&js, "OUTBOX").await == 24).then_some(())
+    })
+    .await;
+    age_past_retention_then_publish_one_more(&pg, &js, 25).await;
+    eventually(Duration::from_secs(20), "public.outbox's older rows deleted", || async {
+        (rows("public.outbox") == 1).then_some(())
+    })
+    .await;
+    assert_eq!(pg.psql(big_row), "1", "deleted after a restart:\n{}", app.log());
+}

@@ -65,7 +65,8 @@ pub struct DeadLetter {
     pub reason: String,
     /// Whether the row's payload was left out to fit the budget.
     pub payload_omitted: bool,
-    /// The row's id as text, whole: `--retention` keeps a row whose payload was left out.
+    /// The id column's text, whole, as the table holds it (no table qualifier, no replay
+    /// prefix): `--retention` keeps a row whose payload was left out.
     pub row_id: Option<String>,
 }
 
@@ -120,11 +121,16 @@ impl RowMapping {
     /// The id column's text, however it reads, after the mapping's id prefix: tells rows
     /// apart, not for publishing.
     pub fn row_id<'t>(&self, tuple: &'t [ColumnValue]) -> Option<Cow<'t, str>> {
-        let id = tuple.get(self.id).and_then(lossy_text)?;
+        let id = self.id_column_text(tuple)?;
         match self.id_prefix.is_empty() && self.id_qualifier.is_empty() {
             true => Some(id),
             false => Some(Cow::Owned(format!("{}{}{id}", self.id_prefix, self.id_qualifier))),
         }
+    }
+
+    /// The id column's text as the table holds it: what SQL finds the row by.
+    pub fn id_column_text<'t>(&self, tuple: &'t [ColumnValue]) -> Option<Cow<'t, str>> {
+        tuple.get(self.id).and_then(lossy_text)
     }
 
     /// The dead letter for `tuple` at `position`, refused for `rejection`, on `subject`, no
@@ -189,7 +195,7 @@ impl RowMapping {
             },
             reason,
             payload_omitted,
-            row_id: id.map(Cow::into_owned),
+            row_id: self.id_column_text(tuple).map(Cow::into_owned),
         }
     }
 }

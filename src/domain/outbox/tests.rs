@@ -349,6 +349,8 @@ fn a_row_names_its_table_and_with_several_tables_its_id_is_qualified() {
         4096,
     );
     assert_eq!(header(&letter.event, "Pgoutbox-Table"), Some("public.outbox"));
+    // What --retention keeps the row by is the id as the table holds it.
+    assert_eq!(letter.row_id.as_deref(), Some("6f1c1a52-0000-4000-8000-000000000001"));
     let renamed =
         letter.named_by_position(crate::domain::progress::Position { commit_lsn: 1, index: 0 });
     assert_eq!(header(&renamed.event, "Pgoutbox-Table"), Some("public.outbox"));

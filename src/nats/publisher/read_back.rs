@@ -9,7 +9,7 @@ use crate::domain::outbox::{
     DEAD_LETTER_ID_PREFIX, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER, SCHEDULER_HEADER,
     TABLE_HEADER, letter_row,
 };
-use crate::domain::seed::{HeldRows, row_id_of};
+use crate::domain::seed::{HeldRows, own_row_id, row_id_of};
 
 /// Where [`Publisher::row_ids`] starts reading.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -175,12 +175,13 @@ impl Publisher {
         Ok(last.max(end))
     }
 
-    /// The row ids in the dead letters on `subject` that left the payload out (as each
-    /// letter's body gives them), for `--retention` to keep those rows.
-    pub async fn ids_of_letters_without_payload(
+    /// The rows of the dead letters on `subject` that left the payload out, as each
+    /// letter's body names them: the table, and the id column's text (without the table's
+    /// qualifier that several tables give it), for `--retention` to keep those rows.
+    pub async fn rows_of_letters_without_payload(
         &self,
         subject: &str,
-    ) -> Result<Vec<String>, PublisherError> {
+    ) -> Result<Vec<(String, String)>, PublisherError> {
         use async_nats::jetstream::consumer::pull::OrderedConfig;
         use futures_util::StreamExt;
         let total = self.count_on_subject(subject).await?;
@@ -191,7 +192,7 @@ impl Publisher {
         let config = OrderedConfig { filter_subject: subject.to_owned(), ..Default::default() };
         let consumer = stream.create_consumer(config).await.map_err(request_error)?;
         let mut messages = consumer.messages().await.map_err(request_error)?;
-        let mut ids = Vec::new();
+        let mut rows = Vec::new();
         for _ in 0..total {
             let message = match messages.next().await {
                 Some(message) => message.map_err(request_error)?,
@@ -201,11 +202,13 @@ impl Publisher {
             if omitted.is_some_and(|v| v.as_str() == "true") {
                 let body: serde_json::Value =
                     serde_json::from_slice(&message.payload).unwrap_or_default();
-                if let Some(id) = body.get("id").and_then(|id| id.as_str()) {
-                    ids.push(id.to_owned());
+                let text = |key: &str| body.get(key).and_then(|v| v.as_str()).map(str::to_owned);
+                if let (Some(table), Some(id)) = (text("table"), text("id")) {
+                    let id = own_row_id(&table, &id).to_owned();
+                    rows.push((table, id));
                 }
             }
         }
-        Ok(ids)
+        Ok(rows)
     }
 }

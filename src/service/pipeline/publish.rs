@@ -41,7 +41,7 @@ impl Pipeline<'_> {
             letter = letter.named_by_position(position);
             if let Some(id) = letter.row_id.clone() {
                 // The table holds the only copy of this event: retention keeps it.
-                self.memory.kept_rows.keep(id);
+                self.memory.kept_rows.keep(mapping.table(), id);
             }
         }
         let DeadLetter { event, reason, payload_omitted, row_id } = letter;
@@ -57,7 +57,7 @@ impl Pipeline<'_> {
         }
         if payload_omitted && let Some(id) = row_id {
             // Kept before its ack can move `published_up_to` past it.
-            self.memory.kept_rows.keep(id);
+            self.memory.kept_rows.keep(mapping.table(), id);
         }
         self.memory.dead_letters += 1;
         counters.dead_letters.increment(1);

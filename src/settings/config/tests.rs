@@ -127,10 +127,6 @@ fn several_tables_share_the_settings_and_qualify_their_ids() {
     assert_eq!(one.entry().message_id, MessageId::Row, "one table keeps its plain ids");
     let err = config(&["--table", "a.t,public.t,t"], &db).err().unwrap().to_string();
     assert!(err.contains("names public.t twice"), "{err}");
-    let several = config(&["--table", "a.t,b.t"], &db).unwrap();
-    let err = several.refuse_several_tables("--retention").unwrap_err().to_string();
-    assert!(err.starts_with("--retention with several tables is not supported yet"), "{err}");
-    assert!(one.refuse_several_tables("--retention").is_ok());
 }
 
 /// `Config::load` with a file holding `toml`; `explicit`: the arguments given.
