@@ -237,11 +237,6 @@ impl RowMapping {
         self
     }
 
-    /// The table, `schema.table`, as a dead letter's body names it.
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-
     /// The `Pgoutbox-Table` its messages carry; empty for emitted messages.
     pub fn source_table(&self) -> &str {
         &self.source_table

@@ -12,7 +12,7 @@ use crate::support::stream::{count, jetstream, read_all};
 use crate::support::{Nats, Postgres, eventually, wait_until_streaming};
 
 /// A nats-server whose max_payload is 8 KiB.
-fn small_payload_nats() -> (Nats, tempfile::TempDir) {
+pub(crate) fn small_payload_nats() -> (Nats, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("conf dir");
     let conf = dir.path().join("nats.conf");
     std::fs::write(&conf, "max_payload: 8192\n").expect("write nats.conf");

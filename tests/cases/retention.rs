@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::cases::poison_rows::small_payload_nats;
 use crate::support::pgoutbox::Pgoutbox;
 use crate::support::stream::{count, jetstream};
 use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
@@ -78,10 +79,7 @@ async fn age_past_retention_then_publish_one_more(
 #[tokio::test(flavor = "multi_thread")]
 async fn keeps_rows_whose_dead_letter_lacks_the_payload() {
     let pg = Postgres::start();
-    let conf_dir = tempfile::tempdir().expect("conf dir");
-    let conf = conf_dir.path().join("nats.conf");
-    std::fs::write(&conf, "max_payload: 8192\n").expect("write nats.conf");
-    let nats = Nats::start_with_args(&["-c", conf.to_str().expect("utf-8 path")]);
+    let (nats, _conf_dir) = small_payload_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s"]);
     wait_until_streaming(&pg, &app).await;
@@ -125,10 +123,7 @@ async fn keeps_rows_whose_dead_letter_lacks_the_payload() {
 async fn serves_every_table_and_keeps_a_dead_letters_row_in_its_own_table() {
     use crate::cases::several_tables::{TABLES, two_tables};
     let pg = Postgres::start();
-    let conf_dir = tempfile::tempdir().expect("conf dir");
-    let conf = conf_dir.path().join("nats.conf");
-    std::fs::write(&conf, "max_payload: 8192\n").expect("write nats.conf");
-    let nats = Nats::start_with_args(&["-c", conf.to_str().expect("utf-8 path")]);
+    let (nats, _conf_dir) = small_payload_nats();
     two_tables(&pg);
     let mut args = TABLES.to_vec();
     args.extend(["--retention", "2s"]);

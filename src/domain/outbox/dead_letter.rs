@@ -128,6 +128,11 @@ impl RowMapping {
         }
     }
 
+    /// The table, `schema.table`, as a dead letter's body names it.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
     /// The id column's text as the table holds it: what SQL finds the row by.
     pub fn id_column_text<'t>(&self, tuple: &'t [ColumnValue]) -> Option<Cow<'t, str>> {
         tuple.get(self.id).and_then(lossy_text)
