@@ -8,7 +8,7 @@ use opentelemetry_sdk::trace::Tracer;
 use tracing::{info, warn};
 
 use super::setup::{ensure_stream_and_slot, prepare_database};
-use crate::domain::outbox::{EMITTED_LABEL, TableEntry};
+use crate::domain::outbox::{EMITTED_LABEL, TableEntry, letter_row_in};
 use crate::domain::retry::{Backoff, Next, RepeatedError, RetryPolicy};
 use crate::domain::stall::Progress;
 use crate::nats::handshake::Dialer;
@@ -197,7 +197,11 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
                 return Ok(());
             };
             for (table, id) in rows {
-                memory.kept_rows.keep_letter_id(&table, &id);
+                for entry in &config.pipeline.tables {
+                    if let Some(row) = letter_row_in(entry, &table, &id) {
+                        memory.kept_rows.keep_letter_id(&entry.table.to_string(), &row);
+                    }
+                }
             }
         }
         let tables = config

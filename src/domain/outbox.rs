@@ -30,7 +30,7 @@ pub use controls::{
 
 pub use dead_letter::{
     DEAD_LETTER_ID_PREFIX, DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET,
-    PAYLOAD_OMITTED_HEADER, RefusedRows, TRUNCATED, letter_row,
+    PAYLOAD_OMITTED_HEADER, RefusedRows, TRUNCATED, letter_row, letter_row_in,
 };
 pub use emitted::{EMITTED_LABEL, log_preview};
 pub use headers::Headers;

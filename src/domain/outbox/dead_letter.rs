@@ -26,7 +26,10 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use super::{Headers, MESSAGE_ID_HEADER, OutboxEvent, Rejection, RowMapping, TABLE_HEADER};
+use super::{
+    Headers, MESSAGE_ID_HEADER, MessageId, OutboxEvent, Rejection, RowMapping, TABLE_HEADER,
+    TableEntry,
+};
 use crate::domain::progress::Position;
 use crate::domain::row::ColumnValue;
 
@@ -266,6 +269,32 @@ pub fn letter_row(body: &[u8], payload_column: &str) -> Option<(String, Option<S
         _ => None,
     };
     Some((id, payload))
+}
+
+/// Which row of `entry`'s table a dead letter read back names, by the `table` and `id` of
+/// its body (either may be shortened, ending in [`TRUNCATED`]): `None` for a letter of
+/// another table; else the id column's text, or its start followed by `TRUNCATED`, without
+/// the `<schema>.<table>:` that several tables qualify ids with. An id shortened within
+/// that qualifier names no row in particular: `TRUNCATED` alone, whose empty start matches
+/// every row of the table (`--retention` keeps them all rather than the only copy of one).
+pub fn letter_row_in(entry: &TableEntry, table: &str, id: &str) -> Option<String> {
+    let name = entry.table.to_string();
+    let named = match table.strip_suffix(TRUNCATED) {
+        Some(start) => name.starts_with(start),
+        None => table == name,
+    };
+    if !named {
+        return None;
+    }
+    if entry.message_id == MessageId::Row {
+        return Some(id.to_owned());
+    }
+    let qualifier = format!("{name}:");
+    Some(match (id.strip_prefix(&qualifier), id.strip_suffix(TRUNCATED)) {
+        (Some(own), _) => own.to_owned(),
+        (None, Some(start)) if qualifier.starts_with(start) => TRUNCATED.to_owned(),
+        (None, _) => id.to_owned(),
+    })
 }
 
 impl RowMapping {

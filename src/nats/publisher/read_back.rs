@@ -9,7 +9,7 @@ use crate::domain::outbox::{
     DEAD_LETTER_ID_PREFIX, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER, SCHEDULER_HEADER,
     TABLE_HEADER, letter_row,
 };
-use crate::domain::seed::{HeldRows, own_row_id, row_id_of};
+use crate::domain::seed::{HeldRows, row_id_of};
 
 /// Where [`Publisher::row_ids`] starts reading.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -176,8 +176,8 @@ impl Publisher {
     }
 
     /// The rows of the dead letters on `subject` that left the payload out, as each
-    /// letter's body names them: the table, and the id column's text (without the table's
-    /// qualifier that several tables give it), for `--retention` to keep those rows.
+    /// letter's body names them (table, id; either may be shortened), for `--retention` to
+    /// keep those rows (`domain::outbox::letter_row_in` reads them).
     pub async fn rows_of_letters_without_payload(
         &self,
         subject: &str,
@@ -204,7 +204,6 @@ impl Publisher {
                     serde_json::from_slice(&message.payload).unwrap_or_default();
                 let text = |key: &str| body.get(key).and_then(|v| v.as_str()).map(str::to_owned);
                 if let (Some(table), Some(id)) = (text("table"), text("id")) {
-                    let id = own_row_id(&table, &id).to_owned();
                     rows.push((table, id));
                 }
             }

@@ -213,3 +213,30 @@ fn refused_rows_stay_bounded_forgetting_the_oldest() {
     assert_eq!(refused.get(&at(1)), Some(&Rejection("1".into())));
     assert!(refused.get(&at(RefusedRows::CAPACITY as u32)).is_some());
 }
+
+#[test]
+fn a_letter_read_back_names_its_tables_row_whatever_it_had_to_shorten() {
+    let entry = |table: &str, message_id| TableEntry {
+        table: table.parse().unwrap(),
+        pattern: None,
+        roles: ColumnRoles::default(),
+        template: "outbox.{aggregate_type}".parse().unwrap(),
+        dead_letter_subject: SUBJECT.into(),
+        message_id,
+    };
+    let t = |text: &str| format!("{text}{TRUNCATED}");
+    let one = entry("public.outbox", MessageId::Row);
+    assert_eq!(letter_row_in(&one, "public.outbox", "7").as_deref(), Some("7"));
+    assert_eq!(letter_row_in(&one, "billing.outbox", "7"), None);
+    let long = entry("billing_service.outbox", MessageId::Row);
+    let cut = t("billing_service.");
+    assert_eq!(letter_row_in(&long, &cut, &t("6f1c")).as_deref(), Some(t("6f1c").as_str()));
+    let several = entry("billing.outbox", MessageId::Qualified);
+    let row = letter_row_in(&several, "billing.outbox", "billing.outbox:7");
+    assert_eq!(row.as_deref(), Some("7"));
+    let row = letter_row_in(&several, "billing.outbox", &t("billing.outbox:6f"));
+    assert_eq!(row.as_deref(), Some(t("6f").as_str()));
+    let long = entry("billing_service.outbox", MessageId::Qualified);
+    let row = letter_row_in(&long, &cut, &cut);
+    assert_eq!(row.as_deref(), Some(TRUNCATED), "an id cut within its qualifier keeps every row");
+}
