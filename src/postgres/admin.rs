@@ -99,6 +99,12 @@ async fn log_close<F: std::future::Future<Output = Result<(), tokio_postgres::Er
     }
 }
 
+/// What the server said, for an error it answered; else the error itself
+/// (`tokio_postgres::Error` alone prints "db error").
+pub fn server_said(err: &tokio_postgres::Error) -> String {
+    err.as_db_error().map_or_else(|| err.to_string(), |db| db.message().to_owned())
+}
+
 fn describe_connect_error(err: &tokio_postgres::Error, user: &str) -> String {
     match err.as_db_error() {
         Some(db) if db.code() == &SqlState::INVALID_PASSWORD => {

@@ -43,7 +43,7 @@ pub async fn ensure(
     let failed = |doing, err: tokio_postgres::Error| ReplayTableError::NotSetUp {
         table: replay.to_string(),
         doing,
-        reason: err.as_db_error().map_or_else(|| err.to_string(), |db| db.message().to_owned()),
+        reason: crate::postgres::admin::server_said(&err),
         schema: table.schema.clone(),
     };
     let (exists, published) = state(client, publication, &replay).await?;

@@ -164,8 +164,12 @@ pub async fn run(
                         }
                     }
                     Err(err) => {
-                        warn!(error = %err, table = %table, "retention: delete failed; will retry");
-                        client = None;
+                        let error = admin::server_said(&err);
+                        warn!(error, table = %table, "retention: delete failed; will retry");
+                        // A refusal of this table's delete leaves the others served.
+                        if db.is_closed() {
+                            client = None;
+                        }
                         break;
                     }
                 }

@@ -177,3 +177,40 @@ async fn serves_every_table_and_keeps_a_dead_letters_row_in_its_own_table() {
     .await;
     assert_eq!(pg.psql(big_row), "1", "deleted after a restart:\n{}", app.log());
 }
+
+/// A table whose deletes fail (here a trigger refuses them; a missing `DELETE` grant
+/// does the same) is retried at each pass, and the tables after it are still served.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_whose_deletes_fail_leaves_the_other_tables_served() {
+    use crate::cases::several_tables::{TABLES, two_tables};
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    two_tables(&pg);
+    pg.psql(
+        "CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'this table keeps its rows'; END $$; \
+         CREATE TRIGGER keep_rows BEFORE DELETE ON public.outbox \
+         FOR EACH ROW EXECUTE FUNCTION refuse_delete();",
+    );
+    let mut args = TABLES.to_vec();
+    args.extend(["--retention", "2s"]);
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+
+    pg.psql(&numbered_rows(0, 5, 5));
+    pg.psql(&numbered_rows(5, 15, 5).replace("INTO outbox", "INTO billing.outbox"));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "15 rows stored", || async {
+        (count(&js, "OUTBOX").await == 15).then_some(())
+    })
+    .await;
+    age_past_retention_then_publish_one_more(&pg, &js, 16).await;
+    eventually(Duration::from_secs(20), "billing.outbox's published rows deleted", || async {
+        (pg.psql("SELECT count(*) FROM billing.outbox") == "0").then_some(())
+    })
+    .await;
+    assert_eq!(pg.psql("SELECT count(*) FROM public.outbox"), "6");
+    let log = app.log();
+    let refused = r#"retention: delete failed; will retry error="this table keeps its rows""#;
+    assert!(log.contains(refused), "no {refused:?} in:\n{log}");
+}
