@@ -49,11 +49,6 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
             "--retention deletes outbox rows, and --messages-only reads no table: drop one"
         );
     }
-    for (asked, what) in [(args.recover, "--recover"), (args.backfill, "--backfill")] {
-        if asked {
-            config.refuse_patterns(what)?;
-        }
-    }
     if args.retention.is_some() {
         config.refuse_patterns("--retention")?;
     }

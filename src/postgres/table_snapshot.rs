@@ -64,7 +64,7 @@ pub enum Selection {
 pub type RowBatch = Result<Vec<Vec<ColumnValue>>, tokio_postgres::Error>;
 
 /// A batch of rows of several tables, each with the index of its table in the order they
-/// were given to [`TableSnapshot::open_set`], or the read's failure.
+/// were given to [`TableSnapshot::read_set`], or the read's failure.
 pub type TaggedBatch = Result<Vec<(usize, Vec<ColumnValue>)>, tokio_postgres::Error>;
 
 /// The outbox tables frozen at one snapshot: one table for `pgoutbox replay`, every
@@ -89,33 +89,29 @@ struct SnapshotTable {
 }
 
 impl TableSnapshot {
-    /// Opens a session in a `REPEATABLE READ` transaction, imports `snapshot` when given,
-    /// and reads the table's columns as pgoutput names them (generated columns left out, as
-    /// pgoutput leaves them out).
-    pub async fn open(
+    /// A session in a `REPEATABLE READ` transaction, `snapshot` imported when given: what
+    /// [`TableSnapshot::read_set`] reads from, and where the seed asks which tables a
+    /// pattern matches in that same snapshot.
+    pub async fn session(
         database: &tokio_postgres::Config,
         tls: &PgTls,
         snapshot: Option<&str>,
-        table: &TableName,
-        roles: &ColumnRoles,
-    ) -> Result<TableSnapshot, SetupError> {
-        Self::open_set(database, tls, snapshot, &[(table, roles)]).await
-    }
-
-    /// [`TableSnapshot::open`] for several tables (at least one), read in one session and
-    /// one snapshot, each with its own roles.
-    pub async fn open_set(
-        database: &tokio_postgres::Config,
-        tls: &PgTls,
-        snapshot: Option<&str>,
-        tables: &[(&TableName, &ColumnRoles)],
-    ) -> Result<TableSnapshot, SetupError> {
+    ) -> Result<Client, SetupError> {
         let client = admin::connect(database, tls).await?;
         client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await?;
         if let Some(snapshot) = snapshot {
             let import = format!("SET TRANSACTION SNAPSHOT {}", escape_literal(snapshot));
             client.batch_execute(&import).await?;
         }
+        Ok(client)
+    }
+
+    /// Tables (at least one) in `client`'s snapshot, each with its own roles, their columns
+    /// as pgoutput names them (generated columns left out, as pgoutput leaves them out).
+    pub async fn read_set(
+        client: Client,
+        tables: &[(&TableName, &ColumnRoles)],
+    ) -> Result<TableSnapshot, SetupError> {
         let tracked: String = client.query_one("SHOW track_commit_timestamp", &[]).await?.get(0);
         let order = match tracked == "on" {
             true => RowOrder::CommitTime,

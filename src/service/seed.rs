@@ -26,6 +26,11 @@
 //! The margin absorbs clock differences between Postgres and NATS, and, without
 //! `track_commit_timestamp`, transactions that stayed open: a row inserted more than the
 //! margin before its transaction committed, committed while no slot existed, is missed.
+//!
+//! The tables read are the named ones and, for a pattern, each table it matches that is in
+//! the publication, as the snapshot shows them: a matching table not yet published has had
+//! none of its rows decoded, and adopting it later inserts them again, so the new slot
+//! decodes them then.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +39,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
-use crate::domain::outbox::{MappingError, RowMapping};
+use crate::domain::outbox::{MappingError, RowMapping, TableEntry};
 use crate::domain::progress::Position;
 use crate::domain::retry::Failure;
 use crate::domain::row::ColumnValue;
@@ -44,8 +49,8 @@ use crate::domain::seed::{
 use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
 use crate::postgres::admin::{self, SetupError};
 use crate::postgres::table_snapshot::{Reader, Selection, TableSnapshot, TaggedBatch};
-use crate::postgres::{ConnectionError, ReplicationConnection};
-use crate::settings::config::{Config, PipelineConfig};
+use crate::postgres::{ConnectionError, ReplicationConnection, tenant_tables};
+use crate::settings::config::Config;
 
 /// How far back from the tail the rows of messages are looked for in the table.
 const ANCHOR_SEARCH: u64 = 100;
@@ -92,6 +97,11 @@ pub enum SeedError {
     SlotReplaced { slot: String },
     #[error("slot name {0:?} plus \"_seed\" exceeds Postgres's 63 bytes: choose a shorter --slot")]
     SlotNameTooLong(String),
+    #[error(
+        "no table to seed: no table is named and the patterns ({0}) match no table in \
+         publication {1}; run without --recover or --backfill"
+    )]
+    NoTable(String, String),
 }
 
 impl SeedError {
@@ -108,6 +118,7 @@ impl SeedError {
             | SeedError::SlotNameTooLong(_)
             | SeedError::SeedElsewhere { .. }
             | SeedError::SlotReplaced { .. }
+            | SeedError::NoTable(..)
             | SeedError::Mapping(_) => Failure::Fatal,
         }
     }
@@ -120,12 +131,15 @@ pub struct Seed {
     /// Where the slot starts: the snapshot holds every row committed before.
     pub consistent_point: u64,
     snapshot: TableSnapshot,
+    /// The tables the snapshot reads, in its order, each under its entry (a pattern's
+    /// entry for each table it matched).
+    entries: Vec<TableEntry>,
     /// The bound (see the module doc), epoch seconds; `None`: every row.
     since: Option<f64>,
     /// The rows the stream holds already, as read up to `read_up_to`.
     held: HeldRows,
     /// Each table's `Pgoutbox-Table` and payload column (as dead letters name it), in
-    /// configured order.
+    /// the snapshot's order.
     tables: Vec<(String, String)>,
     read_up_to: u64,
     /// Rows the seed reads; how many were published or found held so far.
@@ -162,18 +176,11 @@ impl Seed {
         }
         let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
         let exported = conn.create_slot_exporting_snapshot(&slot).await?;
-        let entries = match config.pipeline.tables.as_slice() {
-            [] => std::slice::from_ref(config.entry()),
-            tables => tables,
-        };
+        let session =
+            TableSnapshot::session(&config.database, &config.pg_tls, Some(&exported.name)).await?;
+        let entries = tables_in_snapshot(&session, config).await?;
         let tables: Vec<_> = entries.iter().map(|e| (&e.table, &e.roles)).collect();
-        let snapshot = TableSnapshot::open_set(
-            &config.database,
-            &config.pg_tls,
-            Some(&exported.name),
-            &tables,
-        )
-        .await?;
+        let snapshot = TableSnapshot::read_set(session, &tables).await?;
         // Imported: the exporting session may go.
         conn.terminate().await;
         let mappings = entries
@@ -183,7 +190,7 @@ impl Seed {
             .collect::<Result<Vec<_>, _>>()?;
         let tables: Vec<(String, String)> = mappings
             .iter()
-            .zip(entries)
+            .zip(&entries)
             .map(|(mapping, entry)| {
                 (mapping.source_table().to_owned(), entry.roles.payload.clone())
             })
@@ -210,6 +217,7 @@ impl Seed {
             slot,
             consistent_point: exported.consistent_point,
             snapshot,
+            entries,
             since,
             held,
             tables,
@@ -255,12 +263,9 @@ impl Seed {
 
     /// The rows to publish, from the first, for one attempt: every table's, each mapped by
     /// its own table's entry.
-    pub fn prelude(&mut self, config: &PipelineConfig) -> Result<Prelude, MappingError> {
-        let entries = match config.tables.as_slice() {
-            [] => std::slice::from_ref(config.first()),
-            tables => tables,
-        };
-        let mappings = entries
+    pub fn prelude(&mut self) -> Result<Prelude, MappingError> {
+        let mappings = self
+            .entries
             .iter()
             .zip(self.snapshot.relations())
             .map(|(entry, relation)| RowMapping::of_entry(relation, entry).map(Arc::new))
@@ -399,6 +404,34 @@ async fn bound(
         Some(oldest) if oldest < since => Err(SeedError::NoAnchor),
         _ => Ok(Some(since)),
     }
+}
+
+/// The tables the seed reads, each under its entry, as `session`'s snapshot shows them: each
+/// named table, then each table a pattern matches that is in the publication (see the
+/// module doc), unless an earlier entry has it (a table two entries name is the first's).
+async fn tables_in_snapshot(
+    session: &tokio_postgres::Client,
+    config: &Config,
+) -> Result<Vec<TableEntry>, SeedError> {
+    let entries = match config.pipeline.tables.as_slice() {
+        [] => std::slice::from_ref(config.entry()),
+        tables => tables,
+    };
+    let mut read: Vec<TableEntry> =
+        entries.iter().filter(|e| e.pattern.is_none()).cloned().collect();
+    for entry in entries {
+        let Some(pattern) = &entry.pattern else { continue };
+        for matched in tenant_tables::matched(session, pattern, &config.publication).await? {
+            if matched.published && !read.iter().any(|e| e.table == matched.table) {
+                read.push(entry.for_table(matched.table));
+            }
+        }
+    }
+    if read.is_empty() {
+        let patterns: Vec<String> = entries.iter().map(|e| e.table.to_string()).collect();
+        return Err(SeedError::NoTable(patterns.join(", "), config.publication.clone()));
+    }
+    Ok(read)
 }
 
 /// A row of the seed: its position, its table's mapping and its values.

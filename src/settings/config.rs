@@ -232,8 +232,8 @@ impl Config {
         self.pipeline.first()
     }
 
-    /// Refuses `what` (a seed, `replay`, `--retention`: each reads tables it names) when a
-    /// table is named by a pattern, rather than read the tables matched at one moment.
+    /// Refuses `what` (`replay`, `--retention`: each reads tables it names) when a table is
+    /// named by a pattern, rather than read the tables matched at one moment.
     pub fn refuse_patterns(&self, what: &str) -> anyhow::Result<()> {
         match self.pipeline.tables.iter().find(|e| e.pattern.is_some()) {
             Some(entry) => Err(anyhow!(
