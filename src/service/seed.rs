@@ -131,9 +131,9 @@ pub struct Seed {
     /// Where the slot starts: the snapshot holds every row committed before.
     pub consistent_point: u64,
     snapshot: TableSnapshot,
-    /// The tables the snapshot reads, in its order, each under its entry (a pattern's
-    /// entry for each table it matched).
-    entries: Vec<TableEntry>,
+    /// Each table's mapping, in the snapshot's order, by its entry (a pattern's entry for
+    /// each table it matched).
+    mappings: Vec<Arc<RowMapping>>,
     /// The bound (see the module doc), epoch seconds; `None`: every row.
     since: Option<f64>,
     /// The rows the stream holds already, as read up to `read_up_to`.
@@ -186,7 +186,7 @@ impl Seed {
         let mappings = entries
             .iter()
             .zip(snapshot.relations())
-            .map(|(entry, relation)| RowMapping::of_entry(relation, entry))
+            .map(|(entry, relation)| RowMapping::of_entry(relation, entry).map(Arc::new))
             .collect::<Result<Vec<_>, _>>()?;
         let tables: Vec<(String, String)> = mappings
             .iter()
@@ -217,7 +217,7 @@ impl Seed {
             slot,
             consistent_point: exported.consistent_point,
             snapshot,
-            entries,
+            mappings,
             since,
             held,
             tables,
@@ -263,13 +263,7 @@ impl Seed {
 
     /// The rows to publish, from the first, for one attempt: every table's, each mapped by
     /// its own table's entry.
-    pub fn prelude(&mut self) -> Result<Prelude, MappingError> {
-        let mappings = self
-            .entries
-            .iter()
-            .zip(self.snapshot.relations())
-            .map(|(entry, relation)| RowMapping::of_entry(relation, entry).map(Arc::new))
-            .collect::<Result<Vec<_>, _>>()?;
+    pub fn prelude(&mut self) -> Prelude {
         let (rows, reader) = self.snapshot.read_all(&Selection::Since(self.since));
         self.done = 0;
         let mut marks = vec![(
@@ -279,15 +273,15 @@ impl Seed {
         if let Some(since) = self.since {
             marks.push((SEED_SINCE_HEADER, format!("{since:.6}")));
         }
-        Ok(Prelude {
+        Prelude {
             rows,
             _reader: reader,
             batch: Vec::new().into_iter(),
-            mappings,
+            mappings: self.mappings.clone(),
             next_index: 0,
             finished: false,
             marks,
-        })
+        }
     }
 
     /// Whether the stream holds the row `tuple`: a message with its id and its payload (or
@@ -355,7 +349,7 @@ async fn promote_seed_slot(
 async fn bound(
     publisher: &Publisher,
     snapshot: &TableSnapshot,
-    mappings: &[RowMapping],
+    mappings: &[Arc<RowMapping>],
     margin: f64,
 ) -> Result<Option<f64>, SeedError> {
     let tail = publisher.tail().await?;

@@ -247,7 +247,7 @@ impl Target<'_> {
             source,
             message_limit: tail.message_limit,
             tables: outbox_tables,
-            prelude: memory.seed.as_mut().map(Seed::prelude).transpose()?,
+            prelude: memory.seed.as_mut().map(Seed::prelude),
         };
         let outbound = publisher.outbound(dialer).await.map_err(|err| {
             NatsFailure::new(
