@@ -235,6 +235,9 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         seed_margin: args.recover_margin,
     };
     let outcome = attempts(&target, &mut memory, &mut shutdown, &readiness).await;
+    if let Some(seed) = memory.seed.take() {
+        seed.abandon(config).await;
+    }
     tasks.shutdown().await;
     outcome
 }

@@ -1,6 +1,7 @@
-//! `pgoutbox teardown --yes`: drops the slot and the publication, and the tenant tables'
-//! event trigger first when there is one (it would fail every new tenant's `CREATE TABLE`
-//! once the publication is gone); the stream is kept. `--only-table <schema.table>`: drops
+//! `pgoutbox teardown --yes`: drops the slot (and the temporary `<slot>_seed` of a seed that
+//! did not finish) and the publication, and the tenant tables' event trigger first when
+//! there is one (it would fail every new tenant's `CREATE TABLE` once the publication is
+//! gone); the stream is kept. `--only-table <schema.table>`: drops
 //! only that table from the publication (a table no longer streamed), keeping the slot,
 //! the other tables and the stream.
 
@@ -38,6 +39,13 @@ pub async fn run(config: &Config, yes: bool, only_table: Option<&str>) -> anyhow
     }
     admin::teardown(&client, &config.slot, &config.publication).await?;
     println!("dropped slot {} and publication {}", config.slot, config.publication);
+    // A seed killed halfway leaves its temporary slot; nothing else would drop it.
+    if let Ok(seed) = crate::service::seed::seed_slot(&config.slot)
+        && admin::slot_state(&client, &seed).await?.is_some()
+    {
+        admin::teardown_slot(&client, &seed).await?;
+        println!("dropped slot {seed}, left by a seed from the table that did not finish");
+    }
     Ok(())
 }
 

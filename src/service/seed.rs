@@ -11,6 +11,8 @@
 //! Until that copy the real slot does not exist, so a seed cut short by a crash is never
 //! mistaken for a finished one: the next `--recover` or `--backfill` drops the temporary
 //! slot and seeds again, and the rows the first try stored are then held by the stream.
+//! Since every try makes its own slot, a seed that stops for good or is shut down drops its
+//! slot before the process exits, so that it does not pin WAL meanwhile.
 //!
 //! Which rows the stream holds is decided by row id and payload, read from the stream itself
 //! (an id alone would take a row that reused an older message's id for that message):
@@ -49,8 +51,14 @@ use crate::domain::seed::{
 use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
 use crate::postgres::admin::{self, SetupError};
 use crate::postgres::table_snapshot::{Reader, Selection, TableSnapshot, TaggedBatch};
+use crate::postgres::walsender::ExportedSnapshot;
 use crate::postgres::{ConnectionError, ReplicationConnection, tenant_tables};
 use crate::settings::config::Config;
+
+mod temporary_slot;
+
+pub use temporary_slot::seed_slot;
+use temporary_slot::{drop_slot_of, promote_seed_slot};
 
 /// How far back from the tail the rows of messages are looked for in the table.
 const ANCHOR_SEARCH: u64 = 100;
@@ -147,15 +155,6 @@ pub struct Seed {
     pub done: u64,
 }
 
-/// The temporary slot's name.
-pub fn seed_slot(slot: &str) -> Result<String, SeedError> {
-    let name = format!("{slot}_seed");
-    if name.len() > 63 {
-        return Err(SeedError::SlotNameTooLong(slot.to_owned()));
-    }
-    Ok(name)
-}
-
 impl Seed {
     /// Creates the temporary slot (dropping one left by an earlier try), imports its
     /// snapshot and reads what the stream holds.
@@ -176,6 +175,26 @@ impl Seed {
         }
         let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
         let exported = conn.create_slot_exporting_snapshot(&slot).await?;
+        let consistent_point = exported.consistent_point;
+        let seed = Seed::read(config, publisher, kind, margin, slot.clone(), exported, conn).await;
+        if seed.is_err() {
+            // A next try makes a slot of its own: this one would only pin WAL.
+            drop_slot_of(&client, &slot, consistent_point).await;
+        }
+        seed
+    }
+
+    /// The rest of [`Seed::begin`], once the temporary slot is made: its snapshot imported
+    /// (then the exporting connection `conn` closed), the tables read, the stream compared.
+    async fn read(
+        config: &Config,
+        publisher: &Publisher,
+        kind: SeedKind,
+        margin: Duration,
+        slot: String,
+        exported: ExportedSnapshot,
+        conn: ReplicationConnection,
+    ) -> Result<Seed, SeedError> {
         let session =
             TableSnapshot::session(&config.database, &config.pg_tls, Some(&exported.name)).await?;
         let entries = tables_in_snapshot(&session, config).await?;
@@ -298,6 +317,19 @@ impl Seed {
         self.held.holds(table, &id, event, payload)
     }
 
+    /// The seed will not finish in this process (a fatal error, a shutdown): its slot is
+    /// dropped, since a later `--recover` or `--backfill` makes a new one from a new snapshot
+    /// and this one would pin WAL until then.
+    pub async fn abandon(self, config: &Config) {
+        let Seed { snapshot, slot, consistent_point, .. } = self;
+        snapshot.close().await;
+        match admin::connect(&config.database, &config.pg_tls).await {
+            Ok(client) => drop_slot_of(&client, &slot, consistent_point).await,
+            Err(err) => warn!(%slot, %err, "could not drop the unfinished seed's slot; \
+                the next --recover or --backfill drops it, or teardown"),
+        }
+    }
+
     /// Every row is in the stream: the temporary slot becomes the slot.
     pub async fn finish(self, config: &Config, slot: &str) -> Result<(), SeedError> {
         let Seed { snapshot, slot: seed_slot, total, .. } = self;
@@ -309,41 +341,11 @@ impl Seed {
     }
 }
 
-/// Makes the finished seed's slot the slot: copied to `slot` (position and snapshot state
-/// with it), then dropped once its walsender has let it go (within 10 s).
-async fn promote_seed_slot(
-    client: &tokio_postgres::Client,
-    seed: &str,
-    slot: &str,
-) -> Result<(), SetupError> {
-    // Copied already if an earlier try was cut off between the copy and the drop.
-    client
-        .execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2) WHERE NOT EXISTS \
-             (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2)",
-            &[&seed, &slot],
-        )
-        .await?;
-    let mut tries = 0;
-    loop {
-        match admin::teardown_slot(client, seed).await {
-            Err(SetupError::Sql(err))
-                if err.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
-                    && tries < 100 =>
-            {
-                tries += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-            other => return other,
-        }
-    }
-}
-
 /// The bound of a recovery: the one earlier tries wrote, else the order key of the row of
 /// the newest message whose row its table has (the table its `Pgoutbox-Table` names, the
 /// first without it; `mappings` are the tables' in the snapshot's order), less `margin`:
-/// one bound for every table, since the chain leaves no gap across tables either. `None` when the stream is
-/// empty (every row is missing). Only a message of a source, published from its row (not a
+/// one bound for every table, since the chain leaves no gap across tables either. `None`
+/// when the stream is empty (every row is missing). Only a message of a source, published from its row (not a
 /// replay, not a dead letter), anchors, and only on a row whose payload is the message's:
 /// after a truncate that restarted the ids, the tail's id names a newer row (issue 28, F3).
 async fn bound(

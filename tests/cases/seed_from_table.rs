@@ -442,4 +442,72 @@ async fn a_tenant_table_that_does_not_fit_stops_the_seed_naming_the_column() {
     assert!(line.is_some(), "no line naming tenant_2.outbox and event_type:\n{log}");
     let js = jetstream(&nats.url()).await;
     assert_eq!(count(&js, "OUTBOX").await, 0, "rows seeded before the refusal");
+    assert_no_seed_slot(&pg, &log);
+}
+
+/// No `<slot>_seed` slot is left to pin WAL by a seed that stopped for good.
+fn assert_no_seed_slot(pg: &Postgres, log: &str) {
+    let left = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pgoutbox_seed'";
+    assert_eq!(pg.psql(left), "0", "the seed's temporary slot is left, pinning WAL:\n{log}");
+}
+
+/// A recovery that cannot tell where the missing rows begin (none of the stream's last
+/// messages has its row in the table any more) stops, saying to use `--backfill`, and drops
+/// the temporary slot it made: it would pin WAL until someone noticed it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recovery_without_an_anchor_stops_and_leaves_no_slot_pinning_wal() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    slot_dropped_with_rows_in_the_gap(&pg, &nats, 10).await;
+    // The streamed rows are gone, and a row of the gap is older than the stream's tail.
+    pg.psql(
+        "DELETE FROM outbox WHERE (payload->>'n')::int < 100; \
+         UPDATE outbox SET created_at = now() - interval '1 hour' \
+         WHERE (payload->>'n')::int = 100",
+    );
+    let mut app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    let status = app.wait_exit(Duration::from_secs(60));
+    let log = app.log();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("use --backfill instead"), "{log}");
+    assert_no_seed_slot(&pg, &log);
+}
+
+/// A seed stopped by SIGTERM halfway drops its temporary slot (the next `--recover` makes a
+/// new one from a new snapshot anyway), and that next run stores every row once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_seed_stopped_halfway_drops_its_slot_and_the_next_recovery_finishes() {
+    let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
+    let nats = Nats::start();
+    slot_dropped_with_rows_in_the_gap(&pg, &nats, 50_000).await;
+    let mut app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    wait_for(&nats, 1_000, "part of the gap stored").await;
+    app.sigterm();
+    let status = app.wait_exit(Duration::from_secs(30));
+    let log = app.log();
+    assert!(status.success(), "{log}");
+    assert!(count(&jetstream(&nats.url()).await, "OUTBOX").await < 50_100, "stopped too late");
+    assert_no_seed_slot(&pg, &log);
+
+    let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(50_100, 50_200, 10));
+    assert_exactly_once_in_order(&nats, 50_200, &app.log()).await;
+}
+
+/// `teardown --yes` also drops the slot a seed killed halfway left (`<slot>_seed`): it is
+/// pgoutbox's slot, and nothing else would ever drop it.
+#[tokio::test(flavor = "multi_thread")]
+async fn teardown_drops_the_slot_a_killed_seed_left() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let setup = command(&pg, &nats).arg("setup").output().expect("setup runs");
+    assert!(setup.status.success(), "{}", String::from_utf8_lossy(&setup.stderr));
+    pg.psql("SELECT pg_create_logical_replication_slot('pgoutbox_seed', 'pgoutput')");
+    let teardown = command(&pg, &nats).args(["teardown", "--yes"]).output().expect("runs");
+    let said = String::from_utf8_lossy(&teardown.stdout);
+    assert!(teardown.status.success(), "{}", String::from_utf8_lossy(&teardown.stderr));
+    assert!(said.contains("pgoutbox_seed"), "teardown did not say it dropped it: {said}");
+    assert_eq!(pg.psql("SELECT count(*) FROM pg_replication_slots"), "0", "{said}");
 }

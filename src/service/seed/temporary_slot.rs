@@ -1,0 +1,79 @@
+//! The seed's temporary slot, `<slot>_seed`: its name, its promotion to the slot when the
+//! seed finishes, and its drop when the seed will not finish in this process.
+
+use tracing::{info, warn};
+
+use super::SeedError;
+use crate::postgres::admin::SetupError;
+
+/// The temporary slot's name.
+pub fn seed_slot(slot: &str) -> Result<String, SeedError> {
+    let name = format!("{slot}_seed");
+    if name.len() > 63 {
+        return Err(SeedError::SlotNameTooLong(slot.to_owned()));
+    }
+    Ok(name)
+}
+
+/// Makes the finished seed's slot the slot: copied to `slot` (position and snapshot state
+/// with it), then dropped once its walsender has let it go (within 10 s).
+pub(super) async fn promote_seed_slot(
+    client: &tokio_postgres::Client,
+    seed: &str,
+    slot: &str,
+) -> Result<(), SetupError> {
+    // Copied already if an earlier try was cut off between the copy and the drop.
+    client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2) WHERE NOT EXISTS \
+             (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2)",
+            &[&seed, &slot],
+        )
+        .await?;
+    drop_when_released(client, seed, None).await
+}
+
+/// Drops the temporary slot of a seed that will not finish, if it is still the one made at
+/// `consistent_point` (one another pgoutbox made again starts elsewhere: it is not ours to
+/// drop). A failure is logged: the next `--recover`, `--backfill` or `teardown` drops it.
+pub(super) async fn drop_slot_of(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    consistent_point: u64,
+) {
+    match drop_when_released(client, slot, Some(consistent_point)).await {
+        Ok(()) => info!(%slot, "dropped the unfinished seed's slot"),
+        Err(err) => warn!(%slot, %err, "could not drop the unfinished seed's slot; the next \
+            --recover or --backfill drops it, or teardown"),
+    }
+}
+
+/// Drops `slot` (only if it starts at `from`, when given) once its walsender has let it go,
+/// which follows the closing of its connection within moments; waits up to 10 s.
+async fn drop_when_released(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    from: Option<u64>,
+) -> Result<(), SetupError> {
+    let from = from.map(tokio_postgres::types::PgLsn::from);
+    let mut tries = 0;
+    loop {
+        let dropped = client
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND ($2::pg_lsn IS NULL OR confirmed_flush_lsn = $2)",
+                &[&slot, &from],
+            )
+            .await;
+        match dropped {
+            Err(err)
+                if err.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
+                    && tries < 100 =>
+            {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            other => return other.map(|_| ()).map_err(SetupError::from),
+        }
+    }
+}
