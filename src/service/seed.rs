@@ -53,6 +53,7 @@ use crate::postgres::admin::{self, SetupError};
 use crate::postgres::table_snapshot::{Reader, Selection, TableSnapshot, TaggedBatch};
 use crate::postgres::walsender::ExportedSnapshot;
 use crate::postgres::{ConnectionError, ReplicationConnection, tenant_tables};
+use crate::service::shutdown::Shutdown;
 use crate::settings::config::Config;
 
 mod temporary_slot;
@@ -157,13 +158,15 @@ pub struct Seed {
 
 impl Seed {
     /// Creates the temporary slot (dropping one left by an earlier try), imports its
-    /// snapshot and reads what the stream holds.
+    /// snapshot and reads what the stream holds. `None`: shutdown was asked for first (the
+    /// slot, if made, dropped again).
     pub async fn begin(
         config: &Config,
         publisher: &Publisher,
         kind: SeedKind,
         margin: Duration,
-    ) -> Result<Seed, SeedError> {
+        shutdown: &mut Shutdown,
+    ) -> Result<Option<Seed>, SeedError> {
         let slot = seed_slot(&config.slot)?;
         let client = admin::connect(&config.database, &config.pg_tls).await?;
         if let Some(state) = admin::slot_state(&client, &slot).await? {
@@ -173,11 +176,22 @@ impl Seed {
             warn!(%slot, "dropping the slot of an earlier seed that did not finish");
             admin::teardown_slot(&client, &slot).await?;
         }
-        let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
-        let exported = conn.create_slot_exporting_snapshot(&slot).await?;
+        let make = async {
+            let mut conn = ReplicationConnection::connect(&config.database, &config.pg_tls).await?;
+            let exported = conn.create_slot_exporting_snapshot(&slot).await?;
+            Ok::<_, SeedError>((conn, exported))
+        };
+        let (conn, exported) = tokio::select! {
+            made = make => made?,
+            () = shutdown.requested() => return Ok(None),
+        };
         let consistent_point = exported.consistent_point;
-        let seed = Seed::read(config, publisher, kind, margin, slot.clone(), exported, conn).await;
-        if seed.is_err() {
+        let read = Seed::read(config, publisher, kind, margin, slot.clone(), exported, conn);
+        let seed = tokio::select! {
+            seed = read => seed.map(Some),
+            () = shutdown.requested() => Ok(None),
+        };
+        if !matches!(seed, Ok(Some(_))) {
             // A next try makes a slot of its own: this one would only pin WAL.
             drop_slot_of(&client, &slot, consistent_point).await;
         }

@@ -511,3 +511,32 @@ async fn teardown_drops_the_slot_a_killed_seed_left() {
     assert!(said.contains("pgoutbox_seed"), "teardown did not say it dropped it: {said}");
     assert_eq!(pg.psql("SELECT count(*) FROM pg_replication_slots"), "0", "{said}");
 }
+
+/// SIGTERM while a recovery is still beginning (its slot made, the stream's 60,000 messages
+/// being read to learn which rows it holds) drops the slot too: it exits without leaving
+/// one to pin WAL.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_seed_stopped_while_it_begins_drops_its_slot() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 60_000, 1_000));
+    wait_for(&nats, 60_000, "60,000 rows stored").await;
+    stop_and_wait_released(&pg, app).await;
+    pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
+    pg.psql(&numbered_rows(60_000, 60_010, 10));
+    let mut app = Pgoutbox::run(&pg, &nats, &["--recover", "--recover-margin", "1h"]);
+    let made = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pgoutbox_seed'";
+    eventually(Duration::from_secs(30), "the seed's slot made", || async {
+        (pg.psql(made) == "1").then_some(())
+    })
+    .await;
+    app.sigterm();
+    let status = app.wait_exit(Duration::from_secs(30));
+    let log = app.log();
+    assert!(status.success(), "{log}");
+    assert!(!log.contains("seed finished"), "the seed finished before SIGTERM:\n{log}");
+    assert_no_seed_slot(&pg, &log);
+}

@@ -75,11 +75,8 @@ impl Target<'_> {
         {
             memory.seed = None;
             memory.forget_seed_rows();
-            let begin = Seed::begin(self.config, &self.publisher, kind, self.seed_margin);
-            let seed = tokio::select! {
-                seed = begin => seed?,
-                () = shutdown.requested() => return Ok(None),
-            };
+            let begin = Seed::begin(self.config, &self.publisher, kind, self.seed_margin, shutdown);
+            let Some(seed) = begin.await? else { return Ok(None) };
             Metrics::seed_rows(seed.total);
             memory.seed = Some(seed);
         } else if let Some(seed) = memory.seed.as_mut() {

@@ -30,7 +30,7 @@ pub(super) async fn promote_seed_slot(
             &[&seed, &slot],
         )
         .await?;
-    drop_when_released(client, seed, None).await
+    drop_when_released(client, seed, None).await.map(|_| ())
 }
 
 /// Drops the temporary slot of a seed that will not finish, if it is still the one made at
@@ -42,19 +42,21 @@ pub(super) async fn drop_slot_of(
     consistent_point: u64,
 ) {
     match drop_when_released(client, slot, Some(consistent_point)).await {
-        Ok(()) => info!(%slot, "dropped the unfinished seed's slot"),
+        Ok(true) => info!(%slot, "dropped the unfinished seed's slot"),
+        Ok(false) => info!(%slot, "the unfinished seed's slot is gone or another's: not dropped"),
         Err(err) => warn!(%slot, %err, "could not drop the unfinished seed's slot; the next \
             --recover or --backfill drops it, or teardown"),
     }
 }
 
 /// Drops `slot` (only if it starts at `from`, when given) once its walsender has let it go,
-/// which follows the closing of its connection within moments; waits up to 10 s.
+/// which follows the closing of its connection within moments; waits up to 10 s. `false`:
+/// no such slot.
 async fn drop_when_released(
     client: &tokio_postgres::Client,
     slot: &str,
     from: Option<u64>,
-) -> Result<(), SetupError> {
+) -> Result<bool, SetupError> {
     let from = from.map(tokio_postgres::types::PgLsn::from);
     let mut tries = 0;
     loop {
@@ -73,7 +75,7 @@ async fn drop_when_released(
                 tries += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
-            other => return other.map(|_| ()).map_err(SetupError::from),
+            other => return other.map(|dropped| dropped > 0).map_err(SetupError::from),
         }
     }
 }
