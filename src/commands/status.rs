@@ -68,7 +68,12 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                 let seed_name = format!("{}_seed", config.slot);
                 let seed = admin::slot_state(&client, &seed_name).await.ok().flatten();
                 if let Some(seed) = &seed {
-                    report["seed"] = json!({ "slot": seed_name, "active": seed.active });
+                    report["seed"] = json!({
+                        "slot": seed_name,
+                        "active": seed.active,
+                        "retained_wal_bytes": seed.retained_wal_bytes,
+                        "wal_status": seed.wal_status.map(WalStatus::as_str),
+                    });
                     if seed.active && state.is_none() {
                         health = Health::Warning;
                         problems = vec![format!(

@@ -126,6 +126,10 @@ async fn a_recovery_killed_halfway_is_refused_without_the_flag_and_finished_with
     let report: serde_json::Value =
         serde_json::from_slice(&status.stdout).expect("status prints JSON");
     assert_eq!(report["seed"]["slot"], "pgoutbox_seed", "{report:#}");
+    // The WAL the left slot pins, to judge how urgent running --recover again is.
+    let pinned = report["seed"]["retained_wal_bytes"].as_i64();
+    assert!(pinned.is_some_and(|bytes| bytes > 0), "{report:#}");
+    assert!(report["seed"]["wal_status"].is_string(), "{report:#}");
     assert!(report["problems"].to_string().contains("did not finish"), "{report:#}");
 
     let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
