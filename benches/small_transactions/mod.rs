@@ -45,6 +45,7 @@ pub async fn step(
     seconds: u64,
     contended: bool,
 ) -> Step {
+    let started = std::time::SystemTime::now();
     let hog = contended.then(Hog::start);
     let floor = floor::measure(pg, &nats.url(), js, rate, seconds).await;
     // Logging as in production: the tests' `pgoutbox=debug` writes a line per status update.
@@ -68,7 +69,10 @@ pub async fn step(
     if let Ok(dir) = std::env::var("PGOUTBOX_BENCH_DUMP") {
         let lines: Vec<String> =
             times.iter().map(|(s, c)| format!("{c:.6},{:.3}", (s - c) * 1e3)).collect();
-        let _ = std::fs::write(format!("{dir}/lat-{rate}-{contended}.csv"), lines.join("\n"));
+        // One file a step and run: the step's start time tells the runs apart.
+        let at = started.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let file = format!("{dir}/lat-{rate}-{contended}-{at}.csv");
+        let _ = std::fs::write(file, lines.join("\n"));
     }
     Step {
         floor,
