@@ -112,7 +112,7 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     if config.messages_only {
         anyhow::bail!("replay publishes rows of the outbox table, and --messages-only reads none");
     }
-    let entry = config.replay_entry(args.from_table.as_deref())?.clone();
+    let entry = config.replay_entry(args.from_table.as_deref())?;
     let client = admin::connect(&config.database, &config.pg_tls).await?;
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT)
@@ -127,7 +127,20 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     }
     let route = route(config, &client, &publisher).await?;
     if let Route::Handover { .. } = route {
-        replay_table::check_may_replay(&client, &config.publication, &config.table).await?;
+        let replays = &config.pipeline.replay_table;
+        replay_table::check_may_replay(&client, &config.publication, replays).await?;
+        // A pattern's table that pgoutbox has not adopted yet: it would not publish its rows.
+        if let Some(pattern) = &entry.pattern
+            && !admin::publishes(&client, &config.publication, &entry.table).await?
+        {
+            anyhow::bail!(
+                "--from-table {}: matches {pattern} but is not in publication {} (it does not \
+                 exist, or pgoutbox has not adopted it yet): run `pgoutbox setup` or start \
+                 pgoutbox, which adds it",
+                entry.table,
+                config.publication
+            );
+        }
     }
     if route == (Route::Handover { live: true }) && args.replay_id.is_some() && !args.dry_run {
         eprintln!(

@@ -8,7 +8,6 @@ use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
-use crate::postgres::outbox_table::replay_table;
 use crate::postgres::replay_table::{self as replays, PUBLIC_MAY_EMIT};
 use crate::postgres::tenant_tables;
 use crate::service::error::PipelineError;
@@ -85,7 +84,7 @@ pub async fn prepare_database(
         for (table, pattern) in unpublished {
             adopt(&mut client, &table, &pattern.to_string(), publication).await?;
         }
-        if config.pipeline.tables.first().is_some_and(|e| e.pattern.is_none()) {
+        if !config.pipeline.tables.is_empty() {
             ensure_replay_table(config, &client).await;
         }
     }
@@ -151,8 +150,9 @@ async fn tenant_trigger(config: &Config, client: &tokio_postgres::Client) -> any
 /// version without it included). When this role may not, replays into the live stream are
 /// off, said once; streaming goes on.
 async fn ensure_replay_table(config: &Config, client: &tokio_postgres::Client) {
-    match replays::ensure(client, &config.publication, &config.table).await {
-        Ok(true) => info!(table = %replay_table(&config.table), publication = %config.publication,
+    let replay_table = &config.pipeline.replay_table;
+    match replays::ensure(client, &config.publication, replay_table).await {
+        Ok(true) => info!(table = %replay_table, publication = %config.publication,
             "replay table created and published"),
         Ok(false) => {}
         Err(err) => warn!("{err}"),

@@ -1,4 +1,4 @@
-//! The replay table (`outbox_table::replay_table`) on an ordinary connection: created and
+//! The replay table (`PipelineConfig::replay_table`) on an ordinary connection: created and
 //! published by `setup` and `run`, checked by `pgoutbox replay` before it hands anything
 //! over; and whether PUBLIC may hand pgoutbox emitted events.
 
@@ -6,7 +6,7 @@ use postgres_protocol::escape::escape_identifier as quote_ident;
 use tokio_postgres::Client;
 
 use super::admin::TableName;
-use super::outbox_table::{REPLAY_TABLE_COLUMNS, replay_table};
+use super::outbox_table::REPLAY_TABLE_COLUMNS;
 
 /// Why replays cannot go through the replay table.
 #[derive(Debug, thiserror::Error)]
@@ -31,22 +31,21 @@ pub enum ReplayTableError {
     Sql(#[from] tokio_postgres::Error),
 }
 
-/// Creates the replay table beside `table` when missing and adds it to the publication (an
-/// insert-only one: the handover's cleanup deletes are not published). `Ok(true)` when
-/// anything was changed.
+/// Creates the replay table `replay` (`PipelineConfig::replay_table`) when missing and adds
+/// it to the publication (an insert-only one: the handover's cleanup deletes are not
+/// published). `Ok(true)` when anything was changed.
 pub async fn ensure(
     client: &Client,
     publication: &str,
-    table: &TableName,
+    replay: &TableName,
 ) -> Result<bool, ReplayTableError> {
-    let replay = replay_table(table);
     let failed = |doing, err: tokio_postgres::Error| ReplayTableError::NotSetUp {
         table: replay.to_string(),
         doing,
         reason: crate::postgres::admin::server_said(&err),
-        schema: table.schema.clone(),
+        schema: replay.schema.clone(),
     };
-    let (exists, published) = state(client, publication, &replay).await?;
+    let (exists, published) = state(client, publication, replay).await?;
     if !exists {
         // Its deletes need no key in a publication that publishes deletes too. Frames of
         // up to 7,500 bytes stay in the row, uncompressed (the default is 2 kB).
@@ -63,7 +62,7 @@ pub async fn ensure(
         match client.batch_execute(&sql).await {
             Ok(()) => {}
             // Two instances racing: the other one added it.
-            Err(err) if state(client, publication, &replay).await?.1 => drop(err),
+            Err(err) if state(client, publication, replay).await?.1 => drop(err),
             Err(err) => return Err(failed("added to the publication", err)),
         }
     }
@@ -91,10 +90,9 @@ async fn state(
 pub async fn check_may_replay(
     client: &Client,
     publication: &str,
-    table: &TableName,
+    replay: &TableName,
 ) -> Result<(), ReplayTableError> {
-    let replay = replay_table(table);
-    if state(client, publication, &replay).await? != (true, true) {
+    if state(client, publication, replay).await? != (true, true) {
         return Err(ReplayTableError::Missing {
             table: replay.to_string(),
             publication: publication.to_owned(),

@@ -354,7 +354,11 @@ impl<'a> Pipeline<'a> {
                 self.observe_confirmed();
             }
             LogicalMessage::Relation(relation)
-                if Replays::is_replay_relation(&relation, self.tables.first()) =>
+                if Replays::is_replay_relation(
+                    &relation,
+                    self.tables.first(),
+                    &self.config.replay_table,
+                ) =>
             {
                 self.replays.describe(relation);
             }

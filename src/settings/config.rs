@@ -57,6 +57,10 @@ pub struct PipelineConfig {
     /// Stream `pg_logical_emit_message` events with this prefix (`--message-prefix`);
     /// `None` when turned off.
     pub message_prefix: Option<String>,
+    /// The table `pgoutbox replay` hands rows over through, one for every table: beside
+    /// the first table named exactly, `<table>_replay`; with table patterns alone (no one
+    /// schema to put it in), `public.<publication>_replay`.
+    pub replay_table: TableName,
 }
 
 impl PipelineConfig {
@@ -200,8 +204,15 @@ impl Config {
         };
         // The first table named exactly: the one whose replay table is read (none with
         // patterns alone).
-        let table = names.iter().find(|(_, pattern)| pattern.is_none()).unwrap_or(&names[0]);
-        let table = table.0.clone();
+        let named = names.iter().find(|(_, pattern)| pattern.is_none());
+        let table = named.unwrap_or(&names[0]).0.clone();
+        let replay_table = match named {
+            Some(_) => crate::postgres::outbox_table::replay_table(&table),
+            None => TableName {
+                schema: "public".to_owned(),
+                name: format!("{}_replay", args.publication),
+            },
+        };
         Ok(Config {
             database,
             pg_tls,
@@ -211,6 +222,7 @@ impl Config {
                 defaults: entry,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
                 message_prefix: None,
+                replay_table,
             },
             table,
             messages_only: args.messages_only,
@@ -246,15 +258,20 @@ impl Config {
     }
 
     /// The entry whose rows `replay --from-table` replays: the one named, which must be
-    /// configured, or the one table; several tables and none named is refused, rather than
+    /// configured or match a configured pattern (then under that pattern's settings), or
+    /// the one table; several tables, or a pattern, and none named is refused, rather than
     /// replaying the first of them.
-    pub fn replay_entry(&self, named: Option<&str>) -> anyhow::Result<&TableEntry> {
-        self.refuse_patterns("replay")?;
+    pub fn replay_entry(&self, named: Option<&str>) -> anyhow::Result<TableEntry> {
         let tables = &self.pipeline.tables;
         let list = || tables.iter().map(|e| e.table.to_string()).collect::<Vec<_>>().join(", ");
         let Some(named) = named else {
             return match tables.as_slice() {
-                [one] => Ok(one),
+                [one] if one.pattern.is_none() => Ok(one.clone()),
+                [one] => Err(anyhow!(
+                    "replay with a table pattern ({}) needs --from-table <schema.table>, the \
+                     one table it matches whose rows to replay",
+                    one.table
+                )),
                 _ => Err(anyhow!(
                     "replay with several tables needs --from-table, one of: {}",
                     list()
@@ -262,9 +279,20 @@ impl Config {
             };
         };
         let table: TableName = named.parse()?;
-        tables.iter().find(|e| e.table == table).ok_or_else(|| {
-            anyhow!("--from-table {table}: not a configured table (those are: {})", list())
-        })
+        if let Some(exact) = tables.iter().find(|e| e.pattern.is_none() && e.table == table) {
+            return Ok(exact.clone());
+        }
+        let matching = tables.iter().find(|e| {
+            e.pattern.as_ref().is_some_and(|pattern| pattern.matches(&table.schema, &table.name))
+        });
+        match matching {
+            Some(entry) => Ok(entry.for_table(table)),
+            None => Err(anyhow!(
+                "--from-table {table}: not a configured table and matched by no configured \
+                 pattern (those are: {})",
+                list()
+            )),
+        }
     }
 
     /// Every entry: each table's, or the defaults alone with `--messages-only`.

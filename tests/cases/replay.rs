@@ -325,3 +325,56 @@ async fn a_replay_of_one_of_two_tables_goes_out_once_on_its_subject() {
     assert_eq!(last.json()["n"], -1);
     assert_eq!(last.header("Pgoutbox-Table"), Some("billing.outbox"));
 }
+
+/// `--table 'tenant_*.outbox'` (patterns alone): a replay names one tenant's table
+/// (`--from-table`, needed with a pattern) and hands its rows over through the replay table
+/// of such a configuration, `public.pgoutbox_replay`: that tenant's rows are stored again
+/// once each, on its subject and naming its table, published by the running pgoutbox; the
+/// other tenant's are not. A table the pattern matches but not in the publication is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_of_one_tenants_table_goes_out_once_on_its_subject() {
+    use crate::cases::several_tables::{tenant_rows, tenant_table};
+    const TENANTS: [&str; 4] =
+        ["--table", "tenant_*.outbox", "--subject-template", "tenants.{$schema}.{event_type}"];
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(&(tenant_table("tenant_1") + &tenant_table("tenant_2")));
+    let app = Pgoutbox::run(&pg, &nats, &TENANTS);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&(tenant_rows("tenant_1", 0, 20) + &tenant_rows("tenant_2", 0, 30)));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "both tenants' rows stored", || async {
+        (count(&js, "OUTBOX").await == 50).then_some(())
+    })
+    .await;
+    let replay = |args: &[&str]| {
+        let output = command(&pg, &nats).args(TENANTS).arg("replay").args(args).output();
+        let output = output.expect("replay runs");
+        (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let (ok, said) = replay(&["--ids", "1"]);
+    assert!(!ok && said.contains("needs --from-table"), "{said}");
+    let (ok, said) = replay(&["--from-table", "other.outbox", "--ids", "1"]);
+    assert!(!ok && said.contains("matched by no configured pattern"), "{said}");
+    // Matched by the pattern, not in the publication (here: no such table).
+    let (ok, said) = replay(&["--from-table", "tenant_9.outbox", "--ids", "1"]);
+    assert!(!ok && said.contains("is not in publication pgoutbox"), "{said}");
+
+    let (ok, said) = replay(&["--from-table", "tenant_2.outbox", "--created-from", "-infinity"]);
+    assert!(ok, "{said}");
+    eventually(Duration::from_secs(30), "tenant_2's rows stored again", || async {
+        (count(&js, "OUTBOX").await >= 80).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    assert_eq!(stored.len(), 80, "{}", app.log());
+    let again: Vec<_> = stored.iter().filter(|m| m.header("Pgoutbox-Replay").is_some()).collect();
+    assert_eq!(again.len(), 30, "{}", app.log());
+    for message in &again {
+        assert_eq!(message.subject, "tenants.tenant_2.created", "on tenant_2's subject");
+        assert_eq!(message.header("Pgoutbox-Table"), Some("tenant_2.outbox"));
+        assert!(message.header("Pgoutbox-Position").is_some(), "published by pgoutbox");
+    }
+    let replay_table = "SELECT to_regclass('public.pgoutbox_replay') IS NOT NULL";
+    assert_eq!(pg.psql(replay_table), "t", "the replay table of patterns alone");
+}

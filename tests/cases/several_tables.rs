@@ -564,7 +564,7 @@ async fn tables_of_a_pattern_stream_each_on_its_tenants_subjects() {
     assert!(reason.contains("no column \"event_type\""), "{reason}");
     let published = pg.psql(
         "SELECT string_agg(schemaname, ',' ORDER BY schemaname) FROM pg_publication_tables \
-         WHERE pubname = 'pgoutbox'",
+         WHERE pubname = 'pgoutbox' AND tablename = 'outbox'",
     );
     assert_eq!(published, "tenant_1,tenant_2,tenant_3,tenant_4", "tenantX1 is not tenant_*");
 }

@@ -25,7 +25,6 @@ use crate::domain::outbox::RowMapping;
 use crate::domain::seed::{REPLAY_HEADER, replay_id_prefix};
 use crate::nats::publisher::{Publisher, ReadFrom};
 use crate::postgres::admin::TableName;
-use crate::postgres::outbox_table::replay_table;
 use crate::postgres::pgoutput::{FrameWriter, ReplayFrame};
 use crate::postgres::table_snapshot::TableSnapshot;
 use crate::settings::cli::ReplayArgs;
@@ -134,7 +133,8 @@ pub(super) async fn hand_over(
     let Plan { selection, id, total, .. } = plan;
     prepare_session(client).await?;
     let mut slot = Slot { client, name: &config.slot, inactive_since: None };
-    let to = Handover { table: replay_table(&config.table), slot: &config.slot, replay_id: id };
+    let table = config.pipeline.replay_table.clone();
+    let to = Handover { table, slot: &config.slot, replay_id: id };
     let relation = snapshot.relation();
     let mapping = RowMapping::of_entry(relation, &plan.entry)?;
     let chunk_size = args.rate.map_or(CHUNK, |rate| (rate.get() as usize / 10).clamp(1, CHUNK));

@@ -11,13 +11,14 @@
 //! frame that cannot be read or describes another relation becomes a dead letter saying
 //! so: never dropped, never published on a subject of its own choosing.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use tracing::warn;
 
 use super::Pipeline;
-use crate::domain::outbox::{RowMapping, TableEntry};
+use crate::domain::outbox::{RowMapping, TableEntry, TableName};
 use crate::domain::progress::Position;
 use crate::domain::row::bytea_text;
 use crate::domain::seed::replay_id_prefix;
@@ -64,18 +65,17 @@ enum Handed {
 }
 
 impl Replays {
-    /// Whether `relation` is the replay table: by OID, as the catalog had it at the
-    /// attempt's start, or by the name pgoutput gives it (added to the publication since).
+    /// Whether `relation` is the replay table `replay` (`PipelineConfig::replay_table`): by
+    /// OID, as the catalog had it at the attempt's start beside the first table, or by the
+    /// name pgoutput gives it (added to the publication since, or with patterns alone).
+    /// Only a table in the publication is described at all, and only its owner may add it.
     pub(super) fn is_replay_relation(
         relation: &Relation,
         first: Option<(&TableEntry, &crate::postgres::outbox_table::OutboxTable)>,
+        replay: &TableName,
     ) -> bool {
         let by_oid = first.is_some_and(|(_, t)| t.replay == Some(relation.rel_id));
-        let by_name = first.is_some_and(|(entry, _)| {
-            let replay = crate::postgres::outbox_table::replay_table(&entry.table);
-            relation.namespace == replay.schema && relation.name == replay.name
-        });
-        by_oid || by_name
+        by_oid || (relation.namespace == replay.schema && relation.name == replay.name)
     }
 
     /// The replay table as pgoutput describes it now.
@@ -175,9 +175,9 @@ impl<'a> Pipeline<'a> {
         let entry = self.foreign(&relation);
         for (index, tuple) in rows {
             let position = self.next_position("replayed row outside a transaction")?;
-            let mapping = match entry {
+            let mapping = match &entry {
                 Ok(entry) => self.replays.mapping((&relation, &replay_id, index), entry),
-                Err((ref why, entry)) => {
+                Err((why, entry)) => {
                     warn!(%position, reason = %why, "a replayed row is published as a dead letter");
                     self.metrics.replayed_rows_unreadable.increment(1);
                     let prefix = replay_id_prefix(&replay_id, index);
@@ -224,8 +224,11 @@ impl<'a> Pipeline<'a> {
     /// configured name, with the columns the catalog or pgoutput gave it. Else why not, and
     /// the entry whose dead-letter subject its letter goes to: the table of that OID, or the
     /// first (a frame naming a table outside the set).
-    fn foreign(&self, relation: &Relation) -> Result<&'a TableEntry, (String, &'a TableEntry)> {
-        let Some((entry, table)) = self.tables.by_oid(relation) else {
+    fn foreign(
+        &self,
+        relation: &Relation,
+    ) -> Result<Cow<'a, TableEntry>, (String, &'a TableEntry)> {
+        let Some((entry, name, table)) = self.tables.by_oid(relation) else {
             let names = self.tables.names();
             let tables = match names.contains(", ") {
                 false => format!("the outbox table {names}"),
@@ -237,12 +240,15 @@ impl<'a> Pipeline<'a> {
             );
             return Err((why, self.config.first()));
         };
-        let name = &entry.table;
         let columns: Vec<String> = relation.columns.iter().map(|c| c.name.clone()).collect();
         let known = columns == table.columns
             || Some(&columns) == self.replays.described_columns.get(&relation.rel_id);
         if relation.namespace == name.schema && relation.name == name.name && known {
-            return Ok(entry);
+            // A pattern's table is mapped under its own name (subject, `Pgoutbox-Table`).
+            return Ok(match entry.pattern {
+                None => Cow::Borrowed(entry),
+                Some(_) => Cow::Owned(entry.for_table(name.clone())),
+            });
         }
         let why = format!(
             "a replayed row describes relation {}.{}, not the outbox table {name}: not \

@@ -49,8 +49,9 @@ impl<'a> TableSet<'a> {
         TableSet { entries, tables, mappings: HashMap::new() }
     }
 
-    /// The first entry, when it names its table exactly, and its table: the one whose
-    /// replay table is read (`replayed`). With a pattern first, replays are off.
+    /// The first entry, when it names its table exactly, and its table: its replay table's
+    /// OID is known from the attempt's start (`replayed`). With a pattern first, the replay
+    /// table is known by its name alone.
     pub(super) fn first(&self) -> Option<(&'a TableEntry, &OutboxTable)> {
         let entry = self.entries.first().filter(|entry| entry.pattern.is_none())?;
         let first = self.tables.iter().find(|t| t.entry == 0)?;
@@ -78,9 +79,14 @@ impl<'a> TableSet<'a> {
 
     /// The entry whose table has `relation`'s OID, as the attempt's start found it, and
     /// that table: what a replayed row's frame must describe.
-    pub(super) fn by_oid(&self, relation: &Relation) -> Option<(&'a TableEntry, &OutboxTable)> {
+    /// The entry of the table whose OID `relation` carries, that table's name (a pattern's
+    /// entry names the pattern) and the table as it was at the attempt's start.
+    pub(super) fn by_oid(
+        &self,
+        relation: &Relation,
+    ) -> Option<(&'a TableEntry, &TableName, &OutboxTable)> {
         let known = self.tables.iter().find(|t| t.table.oid == relation.rel_id)?;
-        Some((self.entries.get(known.entry)?, &known.table))
+        Some((self.entries.get(known.entry)?, &known.name, &known.table))
     }
 
     /// Every entry's table (or pattern), for a message naming them.

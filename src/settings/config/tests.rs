@@ -211,3 +211,21 @@ fn a_replay_names_its_table_when_there_are_several() {
     assert!(unknown.contains("not a configured table"), "{unknown}");
     assert!(two.replay_entry(Some("a.b.c")).is_err());
 }
+
+#[test]
+fn a_replay_of_a_pattern_names_one_of_its_tables_and_uses_the_patterns_replay_table() {
+    let base = [("DATABASE_URL", "dbname=x")];
+    let tenants = config(&["--table", "tenant_*.outbox"], &base).unwrap();
+    let refused = tenants.replay_entry(None).unwrap_err().to_string();
+    assert!(refused.contains("pattern (tenant_*.outbox) needs --from-table"), "{refused}");
+    let one = tenants.replay_entry(Some("tenant_7.outbox")).unwrap();
+    assert_eq!(one.table.to_string(), "tenant_7.outbox");
+    let other = tenants.replay_entry(Some("other.outbox")).unwrap_err().to_string();
+    assert!(other.contains("matched by no configured pattern"), "{other}");
+    assert_eq!(tenants.pipeline.replay_table.to_string(), "public.pgoutbox_replay");
+    // A table named exactly keeps its replay table beside it, a pattern before it or not.
+    let mixed = config(&["--table", "tenant_*.outbox,billing.outbox"], &base).unwrap();
+    assert_eq!(mixed.pipeline.replay_table.to_string(), "billing.outbox_replay");
+    let named = mixed.replay_entry(Some("billing.outbox")).unwrap();
+    assert!(named.pattern.is_none(), "the exact entry, not the pattern's");
+}
