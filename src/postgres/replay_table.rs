@@ -18,6 +18,13 @@ pub enum ReplayTableError {
     )]
     NotSetUp { table: String, doing: &'static str, reason: String, schema: String },
     #[error(
+        "the replay table {table} exists, owned by role {owner}, not by {role} which runs \
+         setup: it was not made by pgoutbox, and whoever owns it could hand pgoutbox any \
+         event, so it is not published (replays into the live stream are off); drop it, or \
+         run `ALTER TABLE {table} OWNER TO {role}` if it is yours"
+    )]
+    ForeignOwner { table: String, owner: String, role: String },
+    #[error(
         "the replay table {table} does not exist or is not in publication {publication}: \
          run `pgoutbox setup` (this version) first"
     )]
@@ -55,6 +62,20 @@ pub async fn ensure(
             replay.quoted()
         );
         client.batch_execute(&sql).await.map_err(|err| failed("created", err))?;
+    }
+    if exists && !published {
+        // Publishing it makes its owner a source of events: only a table of this role's.
+        let row = client
+            .query_one(
+                "SELECT pg_get_userbyid(relowner)::text, current_user::text FROM pg_class \
+                 WHERE oid = $1::text::regclass",
+                &[&replay.quoted()],
+            )
+            .await?;
+        let (owner, role): (String, String) = (row.get(0), row.get(1));
+        if owner != role {
+            return Err(ReplayTableError::ForeignOwner { table: replay.to_string(), owner, role });
+        }
     }
     if !published {
         let sql =

@@ -202,8 +202,8 @@ impl Config {
                 })
                 .collect::<anyhow::Result<_>>()?,
         };
-        // The first table named exactly: the one whose replay table is read (none with
-        // patterns alone).
+        // The first table named exactly: the replay table is beside it (with patterns
+        // alone, in `public`, named after the publication).
         let named = names.iter().find(|(_, pattern)| pattern.is_none());
         let table = named.unwrap_or(&names[0]).0.clone();
         let replay_table = match named {

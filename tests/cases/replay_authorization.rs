@@ -262,3 +262,30 @@ async fn with_two_tables_a_frame_is_judged_by_the_table_of_its_oid() {
     assert!(reason(0).contains("public.evil") && reason(0).contains(outside), "{}", reason(0));
     assert!(reason(1).contains("not the outbox table billing.outbox"), "{}", reason(1));
 }
+
+/// A role that may create tables in `public` (PUBLIC may on PostgreSQL 14 and older) makes
+/// the replay table of a configuration of patterns alone, `public.pgoutbox_replay`, before
+/// setup runs: setup (a superuser here) does not add a table another role owns to the
+/// publication, since its owner could hand pgoutbox any event through it, and says so in
+/// one line; streaming goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_table_another_role_made_first_is_not_published() {
+    use crate::cases::several_tables::tenant_table;
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(&tenant_table("tenant_1"));
+    pg.psql("CREATE ROLE mallory LOGIN; GRANT CREATE ON SCHEMA public TO mallory");
+    pg.psql(
+        "SET ROLE mallory; CREATE TABLE public.pgoutbox_replay (slot text NOT NULL, \
+         replay_id text NOT NULL, row_index bigint NOT NULL, total bigint NOT NULL, \
+         frame bytea NOT NULL, handed_at timestamptz NOT NULL DEFAULT now())",
+    );
+    let setup = command(&pg, &nats).args(["--table", "tenant_*.outbox", "setup"]).output();
+    let setup = setup.expect("setup runs");
+    let said = String::from_utf8_lossy(&setup.stderr);
+    assert!(setup.status.success(), "{said}");
+    assert!(said.contains("owned by role mallory"), "setup did not say why:\n{said}");
+    let published =
+        "SELECT count(*) FROM pg_publication_tables WHERE tablename = 'pgoutbox_replay'";
+    assert_eq!(pg.psql(published), "0", "a table mallory owns was published:\n{said}");
+}

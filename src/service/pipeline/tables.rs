@@ -77,10 +77,9 @@ impl<'a> TableSet<'a> {
         exact.or_else(by_pattern).map(|i| (i, None))
     }
 
-    /// The entry whose table has `relation`'s OID, as the attempt's start found it, and
-    /// that table: what a replayed row's frame must describe.
-    /// The entry of the table whose OID `relation` carries, that table's name (a pattern's
-    /// entry names the pattern) and the table as it was at the attempt's start.
+    /// The entry whose table has `relation`'s OID, as the attempt's start found it, that
+    /// table's name (a pattern's entry names the pattern) and the table: what a replayed
+    /// row's frame must describe.
     pub(super) fn by_oid(
         &self,
         relation: &Relation,
