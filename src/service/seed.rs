@@ -59,7 +59,7 @@ use crate::settings::config::Config;
 mod temporary_slot;
 
 pub use temporary_slot::seed_slot;
-use temporary_slot::{drop_slot_of, promote_seed_slot};
+use temporary_slot::{DROP_LIMIT, NOT_DROPPED, drop_slot_of, promote_seed_slot};
 
 /// How far back from the tail the rows of messages are looked for in the table.
 const ANCHOR_SEARCH: u64 = 100;
@@ -336,11 +336,14 @@ impl Seed {
     /// and this one would pin WAL until then.
     pub async fn abandon(self, config: &Config) {
         let Seed { snapshot, slot, consistent_point, .. } = self;
-        snapshot.close().await;
-        match admin::connect(&config.database, &config.pg_tls).await {
-            Ok(client) => drop_slot_of(&client, &slot, consistent_point).await,
-            Err(err) => warn!(%slot, %err, "could not drop the unfinished seed's slot; \
-                the next --recover or --backfill drops it, or teardown"),
+        let connect = async {
+            snapshot.close().await;
+            admin::connect(&config.database, &config.pg_tls).await
+        };
+        match tokio::time::timeout(DROP_LIMIT, connect).await {
+            Ok(Ok(client)) => drop_slot_of(&client, &slot, consistent_point).await,
+            Ok(Err(err)) => warn!(%slot, %err, "{NOT_DROPPED}"),
+            Err(_) => warn!(%slot, limit = ?DROP_LIMIT, "Postgres did not answer: {NOT_DROPPED}"),
         }
     }
 

@@ -544,3 +544,27 @@ async fn a_seed_stopped_while_it_begins_drops_its_slot() {
     assert!(!log.contains("seed finished"), "the seed finished before SIGTERM:\n{log}");
     assert_no_seed_slot(&pg, &log);
 }
+
+/// Dropping the unfinished seed's slot never holds up the exit: with Postgres black-holed
+/// (connections open, nothing gets through) a SIGTERM halfway through a recovery still
+/// ends pgoutbox within the drop's limit (15 s), saying the slot was not dropped.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_seed_stopped_with_postgres_black_holed_exits_within_the_limit() {
+    use crate::support::proxy::FaultProxy;
+    let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
+    let nats = Nats::start();
+    slot_dropped_with_rows_in_the_gap(&pg, &nats, 50_000).await;
+    let proxy = FaultProxy::start_bytes(pg.port()).await;
+    let mut cmd = command(&pg, &nats);
+    let via_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    cmd.env("PGOUTBOX_DATABASE_URL", via_proxy).args(["run", "--recover"]);
+    let mut app = Pgoutbox::spawn(cmd);
+    wait_for(&nats, 1_000, "part of the gap stored").await;
+    proxy.blackhole();
+    app.sigterm();
+    let stopped = std::time::Instant::now();
+    app.wait_exit(Duration::from_secs(40));
+    let log = app.log();
+    assert!(stopped.elapsed() < Duration::from_secs(30), "took {:?}:\n{log}", stopped.elapsed());
+    assert!(log.contains("could not drop the unfinished seed's slot"), "{log}");
+}

@@ -1,6 +1,8 @@
 //! The seed's temporary slot, `<slot>_seed`: its name, its promotion to the slot when the
 //! seed finishes, and its drop when the seed will not finish in this process.
 
+use std::time::Duration;
+
 use tracing::{info, warn};
 
 use super::SeedError;
@@ -33,19 +35,31 @@ pub(super) async fn promote_seed_slot(
     drop_when_released(client, seed, None).await.map(|_| ())
 }
 
+/// How long dropping an unfinished seed's slot may take, connecting included: it must not
+/// hold up an exit or the next attempt behind a Postgres that stopped answering.
+pub(super) const DROP_LIMIT: Duration = Duration::from_secs(15);
+
+/// What is logged when an unfinished seed's slot could not be dropped.
+pub(super) const NOT_DROPPED: &str = "could not drop the unfinished seed's slot; the next \
+    --recover or --backfill drops it, or teardown";
+
 /// Drops the temporary slot of a seed that will not finish, if it is still the one made at
 /// `consistent_point` (one another pgoutbox made again starts elsewhere: it is not ours to
-/// drop). A failure is logged: the next `--recover`, `--backfill` or `teardown` drops it.
+/// drop), within [`DROP_LIMIT`]. A failure is logged: the next `--recover`, `--backfill` or
+/// `teardown` drops it.
 pub(super) async fn drop_slot_of(
     client: &tokio_postgres::Client,
     slot: &str,
     consistent_point: u64,
 ) {
-    match drop_when_released(client, slot, Some(consistent_point)).await {
-        Ok(true) => info!(%slot, "dropped the unfinished seed's slot"),
-        Ok(false) => info!(%slot, "the unfinished seed's slot is gone or another's: not dropped"),
-        Err(err) => warn!(%slot, %err, "could not drop the unfinished seed's slot; the next \
-            --recover or --backfill drops it, or teardown"),
+    let dropped = drop_when_released(client, slot, Some(consistent_point));
+    match tokio::time::timeout(DROP_LIMIT, dropped).await {
+        Ok(Ok(true)) => info!(%slot, "dropped the unfinished seed's slot"),
+        Ok(Ok(false)) => {
+            info!(%slot, "the unfinished seed's slot is gone or another's: not dropped")
+        }
+        Ok(Err(err)) => warn!(%slot, %err, "{NOT_DROPPED}"),
+        Err(_) => warn!(%slot, limit = ?DROP_LIMIT, "Postgres did not answer: {NOT_DROPPED}"),
     }
 }
 
