@@ -236,6 +236,18 @@ impl ReplicationConnection {
         }
     }
 
+    /// The next message when a whole CopyData frame is already read, without waiting, so
+    /// that the messages one read brought are handled in one go. A partial frame, another
+    /// kind of message or a bad length is left to [`Self::next_message`].
+    pub fn buffered_message(&mut self) -> Option<Result<ReplicationMessage, ConnectionError>> {
+        let len = frame_len(&self.read_buf).ok().flatten()?;
+        if self.read_buf.len() < len || self.read_buf[0] != b'd' {
+            return None;
+        }
+        let (_, payload) = self.split_frame();
+        Some(ReplicationMessage::parse(payload).map_err(ConnectionError::from))
+    }
+
     /// Reports `status.confirmed` as written, flushed and applied.
     pub async fn send_status(&mut self, status: StandbyStatus) -> Result<(), ConnectionError> {
         frontend::CopyData::new(status.encode())?.write(&mut self.write_buf);

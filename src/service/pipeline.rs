@@ -248,9 +248,7 @@ impl<'a> Pipeline<'a> {
                     pull_armed = true;
                 }
             }
-            let unsent_room = self.outbound.has_room();
-            let most = MAX_IN_FLIGHT.min(self.protocol.send_limit());
-            let window_room = self.in_flight.has_room(most, self.config.max_in_flight_bytes);
+            let (unsent_room, window_room) = self.room();
             // A full window waits for acks and nothing else: each one is read as it arrives.
             self.in_flight.wake_on_each_ack(!window_room);
             let room = unsent_room && window_room;
@@ -309,22 +307,43 @@ impl<'a> Pipeline<'a> {
                         ended.map_err(|err| self.tail_not_in_wal(err))?;
                     }
                 },
-                message = self.conn.next_message(), if room && self.prelude.is_none() => match message? {
-                    ReplicationMessage::XLogData { data, wal_end, .. } => {
-                        self.server_wal_end = self.server_wal_end.max(wal_end);
-                        self.on_wal(data).await?;
+                message = self.conn.next_message(), if room && self.prelude.is_none() => {
+                    self.on_message(message?).await?;
+                    // The rest of what the same read brought (a transaction's Begin, rows
+                    // and Commit come together), without a turn of this loop each: the turn
+                    // polled every branch and cost as much as mapping the row.
+                    while self.room() == (true, true) {
+                        let Some(message) = self.conn.buffered_message() else { break };
+                        self.on_message(message?).await?;
                     }
-                    ReplicationMessage::Keepalive { wal_end, reply_requested } => {
-                        self.server_wal_end = self.server_wal_end.max(wal_end);
-                        if self.transaction.is_none() {
-                            let passed = self.protocol.on_keepalive(wal_end);
-                            passed.map_err(|err| self.tail_not_in_wal(err))?;
-                        }
-                        if reply_requested {
-                            self.send_status(false).await?;
-                        }
-                    }
-                },
+                }
+            }
+        }
+    }
+
+    /// Whether the writer (`.0`) and the window of unacknowledged messages (`.1`) have room
+    /// for another row.
+    fn room(&self) -> (bool, bool) {
+        let most = MAX_IN_FLIGHT.min(self.protocol.send_limit());
+        (self.outbound.has_room(), self.in_flight.has_room(most, self.config.max_in_flight_bytes))
+    }
+
+    async fn on_message(&mut self, message: ReplicationMessage) -> Result<(), PipelineError> {
+        match message {
+            ReplicationMessage::XLogData { data, wal_end, .. } => {
+                self.server_wal_end = self.server_wal_end.max(wal_end);
+                self.on_wal(data).await
+            }
+            ReplicationMessage::Keepalive { wal_end, reply_requested } => {
+                self.server_wal_end = self.server_wal_end.max(wal_end);
+                if self.transaction.is_none() {
+                    let passed = self.protocol.on_keepalive(wal_end);
+                    passed.map_err(|err| self.tail_not_in_wal(err))?;
+                }
+                if reply_requested {
+                    self.send_status(false).await?;
+                }
+                Ok(())
             }
         }
     }
