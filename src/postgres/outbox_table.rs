@@ -55,8 +55,8 @@ pub struct OutboxTable {
     /// Its columns today: a row version that lacks one of these was written before it was
     /// added (`RowMapping::unusable`), one that lacks another column is a misconfiguration.
     pub columns: Vec<String>,
-    /// The OID of its replay table ([`replay_table`]) when that is in the publication:
-    /// only rows inserted there are replayed rows; `None` turns replays off.
+    /// The OID of the replay table (`PipelineConfig::replay_table`) when that is in the
+    /// publication: only rows inserted there are replayed rows; `None` turns replays off.
     pub replay: Option<u32>,
 }
 
@@ -84,22 +84,29 @@ pub const REPLAY_TABLE_COLUMNS: &str = "slot text NOT NULL, replay_id text NOT N
      handed_at timestamptz NOT NULL DEFAULT now()";
 
 /// The query [`judge`] reads: the table's OID, whether the publication exists, publishes
-/// inserts, and holds the table, the table's columns, and the replay table's OID when the
-/// publication holds it.
-pub fn query(table: &TableName, publication: &str) -> String {
+/// inserts, and holds the table, the table's columns, and the OID of `replay`
+/// (`PipelineConfig::replay_table`) when the publication holds it (`None`: not asked).
+pub fn query(table: &TableName, publication: &str, replay: Option<&TableName>) -> String {
     let (schema, name, publication) =
         (escape_literal(&table.schema), escape_literal(&table.name), escape_literal(publication));
-    let replay = escape_literal(&replay_table(table).name);
+    let replay = match replay {
+        None => "NULL::text".to_owned(),
+        Some(replay) => format!(
+            "(SELECT r.oid::text FROM pg_publication_tables t \
+              JOIN pg_namespace rn ON rn.nspname = t.schemaname \
+              JOIN pg_class r ON r.relnamespace = rn.oid AND r.relname = t.tablename \
+              WHERE t.pubname = {publication} AND t.schemaname = {} AND t.tablename = {})",
+            escape_literal(&replay.schema),
+            escape_literal(&replay.name)
+        ),
+    };
     format!(
         "SELECT c.oid::text, (p.oid IS NOT NULL)::text, coalesce(p.pubinsert, false)::text, \
                 EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = {publication} \
                         AND t.schemaname = n.nspname AND t.tablename = c.relname)::text, \
                 (SELECT string_agg(a.attname, ',') FROM pg_attribute a \
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), \
-                (SELECT r.oid::text FROM pg_class r \
-                 JOIN pg_publication_tables t ON t.pubname = {publication} \
-                   AND t.schemaname = n.nspname AND t.tablename = r.relname \
-                 WHERE r.relnamespace = n.oid AND r.relname = {replay}) \
+                {replay} \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          LEFT JOIN pg_publication p ON p.pubname = {publication} \
          WHERE n.nspname = {schema} AND c.relname = {name}"
@@ -164,7 +171,9 @@ mod tests {
     #[test]
     fn names_are_quoted_as_literals() {
         let table: TableName = "public.outbox".parse().unwrap();
-        let sql = query(&table, "it's");
+        let replay: TableName = "ops.o'replays".parse().unwrap();
+        let sql = query(&table, "it's", Some(&replay));
         assert!(sql.contains("'it''s'") && sql.contains("'outbox'"), "{sql}");
+        assert!(sql.contains("'ops'") && sql.contains("'o''replays'"), "{sql}");
     }
 }

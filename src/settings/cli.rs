@@ -270,6 +270,12 @@ pub struct CommonArgs {
     /// {$table} in --subject-template; see docs/operations.md, Tenant tables)
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TABLE", value_delimiter = ',', default_value = "public.outbox")]
     pub table: Vec<String>,
+    /// The table `pgoutbox replay` hands rows to the running pgoutbox through, made and
+    /// published by setup. Default: beside the first table named exactly, <table>_replay;
+    /// with table patterns alone, public.<publication>_replay. Set it where that schema is
+    /// not writable by setup or not yours to write in
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_REPLAY_TABLE")]
+    pub replay_table: Option<String>,
     /// Logical replication slot name.
     #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_SLOT", default_value = "pgoutbox")]
     pub slot: String,

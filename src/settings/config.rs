@@ -57,9 +57,9 @@ pub struct PipelineConfig {
     /// Stream `pg_logical_emit_message` events with this prefix (`--message-prefix`);
     /// `None` when turned off.
     pub message_prefix: Option<String>,
-    /// The table `pgoutbox replay` hands rows over through, one for every table: beside
-    /// the first table named exactly, `<table>_replay`; with table patterns alone (no one
-    /// schema to put it in), `public.<publication>_replay`.
+    /// The table `pgoutbox replay` hands rows over through, one for every table:
+    /// `--replay-table`, or beside the first table named exactly, `<table>_replay`; with
+    /// table patterns alone (no one schema to put it in), `public.<publication>_replay`.
     pub replay_table: TableName,
 }
 
@@ -206,9 +206,10 @@ impl Config {
         // alone, in `public`, named after the publication).
         let named = names.iter().find(|(_, pattern)| pattern.is_none());
         let table = named.unwrap_or(&names[0]).0.clone();
-        let replay_table = match named {
-            Some(_) => crate::postgres::outbox_table::replay_table(&table),
-            None => TableName {
+        let replay_table = match (&args.replay_table, named) {
+            (Some(value), _) => chosen_replay_table(value, &names)?,
+            (None, Some(_)) => crate::postgres::outbox_table::replay_table(&table),
+            (None, None) => TableName {
                 schema: "public".to_owned(),
                 name: format!("{}_replay", args.publication),
             },
@@ -428,6 +429,32 @@ fn table_names(values: &[String]) -> anyhow::Result<Vec<(TableName, Option<Table
         return Err(anyhow!("--table names no table"));
     }
     Ok(tables)
+}
+
+/// `--replay-table`: one table, named exactly, that is none of the outbox tables: a row of
+/// it is a replay's hand-over, never an event of its own.
+fn chosen_replay_table(
+    value: &str,
+    tables: &[(TableName, Option<TablePattern>)],
+) -> anyhow::Result<TableName> {
+    let pattern: TablePattern = value.trim().parse().map_err(|e| anyhow!("--replay-table: {e}"))?;
+    if !pattern.is_exact() {
+        return Err(anyhow!("--replay-table names one table, not a pattern: {value}"));
+    }
+    let replay = pattern.as_table_name();
+    for (table, pattern) in tables {
+        let outbox = match pattern {
+            Some(pattern) => pattern.matches(&replay.schema, &replay.name),
+            None => *table == replay,
+        };
+        if outbox {
+            return Err(anyhow!(
+                "--replay-table {replay} is an outbox table (--table {table}): choose a table \
+                 of its own"
+            ));
+        }
+    }
+    Ok(replay)
 }
 
 /// `--allow-nats-header`, lowercase, each checked.

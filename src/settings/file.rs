@@ -29,6 +29,7 @@ pub struct FileSettings {
     nats_tls_key: Option<PathBuf>,
     slot: Option<String>,
     publication: Option<String>,
+    replay_table: Option<String>,
     stream: Option<String>,
     messages_only: Option<bool>,
     // The per-table keys, as defaults for every entry (serde's `flatten` cannot be
@@ -145,6 +146,7 @@ pub fn merge(
     take(&mut a.nats_tls_key, &file.nats_tls_key.clone().map(Some), given("nats_tls_key"));
     take(&mut a.slot, &file.slot, given("slot"));
     take(&mut a.publication, &file.publication, given("publication"));
+    take(&mut a.replay_table, &file.replay_table.clone().map(Some), given("replay_table"));
     take(&mut a.stream, &file.stream, given("stream"));
     take(&mut a.messages_only, &file.messages_only, given("messages_only"));
     take(

@@ -378,3 +378,47 @@ async fn a_replay_of_one_tenants_table_goes_out_once_on_its_subject() {
     let replay_table = "SELECT to_regclass('public.pgoutbox_replay') IS NOT NULL";
     assert_eq!(pg.psql(replay_table), "t", "the replay table of patterns alone");
 }
+
+/// `--replay-table`: where setup may not write in the outbox table's schema, the operator
+/// chooses where a replay hands its rows over; setup makes and publishes that table
+/// instead of the default one, and a replay through the running pgoutbox goes through it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_goes_through_the_replay_table_the_operator_chose() {
+    const CHOSEN: [&str; 2] = ["--replay-table", "ops.handover"];
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("CREATE SCHEMA ops");
+    let app = Pgoutbox::run(&pg, &nats, &CHOSEN);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 20, 20));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "the rows stored", || async {
+        (count(&js, "OUTBOX").await == 20).then_some(())
+    })
+    .await;
+    let published = "SELECT string_agg(schemaname || '.' || tablename, ',' ORDER BY tablename) \
+                     FROM pg_publication_tables WHERE pubname = 'pgoutbox'";
+    assert_eq!(pg.psql(published), "ops.handover,public.outbox");
+    let default_made = "SELECT to_regclass('public.outbox_replay') IS NOT NULL";
+    assert_eq!(pg.psql(default_made), "f", "the default replay table is not made");
+
+    let output = command(&pg, &nats)
+        .args(CHOSEN)
+        .args(["replay", "--created-from", "-infinity"])
+        .output()
+        .expect("replay runs");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{said}");
+    eventually(Duration::from_secs(30), "the rows stored again", || async {
+        (count(&js, "OUTBOX").await >= 40).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    assert_eq!(stored.len(), 40, "{}", app.log());
+    let again: Vec<_> = stored.iter().filter(|m| m.header("Pgoutbox-Replay").is_some()).collect();
+    assert_eq!(again.len(), 20, "{}", app.log());
+    for message in &again {
+        assert!(message.header("Pgoutbox-Position").is_some(), "published by the running pgoutbox");
+    }
+}

@@ -298,7 +298,8 @@ async fn streamed_tables(
 ) -> Result<Vec<StreamedTable>, PipelineError> {
     let mut tables: Vec<StreamedTable> = Vec::with_capacity(pipeline.tables.len());
     for (i, entry) in pipeline.tables.iter().enumerate().filter(|(_, e)| e.pattern.is_none()) {
-        let rows = conn.simple_query(&outbox_table::query(&entry.table, publication)).await?;
+        let query = outbox_table::query(&entry.table, publication, Some(&pipeline.replay_table));
+        let rows = conn.simple_query(&query).await?;
         let table = outbox_table::judge(&rows, &entry.table, publication)?;
         tables.push(StreamedTable { entry: i, name: entry.table.clone(), table });
     }

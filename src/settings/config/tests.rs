@@ -229,3 +229,23 @@ fn a_replay_of_a_pattern_names_one_of_its_tables_and_uses_the_patterns_replay_ta
     let named = mixed.replay_entry(Some("billing.outbox")).unwrap();
     assert!(named.pattern.is_none(), "the exact entry, not the pattern's");
 }
+
+#[test]
+fn a_chosen_replay_table_replaces_the_default_and_may_not_be_an_outbox_table() {
+    let base = [("DATABASE_URL", "dbname=x")];
+    let chosen = |args: &[&str]| config(args, &base).map(|c| c.pipeline.replay_table.to_string());
+    assert_eq!(
+        chosen(&["--table", "tenant_*.outbox", "--replay-table", "ops.replays"]).unwrap(),
+        "ops.replays"
+    );
+    assert_eq!(chosen(&["--replay-table", "replays"]).unwrap(), "public.replays");
+    for (args, why) in [
+        (&["--replay-table", "public.outbox"][..], "is an outbox table (--table public.outbox)"),
+        (&["--table", "tenant_*.outbox", "--replay-table", "tenant_9.outbox"], "is an outbox"),
+        (&["--replay-table", "ops.*"], "names one table, not a pattern"),
+        (&["--replay-table", "a.b.c"], "--replay-table"),
+    ] {
+        let refused = chosen(args).unwrap_err().to_string();
+        assert!(refused.contains(why), "{args:?}: {refused}");
+    }
+}
