@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tracing::debug;
 
-use crate::domain::outbox::{Rejection, RowMapping};
+use crate::domain::outbox::RowMapping;
 use crate::domain::progress::{Position, Timing};
-use crate::domain::publishing::{Publishing, RowStep, Start, TailNotInWal};
+use crate::domain::publishing::{Publishing, Start, TailNotInWal};
 use crate::domain::source::Source;
 use crate::nats::outbound::{Acks, Outbound};
-use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher, refused_for_itself};
+use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher};
 use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
@@ -420,52 +420,6 @@ impl<'a> Pipeline<'a> {
             Position { commit_lsn: transaction.commit_lsn, index: transaction.next_index };
         transaction.next_index += 1;
         Ok(position)
-    }
-
-    /// Publishes one row at `position`, or its dead letter when it cannot be published as it
-    /// is (`rejected` says why when that is known before mapping it).
-    async fn on_row(
-        &mut self,
-        mapping: Arc<RowMapping>,
-        tuple: Vec<ColumnValue>,
-        position: Position,
-        rejected: Option<Rejection>,
-    ) -> Result<(), PipelineError> {
-        let row_id = mapping.row_id(&tuple);
-        match self.protocol.on_row(position, row_id.as_deref()) {
-            Ok(RowStep::Publish) => {}
-            Ok(RowStep::Skip) => return Ok(()),
-            Err(err) => return Err(self.tail_not_in_wal(err)),
-        }
-        let counters = self.counters.of(mapping.counted_as());
-        let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
-            Some(refused) => Some(refused),
-            None => match mapping.map(&tuple) {
-                Ok(event) => match self.dispatch(event, position, counters) {
-                    Ok(()) => {
-                        self.memory.published += 1;
-                        None
-                    }
-                    Err(err) => match refused_for_itself(&err) {
-                        Some(why) => Some(Rejection(why)),
-                        None => {
-                            self.unsent_row = true;
-                            return Err(PipelineError::Nats(NatsFailure::unacknowledged(&err)));
-                        }
-                    },
-                },
-                Err(reason) => Some(reason),
-            },
-        };
-        let row = SentRow { mapping, tuple, position };
-        if let Some(reason) = reason {
-            self.publish_dead_letter(&row, &reason).await?;
-        }
-        // Kept while it is the newest in flight: a collision answered for it alone puts its
-        // dead letter in its place (`Outcome::Collision`). Replacing the last one costs no
-        // more than dropping it here would.
-        self.last_sent = Some(row);
-        Ok(())
     }
 
     /// Ends the attempt: the stream's tail is from another history of this database, and

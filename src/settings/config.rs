@@ -16,6 +16,7 @@ pub use crate::postgres::libpq_env::{Env, ProcessEnv};
 use crate::postgres::password_command::PasswordCommand;
 use crate::settings::cli::{CloudEventsMode, CommonArgs};
 use crate::settings::file::FileSettings;
+use tables::{chosen_replay_table, table_names};
 
 /// Where the Postgres settings come from, for errors in them.
 const SETTINGS: &str =
@@ -414,49 +415,6 @@ fn table_entry(
     Ok(TableEntry { table, pattern, roles, template, dead_letter_subject, message_id })
 }
 
-/// `--table`'s tables, each once, and the pattern of each that holds `*`.
-fn table_names(values: &[String]) -> anyhow::Result<Vec<(TableName, Option<TablePattern>)>> {
-    let mut tables: Vec<(TableName, Option<TablePattern>)> = Vec::with_capacity(values.len());
-    for value in values.iter().map(|v| v.trim()) {
-        let pattern: TablePattern = value.parse().map_err(|e| anyhow!("--table: {e}"))?;
-        let table = pattern.as_table_name();
-        if tables.iter().any(|(t, _)| *t == table) {
-            return Err(anyhow!("--table names {table} twice"));
-        }
-        tables.push((table, Some(pattern).filter(|p| !p.is_exact())));
-    }
-    if tables.is_empty() {
-        return Err(anyhow!("--table names no table"));
-    }
-    Ok(tables)
-}
-
-/// `--replay-table`: one table, named exactly, that is none of the outbox tables: a row of
-/// it is a replay's hand-over, never an event of its own.
-fn chosen_replay_table(
-    value: &str,
-    tables: &[(TableName, Option<TablePattern>)],
-) -> anyhow::Result<TableName> {
-    let pattern: TablePattern = value.trim().parse().map_err(|e| anyhow!("--replay-table: {e}"))?;
-    if !pattern.is_exact() {
-        return Err(anyhow!("--replay-table names one table, not a pattern: {value}"));
-    }
-    let replay = pattern.as_table_name();
-    for (table, pattern) in tables {
-        let outbox = match pattern {
-            Some(pattern) => pattern.matches(&replay.schema, &replay.name),
-            None => *table == replay,
-        };
-        if outbox {
-            return Err(anyhow!(
-                "--replay-table {replay} is an outbox table (--table {table}): choose a table \
-                 of its own"
-            ));
-        }
-    }
-    Ok(replay)
-}
-
 /// `--allow-nats-header`, lowercase, each checked.
 fn allowed_nats_headers(names: &[String]) -> anyhow::Result<Vec<String>> {
     names
@@ -511,5 +469,6 @@ fn check_subject(flag: &str, subject: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+mod tables;
 #[cfg(test)]
 mod tests;

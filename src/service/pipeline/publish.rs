@@ -1,5 +1,6 @@
-//! Handing messages to NATS: each one with the guard `domain::publishing` chains it by and
-//! kept in flight, a dead letter in a row's place, and what a refusal means for the attempt.
+//! Handing messages to NATS: a row mapped to its message, each one with the guard
+//! `domain::publishing` chains it by and kept in flight, a dead letter in a row's place,
+//! and what a refusal means for the attempt.
 
 use std::sync::Arc;
 
@@ -7,19 +8,66 @@ use async_nats::jetstream::context::PublishError;
 use tracing::warn;
 
 use super::{Pipeline, SentRow};
-use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection};
+use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{
-    CHAIN_ANCHOR, CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER, EXPECTED_LAST_SEQUENCE_HEADER,
+    CHAIN_ANCHOR, CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER, EXPECTED_LAST_SEQUENCE_HEADER, RowStep,
 };
 use crate::domain::seed::REPLAY_HEADER;
 use crate::domain::source::SOURCE_HEADER;
 use crate::nats::publisher::{POSITION_HEADER, refused_for_itself};
 use crate::nats::wire::HeaderBlock;
+use crate::postgres::pgoutput::ColumnValue;
 use crate::service::error::{NatsFailure, PipelineError};
 use crate::service::telemetry::TableCounters;
 
 impl Pipeline<'_> {
+    /// Publishes one row at `position`, or its dead letter when it cannot be published as it
+    /// is (`rejected` says why when that is known before mapping it).
+    pub(super) async fn on_row(
+        &mut self,
+        mapping: Arc<RowMapping>,
+        tuple: Vec<ColumnValue>,
+        position: Position,
+        rejected: Option<Rejection>,
+    ) -> Result<(), PipelineError> {
+        let row_id = mapping.row_id(&tuple);
+        match self.protocol.on_row(position, row_id.as_deref()) {
+            Ok(RowStep::Publish) => {}
+            Ok(RowStep::Skip) => return Ok(()),
+            Err(err) => return Err(self.tail_not_in_wal(err)),
+        }
+        let counters = self.counters.of(mapping.counted_as());
+        let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
+            Some(refused) => Some(refused),
+            None => match mapping.map(&tuple) {
+                Ok(event) => match self.dispatch(event, position, counters) {
+                    Ok(()) => {
+                        self.memory.published += 1;
+                        None
+                    }
+                    Err(err) => match refused_for_itself(&err) {
+                        Some(why) => Some(Rejection(why)),
+                        None => {
+                            self.unsent_row = true;
+                            return Err(PipelineError::Nats(NatsFailure::unacknowledged(&err)));
+                        }
+                    },
+                },
+                Err(reason) => Some(reason),
+            },
+        };
+        let row = SentRow { mapping, tuple, position };
+        if let Some(reason) = reason {
+            self.publish_dead_letter(&row, &reason).await?;
+        }
+        // Kept while it is the newest in flight: a collision answered for it alone puts its
+        // dead letter in its place (`Outcome::Collision`). Replacing the last one costs no
+        // more than dropping it here would.
+        self.last_sent = Some(row);
+        Ok(())
+    }
+
     /// Publishes a row's dead letter in its place, for `reason`. It is built to fit, so only
     /// a transient error can keep it from being sent; that one is retried like any other.
     /// A row whose id an older message has gets a letter named by its position.
