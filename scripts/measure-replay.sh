@@ -14,7 +14,8 @@
 # no call graphs) during each phase and prints each process's CPU seconds beside the rows/s:
 # what a phase costs beyond the drain, process by process (`perf report -i $OUT/cpu-<phase>.data
 # --comm nats-server --sort sym` then compares a process's functions between phases), and
-# counts each thread's socket and futex syscalls into $OUT/sys-<phase>.txt.
+# with SYSCALLS=1 counts each thread's socket and futex syscalls into $OUT/sys-<phase>.txt
+# (on some hosts that `perf stat` does not stop when told, and the script hangs).
 # NATS_SERVER=<binary> runs another nats-server than /usr/sbin's (2.9, stripped), e.g. one
 # from scripts/fetch-nats.sh. FRESH_NATS=1 runs each phase on a new nats-server (a new
 # store), so that no phase works beside the streams and duplicate windows of the ones before.
@@ -119,9 +120,12 @@ cpu_start() { # phase
   cpu_phase=$1
   perf record -a -F 997 -o "$out/cpu-$1.data" >/dev/null 2>&1 &
   cpu_perf=$!
-  perf stat -a --per-thread -e syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex \
-    -o "$out/sys-$1.txt" >/dev/null 2>&1 &
-  sys_perf=$!
+  sys_perf=
+  if [ "${SYSCALLS:-}" = 1 ]; then
+    perf stat -a --per-thread -e syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_futex \
+      -o "$out/sys-$1.txt" >/dev/null 2>&1 &
+    sys_perf=$!
+  fi
   echo "SELECT pid, coalesce(nullif(application_name, ''), backend_type) FROM pg_stat_activity \\watch 0.2" |
     psql >"$out/cpu-$1.pids" 2>/dev/null &
   cpu_watch=$!
@@ -129,7 +133,7 @@ cpu_start() { # phase
 cpu_stop() { # [pid of the pgoutbox that runs]
   [ "${CPU:-}" = 1 ] || return 0
   kill "$cpu_watch" 2>/dev/null; wait "$cpu_watch" 2>/dev/null || true
-  kill -INT "$cpu_perf" "$sys_perf"; wait "$cpu_perf" "$sys_perf" 2>/dev/null || true
+  kill -INT "$cpu_perf" $sys_perf; wait "$cpu_perf" $sys_perf 2>/dev/null || true
   perf report -i "$out/cpu-$cpu_phase.data" --sort comm,pid -n --stdio -q 2>/dev/null |
     awk -v pids="$out/cpu-$cpu_phase.pids" -v phase="$cpu_phase" -v run="${1:-0}" '
       BEGIN { while ((getline line < pids) > 0) { split(line, f, "|"); role[f[1]] = f[2] } }
