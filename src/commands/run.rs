@@ -49,9 +49,6 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
             "--retention deletes outbox rows, and --messages-only reads no table: drop one"
         );
     }
-    if args.retention.is_some() {
-        config.refuse_patterns("--retention")?;
-    }
     let tracing = Tracing::from_env(&ProcessEnv);
     let outcome = serve(config, args, tracing.as_ref().map(Tracing::tracer)).await;
     if let Some(tracing) = tracing {
@@ -104,7 +101,8 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         super::setup::warn_if_public_may_emit(&client).await;
     }
     if args.retention.is_some() {
-        for entry in &config.pipeline.tables {
+        // A pattern's tables are looked at on each pass (`retention::servable`).
+        for entry in config.pipeline.tables.iter().filter(|e| e.pattern.is_none()) {
             let column = &entry.roles.created_at;
             crate::postgres::admin::check_prerequisites(
                 &client,
@@ -193,8 +191,8 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
             };
             for (table, id) in rows {
                 for entry in &config.pipeline.tables {
-                    if let Some(row) = letter_row_in(entry, &table, &id) {
-                        memory.kept_rows.keep_letter_id(&entry.table.to_string(), &row);
+                    if let Some((table, row)) = letter_row_in(entry, &table, &id) {
+                        memory.kept_rows.keep_letter_id(&table, &row);
                     }
                 }
             }
@@ -205,14 +203,20 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
             .iter()
             .map(|entry| crate::service::retention::RetainedTable {
                 table: entry.table.clone(),
+                pattern: entry.pattern.clone(),
                 created_at: entry.roles.created_at.clone(),
                 id: entry.roles.id.clone(),
             })
             .collect();
+        let scope = crate::service::retention::Scope {
+            tables,
+            slot: config.slot.clone(),
+            publication: config.publication.clone(),
+        };
         tasks.spawn(crate::service::retention::run(
             config.database.clone(),
             config.pg_tls.clone(),
-            tables,
+            scope,
             keep,
             memory.published_up_to.clone(),
             memory.kept_rows.clone(),

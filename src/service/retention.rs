@@ -11,6 +11,13 @@
 //! retention (its rows could carry an older created_at than their commit). Logical
 //! decoding reads the WAL, not the table, so even then no event would be lost: only the
 //! copy kept in the table for manual recovery.
+//!
+//! A pattern's tables (`tenant_*.outbox`) are listed again on every pass. One that joins
+//! the publication later is adopted: its rows are inserted again, keeping their created-at,
+//! in the adopting transaction, which the newest published commit says nothing about. So
+//! a matched table is served only once the slot has confirmed the WAL position at which it
+//! was first seen in the publication ([`SeenPublished`]): every transaction visible then,
+//! its adoption included, committed before that position.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -21,11 +28,13 @@ use std::sync::Mutex;
 
 use tracing::{info, warn};
 
-use crate::domain::outbox::TRUNCATED;
+use crate::domain::outbox::{TRUNCATED, TablePattern};
 use crate::postgres::admin::{self, TableName};
+use crate::postgres::tenant_tables;
 use crate::postgres::wire::PG_EPOCH_OFFSET_MICROS;
 use crate::service::shutdown::Shutdown;
 use postgres_protocol::escape::escape_identifier as quote_ident;
+use tokio_postgres::types::PgLsn;
 
 /// Rows deleted per statement: short transactions, short locks.
 const BATCH: i64 = 1_000;
@@ -90,11 +99,45 @@ impl KeptRows {
     }
 }
 
-/// A table retention serves, and the columns it reads there.
+/// A table retention serves, and the columns it reads there; with `pattern`, the tables
+/// the pattern matches (`table` is then the pattern's text).
 pub struct RetainedTable {
     pub table: TableName,
+    pub pattern: Option<TablePattern>,
     pub created_at: String,
     pub id: String,
+}
+
+/// When each table a pattern matches was first seen in the publication, as a WAL position:
+/// a table is served once the slot confirmed that position, so its adopting transaction,
+/// which inserted its older rows again, is published. A table seen out of the publication
+/// (or gone) is forgotten, so that joining again waits again.
+#[derive(Debug, Default)]
+struct SeenPublished(HashMap<TableName, u64>);
+
+impl SeenPublished {
+    /// Takes one pass's view of a pattern's tables (each with whether the publication holds
+    /// it), listed before WAL insert position `now` was read, and answers those that may be
+    /// served while the slot has confirmed `confirmed`.
+    fn servable(
+        &mut self,
+        matched: &[(TableName, bool)],
+        now: u64,
+        confirmed: u64,
+    ) -> Vec<TableName> {
+        let published: HashSet<&TableName> =
+            matched.iter().filter(|(_, published)| *published).map(|(table, _)| table).collect();
+        self.0.retain(|table, _| published.contains(table));
+        let mut servable = Vec::new();
+        for table in published {
+            let seen = *self.0.entry(table.clone()).or_insert(now);
+            if confirmed >= seen {
+                servable.push(table.clone());
+            }
+        }
+        servable.sort_by_key(ToString::to_string);
+        servable
+    }
 }
 
 impl RetainedTable {
@@ -103,7 +146,7 @@ impl RetainedTable {
     /// a ctid names a row only within one table, and a partitioned outbox repeats ctids in
     /// every partition (deleting by ctid there emptied young partitions too). A row sharing
     /// an old row's id is deleted only if it is old and published itself.
-    fn delete_batch(&self) -> String {
+    fn delete_batch(&self, table: &TableName) -> String {
         let conditions = format!(
             "{created_at} < to_timestamp($1::float8) AND NOT ({id}::text = ANY($2::text[])) \
              AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS p WHERE starts_with({id}::text, p))",
@@ -113,10 +156,19 @@ impl RetainedTable {
         format!(
             "DELETE FROM {table} WHERE {id} = ANY(ARRAY(SELECT {id} FROM {table} \
              WHERE {conditions} LIMIT {BATCH})) AND {conditions}",
-            table = self.table.quoted(),
+            table = table.quoted(),
             id = quote_ident(&self.id),
         )
     }
+}
+
+/// Where retention deletes, and what tells it a row is published.
+pub struct Scope {
+    pub tables: Vec<RetainedTable>,
+    /// The slot whose confirmed position says a pattern's table is served (see
+    /// [`SeenPublished`]), and the publication its tables join.
+    pub slot: String,
+    pub publication: String,
 }
 
 /// Deletes published rows older than `keep` from every table until shutdown; errors are
@@ -124,7 +176,7 @@ impl RetainedTable {
 pub async fn run(
     database: tokio_postgres::Config,
     tls: crate::postgres::tls::PgTls,
-    tables: Vec<RetainedTable>,
+    scope: Scope,
     keep: Duration,
     published: PublishedUpTo,
     kept: KeptRows,
@@ -132,7 +184,7 @@ pub async fn run(
 ) {
     let every = (keep / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
     let deleted_total = metrics::counter!(crate::service::telemetry::names::RETENTION_DELETED);
-    let statements: Vec<String> = tables.iter().map(RetainedTable::delete_batch).collect();
+    let mut seen: Vec<SeenPublished> = scope.tables.iter().map(|_| Default::default()).collect();
     let mut client = None;
     loop {
         tokio::select! {
@@ -150,36 +202,87 @@ pub async fn run(
                 }
             }
         }
-        for (retained, sql) in tables.iter().zip(&statements) {
+        for (retained, seen) in scope.tables.iter().zip(&mut seen) {
             let Some(db) = client.as_ref() else { break };
-            let table = retained.table.to_string();
-            let (kept_ids, kept_prefixes) = kept.snapshot(&table);
-            let mut deleted = 0;
-            loop {
-                match db.execute(sql, &[&cutoff_unix, &kept_ids, &kept_prefixes]).await {
-                    Ok(n) => {
-                        deleted += n;
-                        if n < BATCH as u64 {
-                            break;
-                        }
-                    }
+            let tables = match &retained.pattern {
+                None => vec![retained.table.clone()],
+                Some(pattern) => match servable(db, retained, pattern, &scope, seen).await {
+                    Ok(tables) => tables,
                     Err(err) => {
                         let error = admin::server_said(&err);
-                        warn!(error, table = %table, "retention: delete failed; will retry");
-                        // A refusal of this table's delete leaves the others served.
+                        warn!(error, pattern = %retained.table, "retention: cannot list the tables; will retry");
                         if db.is_closed() {
                             client = None;
                         }
-                        break;
+                        continue;
+                    }
+                },
+            };
+            for table in tables {
+                let Some(db) = client.as_ref() else { break };
+                let sql = retained.delete_batch(&table);
+                let name = table.to_string();
+                let (kept_ids, kept_prefixes) = kept.snapshot(&name);
+                let mut deleted = 0;
+                loop {
+                    match db.execute(&sql, &[&cutoff_unix, &kept_ids, &kept_prefixes]).await {
+                        Ok(n) => {
+                            deleted += n;
+                            if n < BATCH as u64 {
+                                break;
+                            }
+                        }
+                        Err(err) => {
+                            let error = admin::server_said(&err);
+                            warn!(error, table = %name, "retention: delete failed; will retry");
+                            // A refusal of this table's delete leaves the others served.
+                            if db.is_closed() {
+                                client = None;
+                            }
+                            break;
+                        }
                     }
                 }
-            }
-            if deleted > 0 {
-                deleted_total.increment(deleted);
-                info!(deleted, table = %table, "retention: deleted published rows");
+                if deleted > 0 {
+                    deleted_total.increment(deleted);
+                    info!(deleted, table = %name, "retention: deleted published rows");
+                }
             }
         }
     }
+}
+
+/// The tables `pattern` matches that may be served now: listed first, then the WAL insert
+/// position read, so that every transaction the listing saw committed before it.
+async fn servable(
+    db: &tokio_postgres::Client,
+    retained: &RetainedTable,
+    pattern: &TablePattern,
+    scope: &Scope,
+    seen: &mut SeenPublished,
+) -> Result<Vec<TableName>, tokio_postgres::Error> {
+    let matched = tenant_tables::matched(db, pattern, &scope.publication).await?;
+    let row = db
+        .query_one(
+            "SELECT pg_current_wal_insert_lsn(), \
+                    (SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1)",
+            &[&scope.slot],
+        )
+        .await?;
+    let now = u64::from(row.try_get::<_, PgLsn>(0)?);
+    let confirmed = row.try_get::<_, Option<PgLsn>>(1)?.map_or(0, u64::from);
+    // A table without the pattern's columns has its rows dead-lettered, not deleted.
+    let fits = |m: &tenant_tables::Matched| {
+        [&retained.created_at, &retained.id].iter().all(|c| m.columns.contains(c))
+    };
+    let matched: Vec<(TableName, bool)> = matched
+        .into_iter()
+        .map(|m| {
+            let served = m.published && fits(&m);
+            (m.table, served)
+        })
+        .collect();
+    Ok(seen.servable(&matched, now, confirmed))
 }
 
 #[cfg(test)]
@@ -193,6 +296,39 @@ mod tests {
         p.advance(10);
         p.advance(5);
         assert_eq!(p.get(), Some(10));
+    }
+
+    fn table(name: &str) -> TableName {
+        name.parse().unwrap()
+    }
+
+    #[test]
+    fn a_pattern_table_is_served_once_the_slot_confirmed_where_it_was_first_seen_published() {
+        let mut seen = SeenPublished::default();
+        let (t1, t2) = (table("tenant_1.outbox"), table("tenant_2.outbox"));
+        let view = [(t1.clone(), true), (t2.clone(), false)];
+        // First seen at 100: not served while the slot is behind it.
+        assert_eq!(seen.servable(&view, 100, 99), Vec::<TableName>::new());
+        // Seen again later: the first sighting counts, not the later position.
+        assert_eq!(seen.servable(&view, 200, 150), vec![t1.clone()]);
+        // tenant_2 joins (adopted) at 300: served only once 300 is confirmed.
+        let both = [(t1.clone(), true), (t2.clone(), true)];
+        assert_eq!(seen.servable(&both, 300, 299), vec![t1.clone()]);
+        assert_eq!(seen.servable(&both, 400, 300), vec![t1.clone(), t2.clone()]);
+    }
+
+    #[test]
+    fn a_table_that_left_the_publication_waits_again_when_it_joins_again() {
+        let mut seen = SeenPublished::default();
+        let t1 = table("tenant_1.outbox");
+        assert_eq!(seen.servable(&[(t1.clone(), true)], 100, 100), vec![t1.clone()]);
+        // Out of the publication, then (adopted again, its rows inserted again) back in.
+        assert_eq!(seen.servable(&[(t1.clone(), false)], 200, 200), Vec::<TableName>::new());
+        assert_eq!(seen.servable(&[(t1.clone(), true)], 300, 250), Vec::<TableName>::new());
+        // Dropped: forgotten as well.
+        assert_eq!(seen.servable(&[], 400, 400), Vec::<TableName>::new());
+        assert_eq!(seen.servable(&[(t1.clone(), true)], 500, 450), Vec::<TableName>::new());
+        assert_eq!(seen.servable(&[(t1.clone(), true)], 600, 500), vec![t1]);
     }
 
     #[test]

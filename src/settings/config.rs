@@ -246,19 +246,6 @@ impl Config {
         self.pipeline.first()
     }
 
-    /// Refuses `what` (`replay`, `--retention`: each reads tables it names) when a table is
-    /// named by a pattern, rather than read the tables matched at one moment.
-    pub fn refuse_patterns(&self, what: &str) -> anyhow::Result<()> {
-        match self.pipeline.tables.iter().find(|e| e.pattern.is_some()) {
-            Some(entry) => Err(anyhow!(
-                "{what} with a table pattern ({}) is not supported yet: it reads the tables \
-                 it names (see docs/operations.md, Tenant tables)",
-                entry.table
-            )),
-            None => Ok(()),
-        }
-    }
-
     /// The entry whose rows `replay --from-table` replays: the one named, which must be
     /// configured or match a configured pattern (then under that pattern's settings), or
     /// the one table; several tables, or a pattern, and none named is refused, rather than

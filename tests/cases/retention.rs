@@ -214,3 +214,63 @@ async fn a_table_whose_deletes_fail_leaves_the_other_tables_served() {
     let refused = r#"retention: delete failed; will retry error="this table keeps its rows""#;
     assert!(log.contains(refused), "no {refused:?} in:\n{log}");
 }
+
+/// With a table pattern every matched table is served, and one adopted later keeps the rows
+/// its adoption inserted again (created-at a day old, long past the retention) until that
+/// adoption is published: here it is adopted while nats-server is paused, after newer
+/// transactions were published. Then they go too.
+#[tokio::test(flavor = "multi_thread")]
+async fn serves_a_patterns_tables_and_an_adopted_tables_rows_only_once_published() {
+    use crate::cases::several_tables::{tenant_rows, tenant_table};
+    let pg = Postgres::start();
+    let mut nats = Nats::start();
+    pg.psql(&tenant_table("tenant_1"));
+    let tenants = ["--table", "tenant_*.outbox", "--subject-template", "tenants.{$schema}.x"];
+    let app = Pgoutbox::run(&pg, &nats, &[&tenants[..], &["--retention", "2s"]].concat());
+    wait_until_streaming(&pg, &app).await;
+    let rows_of = |schema: &str| -> u64 {
+        pg.psql(&format!("SELECT count(*) FROM {schema}.outbox")).parse().expect("count")
+    };
+
+    pg.psql(&tenant_rows("tenant_1", 0, 20));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(20), "20 rows stored", || async {
+        (count(&js, "OUTBOX").await == 20).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await; // the rows must age
+    pg.psql(&tenant_rows("tenant_1", 20, 21));
+    eventually(Duration::from_secs(20), "tenant_1's old rows deleted", || async {
+        (rows_of("tenant_1") == 1).then_some(())
+    })
+    .await;
+
+    nats.pause();
+    pg.psql(&tenant_table("tenant_2"));
+    pg.psql(
+        "INSERT INTO tenant_2.outbox (aggregate_type, aggregate_id, event_type, payload, \
+         created_at) SELECT 'order', n::text, 'created', '{}', now() - interval '1 day' \
+         FROM generate_series(1, 10) n",
+    );
+    eventually(Duration::from_secs(30), "tenant_2 adopted", || async {
+        app.log().contains("joined the publication").then_some(())
+    })
+    .await;
+    // Several passes (one a second) while the adoption waits for its ack.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        assert_eq!(rows_of("tenant_2"), 10, "adopted rows deleted before they were published");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    nats.resume();
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(60), "tenant_2's rows stored", || async {
+        (count(&js, "OUTBOX").await == 31).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(20), "and then deleted", || async {
+        (rows_of("tenant_2") == 0).then_some(())
+    })
+    .await;
+    assert!(app.log().contains("table=tenant_2.outbox"), "{}", app.log());
+}

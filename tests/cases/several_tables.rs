@@ -236,23 +236,6 @@ async fn the_same_id_in_two_tables_is_two_messages() {
     assert!(!app.log().contains("dead-letter"), "{}", app.log());
 }
 
-/// `--retention` deletes from the tables it names: with a pattern, whose tables come and
-/// go, refused in one line rather than serving the tables matched at one moment.
-/// (`replay` names its table: `replay.rs`; the seed reads every table:
-/// `seed_from_table.rs`; `--retention` serves every named table: `retention.rs`.)
-#[tokio::test(flavor = "multi_thread")]
-async fn retention_with_a_table_pattern_is_refused() {
-    let pg = Postgres::start();
-    let nats = Nats::start();
-    two_tables(&pg);
-    let args = ["--table", "public.outbox", "--table", "tenant_*.outbox", "--retention=1d"];
-    let mut app = Pgoutbox::run(&pg, &nats, &args);
-    let status = app.wait_exit(Duration::from_secs(30));
-    assert!(!status.success(), "--retention ran with a table pattern");
-    let says = "--retention with a table pattern (tenant_*.outbox) is not supported yet";
-    assert!(app.log().contains(says), "no {says:?} in:\n{}", app.log());
-}
-
 /// The second table dropped from the publication while streaming: its rows are no longer
 /// decoded, so pgoutbox stops within the liveness check, saying how to add it back.
 #[tokio::test(flavor = "multi_thread")]

@@ -28,7 +28,7 @@ use serde_json::{Map, Value};
 
 use super::{
     Headers, MESSAGE_ID_HEADER, MessageId, OutboxEvent, Rejection, RowMapping, TABLE_HEADER,
-    TableEntry,
+    TableEntry, TableName,
 };
 use crate::domain::progress::Position;
 use crate::domain::row::ColumnValue;
@@ -271,13 +271,22 @@ pub fn letter_row(body: &[u8], payload_column: &str) -> Option<(String, Option<S
     Some((id, payload))
 }
 
-/// Which row of `entry`'s table a dead letter read back names, by the `table` and `id` of
+/// Which row of `entry`'s tables a dead letter read back names, by the `table` and `id` of
 /// its body (either may be shortened, ending in [`TRUNCATED`]): `None` for a letter of
-/// another table; else the id column's text, or its start followed by `TRUNCATED`, without
-/// the `<schema>.<table>:` that several tables qualify ids with. An id shortened within
-/// that qualifier names no row in particular: `TRUNCATED` alone, whose empty start matches
-/// every row of the table (`--retention` keeps them all rather than the only copy of one).
-pub fn letter_row_in(entry: &TableEntry, table: &str, id: &str) -> Option<String> {
+/// another table; else the table's name (for a pattern's entry, the table the pattern
+/// matched) and the id column's text, or its start followed by `TRUNCATED`, without the
+/// `<schema>.<table>:` that several tables qualify ids with. An id shortened within that
+/// qualifier names no row in particular: `TRUNCATED` alone, whose empty start matches every
+/// row of the table (`--retention` keeps them all rather than the only copy of one).
+pub fn letter_row_in(entry: &TableEntry, table: &str, id: &str) -> Option<(String, String)> {
+    if let Some(pattern) = &entry.pattern {
+        let matched = table.parse::<TableName>().ok()?;
+        if !pattern.matches(&matched.schema, &matched.name) {
+            return None;
+        }
+        let entry = TableEntry { table: matched, pattern: None, ..entry.clone() };
+        return letter_row_in(&entry, table, id);
+    }
     let name = entry.table.to_string();
     let named = match table.strip_suffix(TRUNCATED) {
         Some(start) => name.starts_with(start),
@@ -287,14 +296,15 @@ pub fn letter_row_in(entry: &TableEntry, table: &str, id: &str) -> Option<String
         return None;
     }
     if entry.message_id == MessageId::Row {
-        return Some(id.to_owned());
+        return Some((name, id.to_owned()));
     }
     let qualifier = format!("{name}:");
-    Some(match (id.strip_prefix(&qualifier), id.strip_suffix(TRUNCATED)) {
+    let row = match (id.strip_prefix(&qualifier), id.strip_suffix(TRUNCATED)) {
         (Some(own), _) => own.to_owned(),
         (None, Some(start)) if qualifier.starts_with(start) => TRUNCATED.to_owned(),
         (None, _) => id.to_owned(),
-    })
+    };
+    Some((name, row))
 }
 
 impl RowMapping {

@@ -225,18 +225,32 @@ fn a_letter_read_back_names_its_tables_row_whatever_it_had_to_shorten() {
         message_id,
     };
     let t = |text: &str| format!("{text}{TRUNCATED}");
+    let row = |entry: &TableEntry, table: &str, id: &str| letter_row_in(entry, table, id);
+    let kept = |table: &str, id: &str| Some((table.to_owned(), id.to_owned()));
     let one = entry("public.outbox", MessageId::Row);
-    assert_eq!(letter_row_in(&one, "public.outbox", "7").as_deref(), Some("7"));
-    assert_eq!(letter_row_in(&one, "billing.outbox", "7"), None);
+    assert_eq!(row(&one, "public.outbox", "7"), kept("public.outbox", "7"));
+    assert_eq!(row(&one, "billing.outbox", "7"), None);
     let long = entry("billing_service.outbox", MessageId::Row);
     let cut = t("billing_service.");
-    assert_eq!(letter_row_in(&long, &cut, &t("6f1c")).as_deref(), Some(t("6f1c").as_str()));
+    assert_eq!(row(&long, &cut, &t("6f1c")), kept("billing_service.outbox", &t("6f1c")));
     let several = entry("billing.outbox", MessageId::Qualified);
-    let row = letter_row_in(&several, "billing.outbox", "billing.outbox:7");
-    assert_eq!(row.as_deref(), Some("7"));
-    let row = letter_row_in(&several, "billing.outbox", &t("billing.outbox:6f"));
-    assert_eq!(row.as_deref(), Some(t("6f").as_str()));
+    let seven = row(&several, "billing.outbox", "billing.outbox:7");
+    assert_eq!(seven, kept("billing.outbox", "7"));
+    let six = row(&several, "billing.outbox", &t("billing.outbox:6f"));
+    assert_eq!(six, kept("billing.outbox", &t("6f")));
+    // A pattern's letter names the table it matched, and is kept there.
+    let tenants = TableEntry {
+        pattern: Some("tenant_*.outbox".parse().unwrap()),
+        ..entry("tenant_*.outbox", MessageId::Qualified)
+    };
+    let tenant = row(&tenants, "tenant_7.outbox", "tenant_7.outbox:9");
+    assert_eq!(tenant, kept("tenant_7.outbox", "9"));
+    assert_eq!(row(&tenants, "other_7.outbox", "other_7.outbox:9"), None);
     let long = entry("billing_service.outbox", MessageId::Qualified);
-    let row = letter_row_in(&long, &cut, &cut);
-    assert_eq!(row.as_deref(), Some(TRUNCATED), "an id cut within its qualifier keeps every row");
+    let cut_row = row(&long, &cut, &cut).map(|(_, row)| row);
+    assert_eq!(
+        cut_row.as_deref(),
+        Some(TRUNCATED),
+        "an id cut within its qualifier keeps every row"
+    );
 }
