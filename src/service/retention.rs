@@ -183,7 +183,6 @@ pub async fn run(
     mut shutdown: Shutdown,
 ) {
     let every = (keep / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
-    let deleted_total = metrics::counter!(crate::service::telemetry::names::RETENTION_DELETED);
     let mut seen: Vec<SeenPublished> = scope.tables.iter().map(|_| Default::default()).collect();
     let mut client = None;
     loop {
@@ -220,36 +219,47 @@ pub async fn run(
             };
             for table in tables {
                 let Some(db) = client.as_ref() else { break };
-                let sql = retained.delete_batch(&table);
-                let name = table.to_string();
-                let (kept_ids, kept_prefixes) = kept.snapshot(&name);
-                let mut deleted = 0;
-                loop {
-                    match db.execute(&sql, &[&cutoff_unix, &kept_ids, &kept_prefixes]).await {
-                        Ok(n) => {
-                            deleted += n;
-                            if n < BATCH as u64 {
-                                break;
-                            }
-                        }
-                        Err(err) => {
-                            let error = admin::server_said(&err);
-                            warn!(error, table = %name, "retention: delete failed; will retry");
-                            // A refusal of this table's delete leaves the others served.
-                            if db.is_closed() {
-                                client = None;
-                            }
-                            break;
-                        }
+                if let Err(err) = delete_old(db, retained, &table, cutoff_unix, &kept).await {
+                    let error = admin::server_said(&err);
+                    warn!(error, table = %table, "retention: delete failed; will retry");
+                    // A refusal of this table's delete leaves the others served.
+                    if db.is_closed() {
+                        client = None;
                     }
-                }
-                if deleted > 0 {
-                    deleted_total.increment(deleted);
-                    info!(deleted, table = %name, "retention: deleted published rows");
                 }
             }
         }
     }
+}
+
+/// Deletes `table`'s rows older than `cutoff_unix` and not kept, a batch at a time, until
+/// a batch comes back short or fails; logs and counts what went either way.
+async fn delete_old(
+    db: &tokio_postgres::Client,
+    retained: &RetainedTable,
+    table: &TableName,
+    cutoff_unix: f64,
+    kept: &KeptRows,
+) -> Result<(), tokio_postgres::Error> {
+    let sql = retained.delete_batch(table);
+    let (kept_ids, kept_prefixes) = kept.snapshot(&table.to_string());
+    let mut deleted = 0;
+    let outcome = loop {
+        match db.execute(&sql, &[&cutoff_unix, &kept_ids, &kept_prefixes]).await {
+            Ok(n) => {
+                deleted += n;
+                if n < BATCH as u64 {
+                    break Ok(());
+                }
+            }
+            Err(err) => break Err(err),
+        }
+    };
+    if deleted > 0 {
+        metrics::counter!(crate::service::telemetry::names::RETENTION_DELETED).increment(deleted);
+        info!(deleted, table = %table, "retention: deleted published rows");
+    }
+    outcome
 }
 
 /// The tables `pattern` matches that may be served now: listed first, then the WAL insert
