@@ -203,30 +203,42 @@ pub async fn run(
         }
         for (retained, seen) in scope.tables.iter().zip(&mut seen) {
             let Some(db) = client.as_ref() else { break };
-            let tables = match &retained.pattern {
-                None => vec![retained.table.clone()],
-                Some(pattern) => match servable(db, retained, pattern, &scope, seen).await {
-                    Ok(tables) => tables,
-                    Err(err) => {
-                        let error = admin::server_said(&err);
-                        warn!(error, pattern = %retained.table, "retention: cannot list the tables; will retry");
-                        if db.is_closed() {
-                            client = None;
-                        }
-                        continue;
-                    }
-                },
-            };
-            for table in tables {
-                let Some(db) = client.as_ref() else { break };
-                if let Err(err) = delete_old(db, retained, &table, cutoff_unix, &kept).await {
-                    let error = admin::server_said(&err);
-                    warn!(error, table = %table, "retention: delete failed; will retry");
-                    // A refusal of this table's delete leaves the others served.
-                    if db.is_closed() {
-                        client = None;
-                    }
-                }
+            serve(db, retained, seen, &scope, cutoff_unix, &kept).await;
+            if db.is_closed() {
+                client = None;
+            }
+        }
+    }
+}
+
+/// One pass over one configured entry: its table, or the tables its pattern matches that
+/// may be served now. Failures are logged; a refusal of one table's delete leaves the
+/// others served, and a lost connection ends the pass.
+async fn serve(
+    db: &tokio_postgres::Client,
+    retained: &RetainedTable,
+    seen: &mut SeenPublished,
+    scope: &Scope,
+    cutoff_unix: f64,
+    kept: &KeptRows,
+) {
+    let tables = match &retained.pattern {
+        None => vec![retained.table.clone()],
+        Some(pattern) => match servable(db, retained, pattern, scope, seen).await {
+            Ok(tables) => tables,
+            Err(err) => {
+                let error = admin::server_said(&err);
+                warn!(error, pattern = %retained.table, "retention: cannot list the tables; will retry");
+                return;
+            }
+        },
+    };
+    for table in tables {
+        if let Err(err) = delete_old(db, retained, &table, cutoff_unix, kept).await {
+            let error = admin::server_said(&err);
+            warn!(error, table = %table, "retention: delete failed; will retry");
+            if db.is_closed() {
+                return;
             }
         }
     }
