@@ -28,11 +28,15 @@ pub struct Matched {
     pub oid: u32,
     /// In the publication (by name, through its root, or `FOR ALL TABLES` / `IN SCHEMA`).
     pub published: bool,
+    /// The `pg_publication_rel` row naming it in the publication, if it is there by name: a
+    /// table taken out and added back (adopted again) has another.
+    pub membership: Option<u32>,
     pub columns: Vec<String>,
 }
 
 /// The tables `pattern` matches (ordinary or partitioned, not partitions: their root is
-/// published), each with its OID, whether `publication` holds it, and its columns; in
+/// published), each with its OID, whether `publication` holds it (and by which
+/// `pg_publication_rel` row, if by name), and its columns; in
 /// name order. The publication's tables are listed once, not per table: with thousands
 /// of tenants the view is the costly part.
 pub fn query(pattern: &TablePattern, publication: &str) -> String {
@@ -42,7 +46,10 @@ pub fn query(pattern: &TablePattern, publication: &str) -> String {
     format!(
         "SELECT c.oid::text, n.nspname::text, c.relname::text, (p.tablename IS NOT NULL)::text, \
                 (SELECT string_agg(a.attname, ',') FROM pg_attribute a \
-                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) \
+                 WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), \
+                (SELECT r.oid::text FROM pg_publication_rel r \
+                 JOIN pg_publication pb ON pb.oid = r.prpubid \
+                 WHERE pb.pubname = {publication} AND r.prrelid = c.oid) \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          LEFT JOIN (SELECT schemaname, tablename FROM pg_publication_tables \
                     WHERE pubname = {publication}) p \
@@ -66,6 +73,7 @@ pub fn judge(rows: &[TextRow], pattern: &TablePattern) -> Vec<Matched> {
             Some(Matched {
                 oid: field(row, 0).parse().ok()?,
                 published: field(row, 3) == "true",
+                membership: field(row, 5).parse().ok(),
                 columns: field(row, 4).split(',').map(str::to_owned).collect(),
                 table,
             })
@@ -258,7 +266,7 @@ pub fn drop_trigger_sql(publication: &str) -> String {
 mod tests {
     use super::*;
 
-    fn row(fields: [&str; 5]) -> TextRow {
+    fn row(fields: [&str; 6]) -> TextRow {
         fields.iter().map(|f| Some(f.to_string())).collect()
     }
 
@@ -266,14 +274,15 @@ mod tests {
     fn matched_tables_are_read_and_checked_against_the_pattern() {
         let pattern: TablePattern = "tenant_*.outbox".parse().unwrap();
         let rows = [
-            row(["16384", "tenant_1", "outbox", "true", "id,payload"]),
-            row(["16390", "tenant_2", "outbox", "false", "id"]),
-            row(["16400", "tenantX", "outbox", "false", "id"]),
+            row(["16384", "tenant_1", "outbox", "true", "id,payload", "16388"]),
+            row(["16390", "tenant_2", "outbox", "false", "id", ""]),
+            row(["16400", "tenantX", "outbox", "false", "id", ""]),
         ];
         let matched = judge(&rows, &pattern);
         assert_eq!(matched.len(), 2, "tenantX is not tenant_*");
         assert_eq!(matched[0].table.to_string(), "tenant_1.outbox");
         assert!(matched[0].published && !matched[1].published);
+        assert_eq!((matched[0].membership, matched[1].membership), (Some(16388), None));
         assert_eq!(
             (matched[1].oid, matched[1].columns.as_slice()),
             (16390, &["id".to_owned()][..])

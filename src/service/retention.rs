@@ -17,7 +17,10 @@
 //! in the adopting transaction, which the newest published commit says nothing about. So
 //! a matched table is served only once the slot has confirmed the WAL position at which it
 //! was first seen in the publication ([`SeenPublished`]): every transaction visible then,
-//! its adoption included, committed before that position.
+//! its adoption included, committed before that position. A table is known by its OID and
+//! the publication's row for it, not its name, so joining anew between two passes counts;
+//! and each delete checks that row again ([`RetainedTable::delete_batch`]), for an
+//! adoption that commits between a pass's listing and its delete.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -108,34 +111,46 @@ pub struct RetainedTable {
     pub id: String,
 }
 
+/// A table as one pass saw it in the publication under its name. A table dropped and
+/// created again has another OID; one taken out of the publication and added back (adopted
+/// again, its rows inserted again) another `pg_publication_rel` row. Either is a table that
+/// joined anew, however short the time between two passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Joined {
+    oid: u32,
+    /// `None` when published without a row of its own (`FOR ALL TABLES`, `IN SCHEMA`): such
+    /// a table is published from its creation, so nothing is adopted.
+    membership: Option<u32>,
+}
+
 /// When each table a pattern matches was first seen in the publication, as a WAL position:
 /// a table is served once the slot confirmed that position, so its adopting transaction,
-/// which inserted its older rows again, is published. A table seen out of the publication
-/// (or gone) is forgotten, so that joining again waits again.
+/// which inserted its older rows again, is published. A table seen out of the publication,
+/// gone, or [`Joined`] anew is forgotten, so that joining again waits again.
 #[derive(Debug, Default)]
-struct SeenPublished(HashMap<TableName, u64>);
+struct SeenPublished(HashMap<TableName, (Joined, u64)>);
 
 impl SeenPublished {
-    /// Takes one pass's view of a pattern's tables (each with whether the publication holds
-    /// it), listed before WAL insert position `now` was read, and answers those that may be
-    /// served while the slot has confirmed `confirmed`.
+    /// Takes one pass's view of a pattern's tables in the publication, listed before WAL
+    /// insert position `now` was read, and answers those that may be served while the slot
+    /// has confirmed `confirmed`.
     fn servable(
         &mut self,
-        matched: &[(TableName, bool)],
+        published: &[(TableName, Joined)],
         now: u64,
         confirmed: u64,
-    ) -> Vec<TableName> {
-        let published: HashSet<&TableName> =
-            matched.iter().filter(|(_, published)| *published).map(|(table, _)| table).collect();
-        self.0.retain(|table, _| published.contains(table));
+    ) -> Vec<(TableName, Joined)> {
+        let published: HashMap<&TableName, Joined> =
+            published.iter().map(|(table, joined)| (table, *joined)).collect();
+        self.0.retain(|table, (joined, _)| published.get(table) == Some(joined));
         let mut servable = Vec::new();
-        for table in published {
-            let seen = *self.0.entry(table.clone()).or_insert(now);
+        for (table, joined) in published {
+            let (_, seen) = *self.0.entry(table.clone()).or_insert((joined, now));
             if confirmed >= seen {
-                servable.push(table.clone());
+                servable.push((table.clone(), joined));
             }
         }
-        servable.sort_by_key(ToString::to_string);
+        servable.sort_by_key(|(table, _)| table.to_string());
         servable
     }
 }
@@ -145,11 +160,22 @@ impl RetainedTable {
     /// or id prefix (`$3`). By id, with every condition checked again on the rows deleted:
     /// a ctid names a row only within one table, and a partitioned outbox repeats ctids in
     /// every partition (deleting by ctid there emptied young partitions too). A row sharing
-    /// an old row's id is deleted only if it is old and published itself.
-    fn delete_batch(&self, table: &TableName) -> String {
+    /// an old row's id is deleted only if it is old and published itself. With
+    /// `membership`, only while the publication still holds the table by that row (`$4`):
+    /// the statement's snapshot is taken once its lock on the table is granted, after any
+    /// adoption it waited for, so a table taken out and added back since the pass listed it
+    /// (its rows inserted again, not yet published) loses nothing.
+    fn delete_batch(&self, table: &TableName, membership: Option<u32>) -> String {
+        let still_joined = match membership {
+            Some(_) => {
+                " AND EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel WHERE oid = $4::oid)"
+            }
+            None => "",
+        };
         let conditions = format!(
             "{created_at} < to_timestamp($1::float8) AND NOT ({id}::text = ANY($2::text[])) \
-             AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS p WHERE starts_with({id}::text, p))",
+             AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS p WHERE starts_with({id}::text, p))\
+             {still_joined}",
             created_at = quote_ident(&self.created_at),
             id = quote_ident(&self.id),
         );
@@ -223,7 +249,7 @@ async fn serve(
     kept: &KeptRows,
 ) {
     let tables = match &retained.pattern {
-        None => vec![retained.table.clone()],
+        None => vec![(retained.table.clone(), None)],
         Some(pattern) => match servable(db, retained, pattern, scope, seen).await {
             Ok(tables) => tables,
             Err(err) => {
@@ -233,8 +259,8 @@ async fn serve(
             }
         },
     };
-    for table in tables {
-        if let Err(err) = delete_old(db, retained, &table, cutoff_unix, kept).await {
+    for (table, membership) in tables {
+        if let Err(err) = delete_old(db, retained, &table, membership, cutoff_unix, kept).await {
             let error = admin::server_said(&err);
             warn!(error, table = %table, "retention: delete failed; will retry");
             if db.is_closed() {
@@ -244,20 +270,27 @@ async fn serve(
     }
 }
 
-/// Deletes `table`'s rows older than `cutoff_unix` and not kept, a batch at a time, until
-/// a batch comes back short or fails; logs and counts what went either way.
+/// Deletes `table`'s rows older than `cutoff_unix` and not kept (while the publication
+/// holds it by `membership`, if given), a batch at a time, until a batch comes back short
+/// or fails; logs and counts what went either way.
 async fn delete_old(
     db: &tokio_postgres::Client,
     retained: &RetainedTable,
     table: &TableName,
+    membership: Option<u32>,
     cutoff_unix: f64,
     kept: &KeptRows,
 ) -> Result<(), tokio_postgres::Error> {
-    let sql = retained.delete_batch(table);
+    let sql = retained.delete_batch(table, membership);
     let (kept_ids, kept_prefixes) = kept.snapshot(&table.to_string());
+    let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+        vec![&cutoff_unix, &kept_ids, &kept_prefixes];
+    if let Some(membership) = &membership {
+        params.push(membership);
+    }
     let mut deleted = 0;
     let outcome = loop {
-        match db.execute(&sql, &[&cutoff_unix, &kept_ids, &kept_prefixes]).await {
+        match db.execute(&sql, &params).await {
             Ok(n) => {
                 deleted += n;
                 if n < BATCH as u64 {
@@ -274,15 +307,16 @@ async fn delete_old(
     outcome
 }
 
-/// The tables `pattern` matches that may be served now: listed first, then the WAL insert
-/// position read, so that every transaction the listing saw committed before it.
+/// The tables `pattern` matches that may be served now, each with the `pg_publication_rel`
+/// row that holds it in the publication, if any: listed first, then the WAL insert position read, so that every transaction
+/// the listing saw committed before it.
 async fn servable(
     db: &tokio_postgres::Client,
     retained: &RetainedTable,
     pattern: &TablePattern,
     scope: &Scope,
     seen: &mut SeenPublished,
-) -> Result<Vec<TableName>, tokio_postgres::Error> {
+) -> Result<Vec<(TableName, Option<u32>)>, tokio_postgres::Error> {
     let matched = tenant_tables::matched(db, pattern, &scope.publication).await?;
     let row = db
         .query_one(
@@ -297,14 +331,13 @@ async fn servable(
     let fits = |m: &tenant_tables::Matched| {
         [&retained.created_at, &retained.id].iter().all(|c| m.columns.contains(c))
     };
-    let matched: Vec<(TableName, bool)> = matched
+    let published: Vec<(TableName, Joined)> = matched
         .into_iter()
-        .map(|m| {
-            let served = m.published && fits(&m);
-            (m.table, served)
-        })
+        .filter(|m| m.published && fits(m))
+        .map(|m| (m.table, Joined { oid: m.oid, membership: m.membership }))
         .collect();
-    Ok(seen.servable(&matched, now, confirmed))
+    let servable = seen.servable(&published, now, confirmed);
+    Ok(servable.into_iter().map(|(table, joined)| (table, joined.membership)).collect())
 }
 
 #[cfg(test)]
@@ -324,33 +357,68 @@ mod tests {
         name.parse().unwrap()
     }
 
+    const FIRST: Joined = Joined { oid: 16384, membership: Some(16390) };
+
+    fn names(served: Vec<(TableName, Joined)>) -> Vec<TableName> {
+        served.into_iter().map(|(table, _)| table).collect()
+    }
+
     #[test]
     fn a_pattern_table_is_served_once_the_slot_confirmed_where_it_was_first_seen_published() {
         let mut seen = SeenPublished::default();
         let (t1, t2) = (table("tenant_1.outbox"), table("tenant_2.outbox"));
-        let view = [(t1.clone(), true), (t2.clone(), false)];
+        let t2_joined = Joined { oid: 16400, membership: Some(16410) };
+        let view = [(t1.clone(), FIRST)];
         // First seen at 100: not served while the slot is behind it.
-        assert_eq!(seen.servable(&view, 100, 99), Vec::<TableName>::new());
+        assert_eq!(names(seen.servable(&view, 100, 99)), Vec::<TableName>::new());
         // Seen again later: the first sighting counts, not the later position.
-        assert_eq!(seen.servable(&view, 200, 150), vec![t1.clone()]);
+        assert_eq!(seen.servable(&view, 200, 150), vec![(t1.clone(), FIRST)]);
         // tenant_2 joins (adopted) at 300: served only once 300 is confirmed.
-        let both = [(t1.clone(), true), (t2.clone(), true)];
-        assert_eq!(seen.servable(&both, 300, 299), vec![t1.clone()]);
-        assert_eq!(seen.servable(&both, 400, 300), vec![t1.clone(), t2.clone()]);
+        let both = [(t1.clone(), FIRST), (t2.clone(), t2_joined)];
+        assert_eq!(names(seen.servable(&both, 300, 299)), vec![t1.clone()]);
+        assert_eq!(names(seen.servable(&both, 400, 300)), vec![t1, t2]);
     }
 
     #[test]
     fn a_table_that_left_the_publication_waits_again_when_it_joins_again() {
         let mut seen = SeenPublished::default();
         let t1 = table("tenant_1.outbox");
-        assert_eq!(seen.servable(&[(t1.clone(), true)], 100, 100), vec![t1.clone()]);
+        assert_eq!(names(seen.servable(&[(t1.clone(), FIRST)], 100, 100)), vec![t1.clone()]);
         // Out of the publication, then (adopted again, its rows inserted again) back in.
-        assert_eq!(seen.servable(&[(t1.clone(), false)], 200, 200), Vec::<TableName>::new());
-        assert_eq!(seen.servable(&[(t1.clone(), true)], 300, 250), Vec::<TableName>::new());
-        // Dropped: forgotten as well.
-        assert_eq!(seen.servable(&[], 400, 400), Vec::<TableName>::new());
-        assert_eq!(seen.servable(&[(t1.clone(), true)], 500, 450), Vec::<TableName>::new());
-        assert_eq!(seen.servable(&[(t1.clone(), true)], 600, 500), vec![t1]);
+        assert_eq!(names(seen.servable(&[], 200, 200)), Vec::<TableName>::new());
+        assert_eq!(names(seen.servable(&[(t1.clone(), FIRST)], 300, 250)), Vec::<TableName>::new());
+        assert_eq!(names(seen.servable(&[(t1.clone(), FIRST)], 350, 300)), vec![t1]);
+    }
+
+    #[test]
+    fn a_table_that_joined_anew_between_two_passes_waits_again() {
+        let t1 = table("tenant_1.outbox");
+        // Taken out and added back (another pg_publication_rel row), or dropped and created
+        // again (another OID), with no pass in between: only its name is the same.
+        let added_back = Joined { membership: Some(16500), ..FIRST };
+        let created_again = Joined { oid: 16600, membership: Some(16610) };
+        let in_all_tables = Joined { oid: 16384, membership: None };
+        for anew in [added_back, created_again, in_all_tables] {
+            let mut seen = SeenPublished::default();
+            assert_eq!(names(seen.servable(&[(t1.clone(), FIRST)], 100, 100)), vec![t1.clone()]);
+            assert_eq!(seen.servable(&[(t1.clone(), anew)], 200, 199), vec![], "{anew:?}");
+            assert_eq!(seen.servable(&[(t1.clone(), anew)], 300, 200), vec![(t1.clone(), anew)]);
+        }
+    }
+
+    #[test]
+    fn a_delete_checks_the_membership_it_was_listed_with() {
+        let retained = RetainedTable {
+            table: table("tenant_*.outbox"),
+            pattern: Some("tenant_*.outbox".parse().unwrap()),
+            created_at: "created_at".into(),
+            id: "id".into(),
+        };
+        let t1 = table("tenant_1.outbox");
+        let guarded = retained.delete_batch(&t1, Some(16390));
+        // In both the selection and the recheck of the rows deleted.
+        assert_eq!(guarded.matches("pg_publication_rel WHERE oid = $4::oid").count(), 2);
+        assert!(!retained.delete_batch(&t1, None).contains("$4"));
     }
 
     #[test]
