@@ -275,113 +275,84 @@ async fn serves_a_patterns_tables_and_an_adopted_tables_rows_only_once_published
     assert!(app.log().contains("table=tenant_2.outbox"), "{}", app.log());
 }
 
-/// A tenant's table dropped and created again under the same name (a tenant restored from
-/// a dump, in one transaction, with the event trigger publishing it as it is created) is a
-/// table that joined the publication: its day-old rows, committed after the newest
-/// published transaction, wait until they are stored. Serving it by its name alone, as the
-/// table the last pass saw published, deleted them before they were stored.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_tenant_table_created_again_under_its_name_waits_again() {
+/// Ten rows of tenant_1's outbox, a day old.
+const DAY_OLD_ROWS: &str = "INSERT INTO tenant_1.outbox (aggregate_type, aggregate_id, \
+     event_type, payload, created_at) SELECT 'order', n::text, 'created', '{}', \
+     now() - interval '1 day' FROM generate_series(1, 10) n;";
+
+/// Streams `tenant_*.outbox` with `--retention 2s` (with the event trigger if asked) until
+/// tenant_1's first ten day-old rows are stored and deleted; then, with nats-server
+/// paused, runs `rejoin`, which writes ten more: they must stay through 4 s of passes (one
+/// a second), and go once stored.
+async fn rows_of_a_table_joined_anew_wait_until_stored(with_trigger: bool, rejoin: &str) {
     use crate::cases::several_tables::tenant_table;
     use crate::support::pgoutbox::command;
     let pg = Postgres::start();
     let mut nats = Nats::start();
     pg.psql(&tenant_table("tenant_1"));
     let tenants = ["--table", "tenant_*.outbox", "--subject-template", "tenants.{$schema}.x"];
-    let setup = command(&pg, &nats).args(tenants).args(["setup", "--tenant-trigger"]).output();
-    let setup = setup.expect("pgoutbox setup runs");
-    assert!(setup.status.success(), "setup: {}", String::from_utf8_lossy(&setup.stderr));
+    if with_trigger {
+        let mut setup = command(&pg, &nats);
+        let setup = setup.args(tenants).args(["setup", "--tenant-trigger"]).output();
+        let setup = setup.expect("pgoutbox setup runs");
+        assert!(setup.status.success(), "setup: {}", String::from_utf8_lossy(&setup.stderr));
+    }
     let app = Pgoutbox::run(&pg, &nats, &[&tenants[..], &["--retention", "2s"]].concat());
     wait_until_streaming(&pg, &app).await;
-    let rows_of_tenant_1 =
-        || -> u64 { pg.psql("SELECT count(*) FROM tenant_1.outbox").parse().expect("count") };
-    let day_old_rows = "INSERT INTO tenant_1.outbox (aggregate_type, aggregate_id, event_type, \
-         payload, created_at) SELECT 'order', n::text, 'created', '{}', now() - interval '1 day' \
-         FROM generate_series(1, 10) n;";
-
-    pg.psql(day_old_rows);
-    let js = jetstream(&nats.url()).await;
-    eventually(Duration::from_secs(20), "10 rows stored", || async {
-        (count(&js, "OUTBOX").await == 10).then_some(())
-    })
-    .await;
-    eventually(Duration::from_secs(20), "tenant_1 served: its stored rows deleted", || async {
-        (rows_of_tenant_1() == 0).then_some(())
-    })
-    .await;
-
+    pg.psql(DAY_OLD_ROWS);
+    tenant_1_stored_then_deleted(&pg, &nats, 10).await;
     nats.pause();
-    let table =
-        include_str!("../../sql/outbox.sql").replace("IF NOT EXISTS outbox", "tenant_1.outbox");
-    pg.psql(&format!("BEGIN; DROP TABLE tenant_1.outbox;\n{table}\n{day_old_rows}\nCOMMIT;"));
-    // Several passes (one a second) while the new table's rows wait for their ack.
+    pg.psql(rejoin);
     let until = Instant::now() + Duration::from_secs(4);
     while Instant::now() < until {
-        assert_eq!(rows_of_tenant_1(), 10, "the new table's rows deleted before they were stored");
+        assert_eq!(rows_of_tenant_1(&pg), 10, "rows deleted before they were stored: {rejoin}");
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     nats.resume();
+    tenant_1_stored_then_deleted(&pg, &nats, 20).await;
+}
+
+fn rows_of_tenant_1(pg: &Postgres) -> u64 {
+    pg.psql("SELECT count(*) FROM tenant_1.outbox").parse().expect("count")
+}
+
+/// Waits until the stream holds `n` messages, then until tenant_1's outbox is empty.
+async fn tenant_1_stored_then_deleted(pg: &Postgres, nats: &Nats, n: u64) {
     let js = jetstream(&nats.url()).await;
-    eventually(Duration::from_secs(60), "the new table's rows stored", || async {
-        (count(&js, "OUTBOX").await == 20).then_some(())
+    eventually(Duration::from_secs(60), "the rows stored", || async {
+        (count(&js, "OUTBOX").await == n).then_some(())
     })
     .await;
     eventually(Duration::from_secs(20), "and then deleted", || async {
-        (rows_of_tenant_1() == 0).then_some(())
+        (rows_of_tenant_1(pg) == 0).then_some(())
     })
     .await;
 }
 
-/// A pass lists a tenant's table, then its delete waits for a lock: an adoption-like
-/// transaction holding the table takes it out of the publication, adds it back and
-/// inserts day-old rows. Once that commits, the delete must not take those rows, which are
-/// not yet stored: the publication no longer holds the table by the row the pass saw.
+/// A tenant's table dropped and created again under its name (a tenant restored in one
+/// transaction, the event trigger publishing it as it is created) joined the publication
+/// anew: its day-old rows, committed after the newest published transaction, wait until
+/// they are stored. Known by its name alone, it was served at the next pass and they were
+/// deleted unstored.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_table_created_again_under_its_name_waits_again() {
+    let table =
+        include_str!("../../sql/outbox.sql").replace("IF NOT EXISTS outbox", "tenant_1.outbox");
+    let restore = format!("BEGIN; DROP TABLE tenant_1.outbox;\n{table}\n{DAY_OLD_ROWS}\nCOMMIT;");
+    rows_of_a_table_joined_anew_wait_until_stored(true, &restore).await;
+}
+
+/// A pass lists a tenant's table, then its delete waits for a lock: a transaction holding
+/// the table as an adoption does takes it out of the publication, adds it back and inserts
+/// day-old rows, for 3 s. Once that commits, the delete must not take those rows, not yet
+/// stored: the publication no longer holds the table by the row the pass saw.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_delete_listed_before_the_table_was_added_back_deletes_nothing() {
-    use crate::cases::several_tables::tenant_table;
-    let pg = Postgres::start();
-    let mut nats = Nats::start();
-    pg.psql(&tenant_table("tenant_1"));
-    let tenants = ["--table", "tenant_*.outbox", "--subject-template", "tenants.{$schema}.x"];
-    let app = Pgoutbox::run(&pg, &nats, &[&tenants[..], &["--retention", "2s"]].concat());
-    wait_until_streaming(&pg, &app).await;
-    let rows_of_tenant_1 =
-        || -> u64 { pg.psql("SELECT count(*) FROM tenant_1.outbox").parse().expect("count") };
-    let day_old_rows = "INSERT INTO tenant_1.outbox (aggregate_type, aggregate_id, event_type, \
-         payload, created_at) SELECT 'order', n::text, 'created', '{}', now() - interval '1 day' \
-         FROM generate_series(1, 10) n;";
-    pg.psql(day_old_rows);
-    let js = jetstream(&nats.url()).await;
-    eventually(Duration::from_secs(20), "10 rows stored", || async {
-        (count(&js, "OUTBOX").await == 10).then_some(())
-    })
-    .await;
-    eventually(Duration::from_secs(20), "tenant_1 served: its stored rows deleted", || async {
-        (rows_of_tenant_1() == 0).then_some(())
-    })
-    .await;
-
-    nats.pause();
-    // Held for 3 s: passes (one a second) list the table meanwhile and wait on the lock.
-    pg.psql(&format!(
-        "BEGIN; LOCK TABLE tenant_1.outbox IN SHARE ROW EXCLUSIVE MODE;
-         ALTER PUBLICATION pgoutbox DROP TABLE tenant_1.outbox;
-         ALTER PUBLICATION pgoutbox ADD TABLE tenant_1.outbox;
-         {day_old_rows} SELECT pg_sleep(3); COMMIT;"
-    ));
-    let until = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < until {
-        assert_eq!(rows_of_tenant_1(), 10, "rows added back deleted before they were stored");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    nats.resume();
-    let js = jetstream(&nats.url()).await;
-    eventually(Duration::from_secs(60), "the rows added back stored", || async {
-        (count(&js, "OUTBOX").await == 20).then_some(())
-    })
-    .await;
-    eventually(Duration::from_secs(20), "and then deleted", || async {
-        (rows_of_tenant_1() == 0).then_some(())
-    })
-    .await;
+    let added_back = format!(
+        "BEGIN; LOCK TABLE tenant_1.outbox IN SHARE ROW EXCLUSIVE MODE; \
+         ALTER PUBLICATION pgoutbox DROP TABLE tenant_1.outbox; \
+         ALTER PUBLICATION pgoutbox ADD TABLE tenant_1.outbox; \
+         {DAY_OLD_ROWS} SELECT pg_sleep(3); COMMIT;"
+    );
+    rows_of_a_table_joined_anew_wait_until_stored(false, &added_back).await;
 }
