@@ -308,8 +308,8 @@ async fn delete_old(
 }
 
 /// The tables `pattern` matches that may be served now, each with the `pg_publication_rel`
-/// row that holds it in the publication, if any: listed first, then the WAL insert position read, so that every transaction
-/// the listing saw committed before it.
+/// row that holds it in the publication, if any: listed first, then the WAL insert
+/// position read, so that every transaction the listing saw committed before it.
 async fn servable(
     db: &tokio_postgres::Client,
     retained: &RetainedTable,
