@@ -343,6 +343,7 @@ async fn servable(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn published_time_only_moves_forward() {
@@ -403,6 +404,51 @@ mod tests {
             assert_eq!(names(seen.servable(&[(t1.clone(), FIRST)], 100, 100)), vec![t1.clone()]);
             assert_eq!(seen.servable(&[(t1.clone(), anew)], 200, 199), vec![], "{anew:?}");
             assert_eq!(seen.servable(&[(t1.clone(), anew)], 300, 200), vec![(t1.clone(), anew)]);
+        }
+    }
+
+    fn joined() -> impl Strategy<Value = Option<Joined>> {
+        let membership = prop_oneof![Just(None), Just(Some(10)), Just(Some(11))];
+        let joined = (1u32..3, membership).prop_map(|(oid, membership)| Joined { oid, membership });
+        prop_oneof![Just(None), joined.prop_map(Some)]
+    }
+
+    proptest! {
+        /// Against the rule stated over the whole history of passes: a table is served when
+        /// the slot has confirmed the position of the first pass of the unbroken run of
+        /// passes that saw it as it is now (the same OID and publication row).
+        #[test]
+        fn a_table_is_served_once_confirmed_past_the_start_of_its_unbroken_sighting(
+            passes in proptest::collection::vec(
+                (proptest::collection::vec(joined(), 3), 0u64..300),
+                1..12,
+            ),
+        ) {
+            let names = ["t.a", "t.b", "t.c"].map(table);
+            let mut seen = SeenPublished::default();
+            let mut history: Vec<(u64, Vec<Option<Joined>>)> = Vec::new();
+            let mut confirmed = 0;
+            for (i, (view, lag)) in passes.into_iter().enumerate() {
+                let now = 100 * (i as u64 + 1);
+                confirmed = u64::max(confirmed, now.saturating_sub(lag));
+                history.push((now, view.clone()));
+                let published: Vec<(TableName, Joined)> = names
+                    .iter()
+                    .zip(&view)
+                    .filter_map(|(name, joined)| joined.map(|joined| (name.clone(), joined)))
+                    .collect();
+                let expected: Vec<(TableName, Joined)> = names
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(n, name)| {
+                        let joined = view[n]?;
+                        let run = history.iter().rev().take_while(|(_, v)| v[n] == Some(joined));
+                        let since = run.last().map(|(at, _)| *at)?;
+                        (confirmed >= since).then(|| (name.clone(), joined))
+                    })
+                    .collect();
+                prop_assert_eq!(seen.servable(&published, now, confirmed), expected);
+            }
         }
     }
 
