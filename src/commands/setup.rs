@@ -8,6 +8,7 @@ use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
+use crate::postgres::adoption;
 use crate::postgres::replay_table::{self as replays, PUBLIC_MAY_EMIT};
 use crate::postgres::tenant_tables;
 use crate::service::error::PipelineError;
@@ -81,38 +82,22 @@ pub async fn prepare_database(
             let tables = tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
             info!(%publication, %tables, "publication created");
         }
-        for (table, pattern) in unpublished {
-            adopt(&mut client, &table, &pattern.to_string(), publication).await?;
+        // With a slot, `run` adopts them (`postgres::adoption`): the rows it hands over are
+        // decoded only by a slot made before. Without one, they join now, as a new
+        // publication's tables do, and a seed reads their rows from its snapshot.
+        let slot_exists = admin::slot_state(&client, &config.slot).await?.is_some();
+        for (table, pattern) in unpublished.iter().filter(|_| !slot_exists) {
+            match adoption::join_before_slot(&mut client, table, publication).await {
+                Ok(_) => info!(%table, %pattern, %publication, "table added to the publication"),
+                Err(err) => warn!(%table, %pattern, reason = %admin::server_said(&err),
+                    "table not added to the publication: pgoutbox run tries again"),
+            }
         }
         if !config.pipeline.tables.is_empty() {
             ensure_replay_table(config, &client).await;
         }
     }
     Ok(client)
-}
-
-/// Adds a table of a pattern to the publication with the rows already in it
-/// (`tenant_tables::adopt`): they were never decoded, and now are, once.
-async fn adopt(
-    client: &mut tokio_postgres::Client,
-    table: &crate::domain::outbox::TableName,
-    pattern: &str,
-    publication: &str,
-) -> anyhow::Result<()> {
-    match tenant_tables::adopt(client, table, publication).await {
-        Ok(Some(rows)) => {
-            info!(%table, %pattern, %publication, rows,
-                "table added to the publication, its rows published once");
-            Ok(())
-        }
-        Ok(None) => Ok(()),
-        Err(err) => Err(anyhow::anyhow!(
-            "table {table} matches {pattern} but is not in publication {publication}, and \
-             adding it failed: {}; run 'pgoutbox setup' as a role owning the table and the \
-             publication, or a superuser",
-            err.as_db_error().map_or_else(|| err.to_string(), |db| db.message().to_owned())
-        )),
-    }
 }
 
 /// `setup --tenant-trigger`: the event trigger that publishes a new table of a pattern in

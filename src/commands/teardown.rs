@@ -3,7 +3,8 @@
 //! there is one (it would fail every new tenant's `CREATE TABLE` once the publication is
 //! gone); the stream is kept. `--only-table <schema.table>`: drops
 //! only that table from the publication (a table no longer streamed), keeping the slot,
-//! the other tables and the stream.
+//! the other tables and the stream; refused for a table a `--table` pattern matches, which
+//! pgoutbox would adopt again.
 
 use crate::postgres::admin::{self, TableName};
 use crate::settings::config::Config;
@@ -56,6 +57,17 @@ async fn drop_table(config: &Config, yes: bool, table: &TableName) -> anyhow::Re
         anyhow::bail!(
             "teardown --only-table drops {table} from publication {publication} (slot and \
              stream kept): pass --yes to confirm"
+        );
+    }
+    let patterns = config.pipeline.tables.iter().filter_map(|e| e.pattern.as_ref());
+    if let Some(pattern) = patterns.into_iter().find(|p| p.matches(&table.schema, &table.name)) {
+        // pgoutbox adopts a table of its pattern that is out of the publication, and would
+        // publish every row in it again (issue 45, R3).
+        anyhow::bail!(
+            "{table} matches --table {pattern}: taken out of publication {publication}, \
+             pgoutbox would adopt it again and publish all its rows a second time; to stop \
+             streaming it, rename or drop the table, or give a --table pattern it does not \
+             match, then run this again"
         );
     }
     let client = admin::connect(&config.database, &config.pg_tls).await?;

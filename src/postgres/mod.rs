@@ -3,10 +3,12 @@
 //! pgoutput decoder, libpq's environment and files (`libpq_env`), the password command
 //! run at each connection (`password_command`), SQL for setup and status on an ordinary connection (`admin`), and the
 //! check that the outbox table is still the one streamed (`outbox_table`), and the table as a
-//! new slot's snapshot shows it (`table_snapshot`), and the tables a pattern matches, adopted
-//! or published by an event trigger (`tenant_tables`).
+//! new slot's snapshot shows it (`table_snapshot`), and the tables a pattern matches
+//! (`tenant_tables`), published by an event trigger or adopted (`adoption`) without
+//! pgoutbox ever writing to them.
 
 pub(crate) mod admin;
+pub(crate) mod adoption;
 mod backend;
 pub(crate) mod conninfo;
 pub mod libpq_env;

@@ -35,17 +35,6 @@ pub enum TableDrift {
          ALTER PUBLICATION {publication} ADD TABLE {table}"
     )]
     NotPublished { table: String, publication: String },
-    /// A table a pattern matches, out of the publication: its rows are not decoded, and
-    /// those committed before it joins never will be (`postgres::tenant_tables`).
-    /// `failed`: why pgoutbox could not add it itself, with a leading `; `, or empty.
-    #[error(
-        "table {table} matches {pattern} but is not in publication {publication}, so its rows \
-         are not streamed{failed}: run 'pgoutbox setup' with these settings as a role owning \
-         the table and the publication (it adds the table and publishes the rows already in \
-         it, once), then start pgoutbox again; or, once, 'pgoutbox setup --tenant-trigger' as \
-         a superuser so new tenant tables are published from their first row"
-    )]
-    Unpublished { table: String, pattern: String, publication: String, failed: String },
 }
 
 /// The outbox table as it is now.

@@ -3,7 +3,7 @@
 //! over; and whether PUBLIC may hand pgoutbox emitted events.
 
 use postgres_protocol::escape::escape_identifier as quote_ident;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, GenericClient};
 
 use super::admin::TableName;
 use super::outbox_table::REPLAY_TABLE_COLUMNS;
@@ -88,6 +88,43 @@ pub async fn ensure(
         }
     }
     Ok(!(exists && published))
+}
+
+/// Bytes of rows per frame, at most (a larger row has a frame of its own): each row of the
+/// replay table costs an insert, a delete and their decoding once for all the rows of its
+/// frame. Within the replay table's `toast_tuple_target` (8,160), below which a row stays
+/// in its page uncompressed: 1,900 bytes (PostgreSQL's default target) replayed 63,000-
+/// 82,000 rows/s, 7,500 bytes 84,000-85,000 (docs/performance.md).
+pub const FRAME_BYTES: usize = 7_500;
+
+/// Inserts `frames` (each with its row's index) into the replay table `table`, for the
+/// pgoutbox of `slot`, as `(slot, replay id, total)` says, and deletes them again in the
+/// caller's transaction: the inserts are in the WAL, and the insert-only publication does
+/// not publish the deletes.
+///
+/// The delete names the rows the insert made by their `ctid`s (a TID scan), not by a
+/// condition: a condition scans the whole table, whose dead rows pile up between two
+/// vacuums, so each transaction of a replay took longer than the one before.
+pub async fn hand_over<C: GenericClient>(
+    client: &C,
+    table: &TableName,
+    (slot, replay_id, total): (&str, &str, u64),
+    frames: &[(i64, Vec<u8>)],
+) -> Result<(), tokio_postgres::Error> {
+    let (indexes, frames): (Vec<i64>, Vec<&[u8]>) =
+        frames.iter().map(|(index, frame)| (*index, frame.as_slice())).unzip();
+    let table = table.quoted();
+    let insert = format!(
+        "INSERT INTO {table} (slot, replay_id, row_index, total, frame) \
+         SELECT $1, $2, i, $3, f FROM unnest($4::bigint[], $5::bytea[]) AS u(i, f) \
+         RETURNING ctid::text"
+    );
+    let total = total as i64;
+    let rows = client.query(&insert, &[&slot, &replay_id, &total, &indexes, &frames]).await?;
+    let ctids = rows.iter().map(|row| row.try_get(0)).collect::<Result<Vec<&str>, _>>()?;
+    let delete = format!("DELETE FROM {table} WHERE ctid = ANY($1::text[]::tid[])");
+    client.execute(&delete, &[&ctids]).await?;
+    Ok(())
 }
 
 /// Whether the replay table exists, and whether the publication holds it.

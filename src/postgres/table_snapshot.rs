@@ -266,25 +266,8 @@ impl SnapshotTable {
         table: &TableName,
         roles: &ColumnRoles,
     ) -> Result<SnapshotTable, SetupError> {
-        let rows = client
-            .query(
-                "SELECT c.oid, a.attname::text, a.atttypid, a.atttypmod FROM pg_attribute a \
-                 JOIN pg_class c ON c.oid = a.attrelid \
-                 WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped \
-                   AND a.attgenerated = '' ORDER BY a.attnum",
-                &[&table.quoted()],
-            )
-            .await?;
-        let columns: Vec<Column> = rows
-            .iter()
-            .map(|row| Column {
-                flags: 0,
-                name: row.get(1),
-                type_oid: row.get(2),
-                type_modifier: row.get(3),
-            })
-            .collect();
-        let rel_id = rows.first().map(|row| row.get::<_, u32>(0)).unwrap_or_default();
+        let relation = relation_of(client, table).await?;
+        let columns = &relation.columns;
         let has = |name: &str| columns.iter().any(|c| c.name == name);
         let created_at = escape_identifier(&roles.created_at);
         let key = match (order, has(&roles.created_at)) {
@@ -298,13 +281,6 @@ impl SnapshotTable {
             (RowOrder::CreatedAt, false) => {
                 return Err(SetupError::SeedOrder { table: table.to_string() });
             }
-        };
-        let relation = Relation {
-            rel_id,
-            namespace: table.schema.clone(),
-            name: table.name.clone(),
-            replica_identity: b'd',
-            columns,
         };
         Ok(SnapshotTable {
             relation,
@@ -345,6 +321,39 @@ impl SnapshotTable {
             }
         }
     }
+}
+
+/// `table`'s columns as pgoutput names them (generated columns left out, as pgoutput leaves
+/// them out), with its OID: the Relation message pgoutput would send for it.
+pub async fn relation_of(
+    client: &impl tokio_postgres::GenericClient,
+    table: &TableName,
+) -> Result<Relation, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT c.oid, a.attname::text, a.atttypid, a.atttypmod FROM pg_attribute a \
+             JOIN pg_class c ON c.oid = a.attrelid \
+             WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped \
+               AND a.attgenerated = '' ORDER BY a.attnum",
+            &[&table.quoted()],
+        )
+        .await?;
+    let columns = rows
+        .iter()
+        .map(|row| Column {
+            flags: 0,
+            name: row.get(1),
+            type_oid: row.get(2),
+            type_modifier: row.get(3),
+        })
+        .collect();
+    Ok(Relation {
+        rel_id: rows.first().map(|row| row.get::<_, u32>(0)).unwrap_or_default(),
+        namespace: table.schema.clone(),
+        name: table.name.clone(),
+        replica_identity: b'd',
+        columns,
+    })
 }
 
 /// The query of [`TableSnapshot::read_all`]: each row's table index first, then its columns.
@@ -471,7 +480,7 @@ fn tagged_rows(
 }
 
 /// The rows of a simple query's answer as pgoutput's text tuples.
-fn text_rows(messages: &[SimpleQueryMessage]) -> Vec<Vec<ColumnValue>> {
+pub fn text_rows(messages: &[SimpleQueryMessage]) -> Vec<Vec<ColumnValue>> {
     messages
         .iter()
         .filter_map(|message| match message {

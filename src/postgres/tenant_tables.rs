@@ -1,24 +1,20 @@
 //! Tables named by a pattern (schema-per-tenant): which tables match it now and whether
-//! each is in the publication; adopting one that is not; and the event trigger that
-//! publishes a new tenant table in the transaction that creates it.
+//! each is in the publication; and the event trigger that publishes a new tenant table in
+//! the transaction that creates it.
 //!
-//! A table created while pgoutbox runs is not in a `FOR TABLE` publication until someone
-//! adds it, and rows committed before that are never decoded, now or on any later
-//! decoding of that WAL (docs/proposals/several-tables.md, fact 3). So a matching table
-//! out of the publication is never left alone: `setup` (and so `run`'s start) and the
-//! liveness check every 10 s and each attempt's start [`adopt`] it: the table added and
-//! its rows published, once, in one transaction. When pgoutbox's role may not, pgoutbox
-//! stops with [`TableDrift::Unpublished`], a line that says what to run. A superuser's
-//! `pgoutbox setup --tenant-trigger` ([`trigger_sql`]) makes the question moot for
-//! tables created from then on: they join in their creating transaction.
+//! A matching table out of the publication is never left alone: `setup` (and so `run`'s
+//! start), each attempt's start and the liveness check every 10 s adopt it
+//! (`postgres::adoption`). `pgoutbox setup --tenant-trigger` ([`trigger_sql`]) makes the
+//! question moot for tables created from then on: they join in their creating transaction.
+//!
+//! Temporary tables never match: any role may make one (`TEMPORARY` is PUBLIC's), none can
+//! join a publication, and each lives in a `pg_temp_N` schema a pattern over schemas would
+//! otherwise match.
 
 use postgres_protocol::escape::{escape_identifier as quote_ident, escape_literal};
 use tokio_postgres::Client;
-use tokio_postgres::error::SqlState;
-use tracing::{info, warn};
 
 use crate::domain::outbox::{TableName, TablePattern};
-use crate::postgres::outbox_table::TableDrift;
 use crate::postgres::walsender::TextRow;
 
 /// A table a pattern matches, as the catalog has it now.
@@ -32,10 +28,14 @@ pub struct Matched {
     /// table taken out and added back (adopted again) has another.
     pub membership: Option<u32>,
     pub columns: Vec<String>,
+    /// Owned by the role pgoutbox runs as (exactly: a superuser owns only its own tables).
+    /// pgoutbox deletes only from such a table (`--retention`): a table's triggers run as the
+    /// role that writes to it, so another owner's code would run with pgoutbox's rights.
+    pub owned: bool,
 }
 
 /// The tables `pattern` matches (ordinary or partitioned, not partitions: their root is
-/// published), each with its OID, whether `publication` holds it (and by which
+/// published; not temporary), each with its OID, whether `publication` holds it (and by which
 /// `pg_publication_rel` row, if by name), and its columns; in
 /// name order. The publication's tables are listed once, not per table: with thousands
 /// of tenants the view is the costly part.
@@ -49,12 +49,13 @@ pub fn query(pattern: &TablePattern, publication: &str) -> String {
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), \
                 (SELECT r.oid::text FROM pg_publication_rel r \
                  JOIN pg_publication pb ON pb.oid = r.prpubid \
-                 WHERE pb.pubname = {publication} AND r.prrelid = c.oid) \
+                 WHERE pb.pubname = {publication} AND r.prrelid = c.oid), \
+                (c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user))::text \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          LEFT JOIN (SELECT schemaname, tablename FROM pg_publication_tables \
                     WHERE pubname = {publication}) p \
            ON p.schemaname = n.nspname AND p.tablename = c.relname \
-         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence <> 't' \
            AND n.nspname LIKE {schema} AND c.relname LIKE {name} \
          ORDER BY n.nspname, c.relname"
     )
@@ -75,6 +76,7 @@ pub fn judge(rows: &[TextRow], pattern: &TablePattern) -> Vec<Matched> {
                 published: field(row, 3) == "true",
                 membership: field(row, 5).parse().ok(),
                 columns: field(row, 4).split(',').map(str::to_owned).collect(),
+                owned: field(row, 6) == "true",
                 table,
             })
         })
@@ -104,97 +106,6 @@ pub fn text_rows(answer: &[tokio_postgres::SimpleQueryMessage]) -> Vec<TextRow> 
         .collect()
 }
 
-/// How long adoption waits for the transactions writing to the table.
-pub const LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Adds `table` to `publication` and publishes the rows already in it, once, in one
-/// transaction: `LOCK … IN SHARE ROW EXCLUSIVE MODE` waits for the transactions writing
-/// to it and holds new ones off (`ALTER PUBLICATION` alone does not: fact 5), the table
-/// is added, and each row in it is deleted and inserted again after the table joined the
-/// publication, so that it is decoded with the transaction, at its commit; rows written
-/// after it are decoded as any. None lost (rows committed before were never decoded: fact
-/// 3), none twice (the publication publishes inserts only, and pgoutbox reads no delete).
-/// The rows keep every column, so their ids and created-at; the table's own insert
-/// triggers fire again. `Ok(None)`: the table was in the publication already (another
-/// setup, or the trigger, was first); else how many rows were published.
-pub async fn adopt(
-    client: &mut Client,
-    table: &TableName,
-    publication: &str,
-) -> Result<Option<u64>, tokio_postgres::Error> {
-    let quoted = table.quoted();
-    let tx = client.transaction().await?;
-    // The liveness check gives its whole round 10 s: a table busy longer is tried again.
-    tx.batch_execute(&format!(
-        "SET LOCAL lock_timeout = '{}ms'; LOCK TABLE {quoted} IN SHARE ROW EXCLUSIVE MODE",
-        LOCK_TIMEOUT.as_millis()
-    ))
-    .await?;
-    let published = crate::postgres::admin::publishes(&tx, publication, table).await?;
-    if published {
-        tx.commit().await?;
-        return Ok(None);
-    }
-    tx.batch_execute(&format!("ALTER PUBLICATION {} ADD TABLE {quoted}", quote_ident(publication)))
-        .await?;
-    let rows = tx
-        .execute(
-            &format!(
-                "WITH moved AS (DELETE FROM {quoted} RETURNING *) \
-                 INSERT INTO {quoted} OVERRIDING SYSTEM VALUE SELECT * FROM moved"
-            ),
-            &[],
-        )
-        .await?;
-    tx.commit().await?;
-    Ok(Some(rows))
-}
-
-/// Adopts each table `pattern` matches that is out of `publication` ([`adopt`]), until
-/// `until` (the rest wait for the next call). `Some(why)`: pgoutbox must stop, since a
-/// table cannot be adopted (its role may not add it: the error says so), or was streamed
-/// (its OID in `streamed`) and was taken out of the publication on purpose. A table busy
-/// past [`LOCK_TIMEOUT`] is left for the next call.
-pub async fn adopt_new(
-    client: &mut Client,
-    pattern: &TablePattern,
-    publication: &str,
-    streamed: &[u32],
-    until: std::time::Instant,
-) -> Result<Option<TableDrift>, tokio_postgres::Error> {
-    let matched = matched(client, pattern, publication).await?;
-    for missed in matched.into_iter().filter(|m| !m.published) {
-        let table = &missed.table;
-        if streamed.contains(&missed.oid) {
-            let (table, publication) = (table.to_string(), publication.to_owned());
-            return Ok(Some(TableDrift::NotPublished { table, publication }));
-        }
-        if std::time::Instant::now() >= until {
-            break;
-        }
-        match adopt(client, table, publication).await {
-            Ok(rows) => {
-                info!(%table, %pattern, %publication, rows = rows.unwrap_or(0),
-                    "a new table of the pattern joined the publication, with its rows");
-            }
-            Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                warn!(%table, "the new table is busy; adopting it at the next check");
-            }
-            Err(err) if err.as_db_error().is_some() => {
-                let why = err.as_db_error().map(|db| db.message().to_owned());
-                return Ok(Some(TableDrift::Unpublished {
-                    table: table.to_string(),
-                    pattern: pattern.to_string(),
-                    publication: publication.to_owned(),
-                    failed: format!("; adding it failed: {}", why.unwrap_or_default()),
-                }));
-            }
-            Err(err) => return Err(err),
-        }
-    }
-    Ok(None)
-}
-
 /// The name of the event trigger (and of its function) `setup --tenant-trigger` makes
 /// for `publication`.
 pub fn trigger_name(publication: &str) -> String {
@@ -206,7 +117,8 @@ pub fn trigger_name(publication: &str) -> String {
 /// rows are decoded from the first (fact 4). `SECURITY DEFINER`: adding a table needs
 /// ownership of it and of the publication, so the function runs as the superuser who
 /// made it. A failure (the publication dropped) fails the `CREATE TABLE`: it fails
-/// closed. Partitions are skipped (their root is published). `CREATE TABLE AS` is left
+/// closed. Partitions and temporary tables are skipped (their root is published; a
+/// temporary table cannot be). `CREATE TABLE AS` is left
 /// out on purpose: its rows are written before the trigger runs and would be missed;
 /// such a table is found unpublished and adopted instead.
 pub fn trigger_sql(publication: &str, patterns: &[TablePattern]) -> String {
@@ -235,7 +147,8 @@ pub fn trigger_sql(publication: &str, patterns: &[TablePattern]) -> String {
                           WHERE command_tag = 'CREATE TABLE' AND object_type = 'table' LOOP \
              IF EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                         WHERE c.oid = created.objid AND c.relkind IN ('r', 'p') \
-                          AND NOT c.relispartition AND ({matches})) \
+                          AND NOT c.relispartition AND c.relpersistence <> 't' \
+                          AND ({matches})) \
                 AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r \
                                 JOIN pg_publication p ON p.oid = r.prpubid \
                                 WHERE p.pubname = {publication_literal} \
@@ -266,7 +179,7 @@ pub fn drop_trigger_sql(publication: &str) -> String {
 mod tests {
     use super::*;
 
-    fn row(fields: [&str; 6]) -> TextRow {
+    fn row(fields: [&str; 7]) -> TextRow {
         fields.iter().map(|f| Some(f.to_string())).collect()
     }
 
@@ -274,14 +187,15 @@ mod tests {
     fn matched_tables_are_read_and_checked_against_the_pattern() {
         let pattern: TablePattern = "tenant_*.outbox".parse().unwrap();
         let rows = [
-            row(["16384", "tenant_1", "outbox", "true", "id,payload", "16388"]),
-            row(["16390", "tenant_2", "outbox", "false", "id", ""]),
-            row(["16400", "tenantX", "outbox", "false", "id", ""]),
+            row(["16384", "tenant_1", "outbox", "true", "id,payload", "16388", "true"]),
+            row(["16390", "tenant_2", "outbox", "false", "id", "", "false"]),
+            row(["16400", "tenantX", "outbox", "false", "id", "", "true"]),
         ];
         let matched = judge(&rows, &pattern);
         assert_eq!(matched.len(), 2, "tenantX is not tenant_*");
         assert_eq!(matched[0].table.to_string(), "tenant_1.outbox");
         assert!(matched[0].published && !matched[1].published);
+        assert!(matched[0].owned && !matched[1].owned);
         assert_eq!((matched[0].membership, matched[1].membership), (Some(16388), None));
         assert_eq!(
             (matched[1].oid, matched[1].columns.as_slice()),

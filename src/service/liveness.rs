@@ -23,9 +23,9 @@
 //! And it asks whether a table one of the patterns matches is out of the publication (a
 //! tenant's table created since, without the event trigger): its rows are not decoded,
 //! and those committed before it joins never will be. pgoutbox adopts it
-//! (`tenant_tables::adopt`: the table added, its rows published once, in one
-//! transaction), or, when its role may not, stops with the line that says what to run
-//! (`TableDrift::Unpublished`), within 20 s of the table's creation.
+//! (`postgres::adoption`: the table added, its rows read and handed over once, in one
+//! transaction, the table never written), within 20 s of the table's creation; one its role
+//! may not add is skipped with a warning, and the others stream on.
 
 use std::time::Duration;
 
@@ -36,9 +36,11 @@ use tracing::{debug, warn};
 
 use crate::domain::outbox::{TableEntry, TablePattern};
 use crate::postgres::admin::TableName;
+use crate::postgres::adoption::{Adoptions, Handover};
 use crate::postgres::outbox_table::{self, StreamedTable, TableDrift};
 use crate::postgres::tenant_tables;
 use crate::postgres::tls::PgTls;
+use crate::service::telemetry::names;
 
 /// How often the path to Postgres is checked.
 pub const CHECK_EVERY: Duration = Duration::from_secs(10);
@@ -60,28 +62,34 @@ pub enum Verdict {
 
 /// What the check watches besides the slot: the tables named exactly, the patterns, and
 /// their publication.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Watched {
     pub tables: Vec<TableName>,
-    pub patterns: Vec<TablePattern>,
+    /// Each pattern, with the created-at column its adopted tables' rows are read in the
+    /// order of.
+    pub patterns: Vec<(TablePattern, String)>,
     /// The OIDs of the tables the patterns matched at the attempt's start: one of these
     /// out of the publication was taken out on purpose, and stops pgoutbox like an exact
     /// table would; only a table new since is adopted.
     pub matched: Vec<u32>,
-    pub publication: String,
+    /// The publication, and where adoptions hand rows over.
+    pub adoption: Handover,
 }
 
 impl Watched {
     /// Every entry's table or pattern (none with `--messages-only`).
-    pub fn of(entries: &[TableEntry], streamed: &[StreamedTable], publication: &str) -> Watched {
+    pub fn of(entries: &[TableEntry], streamed: &[StreamedTable], adoption: Handover) -> Watched {
         let exact = entries.iter().filter(|e| e.pattern.is_none());
         let of_pattern =
             |t: &&StreamedTable| entries.get(t.entry).is_some_and(|e| e.pattern.is_some());
         Watched {
             tables: exact.map(|e| e.table.clone()).collect(),
-            patterns: entries.iter().filter_map(|e| e.pattern.clone()).collect(),
+            patterns: entries
+                .iter()
+                .filter_map(|e| Some((e.pattern.clone()?, e.roles.created_at.clone())))
+                .collect(),
             matched: streamed.iter().filter(of_pattern).map(|t| t.table.oid).collect(),
-            publication: publication.to_owned(),
+            adoption,
         }
     }
 }
@@ -106,8 +114,14 @@ impl Liveness {
         let (tell, verdict) = watch::channel(None);
         let mut config = config.clone();
         config.application_name("pgoutbox liveness check");
-        let check =
-            Check { config, tls: tls.clone(), slot: slot.to_owned(), walsender_pid, watched };
+        let check = Check {
+            config,
+            tls: tls.clone(),
+            slot: slot.to_owned(),
+            walsender_pid,
+            watched,
+            warned: Default::default(),
+        };
         let task = tokio::spawn(check.run(tell));
         Liveness { verdict, task: task.abort_handle() }
     }
@@ -131,10 +145,12 @@ struct Check {
     walsender_pid: Option<i32>,
     /// The outbox tables, the patterns and their publication.
     watched: Watched,
+    /// The tables of a pattern already named in a warning as not streamable.
+    warned: std::collections::HashMap<u32, String>,
 }
 
 impl Check {
-    async fn run(self, tell: watch::Sender<Option<Verdict>>) {
+    async fn run(mut self, tell: watch::Sender<Option<Verdict>>) {
         let mut client: Option<Client> = None;
         let mut ticks = tokio::time::interval(CHECK_EVERY);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -179,7 +195,7 @@ impl Check {
     /// One check: `Some(why)` when the slot is no longer ours or the table drifted.
     /// `login`: the settings to open a new connection with, when there is none open.
     async fn once(
-        &self,
+        &mut self,
         client: &mut Option<Client>,
         login: Option<&tokio_postgres::Config>,
     ) -> Result<Option<Verdict>, tokio_postgres::Error> {
@@ -201,7 +217,7 @@ impl Check {
         if let Some(why) = verdict(&self.slot, self.walsender_pid, holder) {
             return Ok(Some(Verdict::Unresponsive(why)));
         }
-        let publication = &self.watched.publication;
+        let publication = &self.watched.adoption.publication;
         for table in &self.watched.tables {
             // The replay table's OID is the attempt's concern, not a drift.
             let query = outbox_table::query(table, publication, None);
@@ -212,14 +228,21 @@ impl Check {
             }
         }
         let mut connected = connected;
-        let round = std::time::Instant::now() + ADOPTING;
-        for pattern in &self.watched.patterns {
-            let known = &self.watched.matched;
-            let adopted =
-                tenant_tables::adopt_new(&mut connected, pattern, publication, known, round);
+        let until = std::time::Instant::now() + ADOPTING;
+        let mut adoptions = Adoptions {
+            to: &self.watched.adoption,
+            streamed: &self.watched.matched,
+            warned: &mut self.warned,
+            not_streamed: 0,
+        };
+        for (pattern, created_at) in &self.watched.patterns {
+            let adopted = adoptions.round(&mut connected, pattern, created_at, until);
             if let Some(drift) = adopted.await? {
                 return Ok(Some(Verdict::Drift(drift)));
             }
+        }
+        if !self.watched.patterns.is_empty() {
+            metrics::gauge!(names::TABLES_NOT_STREAMED).set(adoptions.not_streamed as f64);
         }
         *client = Some(connected);
         Ok(None)

@@ -327,9 +327,10 @@ async fn servable(
         .await?;
     let now = u64::from(row.try_get::<_, PgLsn>(0)?);
     let confirmed = row.try_get::<_, Option<PgLsn>>(1)?.map_or(0, u64::from);
-    // A table without the pattern's columns has its rows dead-lettered, not deleted.
+    // A table without the pattern's columns has its rows dead-lettered, not deleted; a
+    // table of another owner is never written: its delete triggers would run as pgoutbox.
     let fits = |m: &tenant_tables::Matched| {
-        [&retained.created_at, &retained.id].iter().all(|c| m.columns.contains(c))
+        m.owned && [&retained.created_at, &retained.id].iter().all(|c| m.columns.contains(c))
     };
     let published: Vec<(TableName, Joined)> = matched
         .into_iter()

@@ -121,6 +121,11 @@ fn describe() {
         ),
         (names::BUILD_INFO, "Always 1; the labels say which pgoutbox this is."),
         (
+            names::TABLES_NOT_STREAMED,
+            "Tables a --table pattern matches that pgoutbox may not add to the publication \
+             (each named in a warning with what to run); the other tables stream on.",
+        ),
+        (
             names::SEED_ROWS,
             "Rows a seed from the table reads (--recover, --backfill); 0: none runs.",
         ),
@@ -149,6 +154,7 @@ fn describe() {
     }
     for name in [
         names::MESSAGES_IN_FLIGHT,
+        names::TABLES_NOT_STREAMED,
         names::STREAMING,
         names::STALLED,
         names::SEED_ROWS,

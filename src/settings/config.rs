@@ -72,6 +72,15 @@ impl PipelineConfig {
 }
 
 impl Config {
+    /// Where an adoption hands a new table's rows over: the replay table, for this slot.
+    pub fn adoption(&self) -> crate::postgres::adoption::Handover {
+        crate::postgres::adoption::Handover {
+            publication: self.publication.clone(),
+            replay_table: self.pipeline.replay_table.clone(),
+            slot: self.slot.clone(),
+        }
+    }
+
     /// The settings `args` give, with libpq's environment read through `env` and its files
     /// (service and password files) through `files`. Warnings (an ignored password file)
     /// are logged here, once.

@@ -26,6 +26,7 @@ use crate::domain::seed::{REPLAY_HEADER, replay_id_prefix};
 use crate::nats::publisher::{Publisher, ReadFrom};
 use crate::postgres::admin::TableName;
 use crate::postgres::pgoutput::{FrameWriter, ReplayFrame};
+use crate::postgres::replay_table::{self, FRAME_BYTES};
 use crate::postgres::table_snapshot::TableSnapshot;
 use crate::settings::cli::ReplayArgs;
 use crate::settings::config::Config;
@@ -33,12 +34,6 @@ use crate::settings::config::Config;
 /// Rows per transaction: large enough to cost few round trips and commits (2,000 replayed
 /// 47,000 rows/s in the benchmark, 500 40,000), small enough that the progress moves.
 const CHUNK: usize = 2_000;
-/// Bytes of rows per frame, at most (a larger row has a frame of its own): each row of the
-/// replay table costs an insert, a delete and their decoding once for all the rows of its
-/// frame. Within the replay table's `toast_tuple_target` (8,160), below which a row stays
-/// in its page uncompressed: 1,900 bytes (PostgreSQL's default target) replayed 63,000-
-/// 82,000 rows/s, 7,500 bytes 84,000-85,000 (docs/performance.md).
-const FRAME_BYTES: usize = 7_500;
 /// Bytes of frames per transaction, at most, whatever the rows weigh: a chunk is held in
 /// memory until it is committed.
 const CHUNK_BYTES: usize = 8 << 20;
@@ -285,35 +280,18 @@ struct Handover<'a> {
 
 impl Handover<'_> {
     /// Commits `frames` (each with its row's place in the selection) as one transaction of
-    /// rows of the replay table, in order, deleted again before the commit (the inserts are
-    /// in the WAL), and answers a WAL position past its commit.
-    ///
-    /// The delete names the rows the insert made by their `ctid`s (a TID scan), not by a
-    /// condition: a condition scans the whole table, whose dead rows pile up between two
-    /// vacuums, so each transaction of a replay took longer than the one before.
+    /// rows of the replay table (`replay_table::hand_over`), and answers a WAL position
+    /// past its commit.
     async fn insert(
         &self,
         client: &Client,
         total: u64,
         frames: &mut Vec<(i64, Vec<u8>)>,
     ) -> anyhow::Result<u64> {
-        let (indexes, frames_only): (Vec<i64>, Vec<&[u8]>) =
-            frames.iter().map(|(index, frame)| (*index, frame.as_slice())).unzip();
-        let table = self.table.quoted();
-        let (insert, delete) = (
-            format!(
-                "INSERT INTO {table} (slot, replay_id, row_index, total, frame) \
-                 SELECT $1, $2, i, $3, f FROM unnest($4::bigint[], $5::bytea[]) AS u(i, f) \
-                 RETURNING ctid::text"
-            ),
-            format!("DELETE FROM {table} WHERE ctid = ANY($1::text[]::tid[])"),
-        );
-        let (slot, id, total) = (self.slot, self.replay_id, total as i64);
         let handed = async {
             client.batch_execute("BEGIN").await?;
-            let rows = client.query(&insert, &[&slot, &id, &total, &indexes, &frames_only]).await?;
-            let ctids = rows.iter().map(|row| row.try_get(0)).collect::<Result<Vec<&str>, _>>()?;
-            client.execute(&delete, &[&ctids]).await?;
+            let (slot, id) = (self.slot, self.replay_id);
+            replay_table::hand_over(client, &self.table, (slot, id, total), frames).await?;
             client.batch_execute("COMMIT").await
         };
         handed.await.context("handing replayed rows over through the replay table")?;

@@ -11,7 +11,8 @@ use crate::nats::handshake::Dialer;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::Publisher;
 use crate::postgres::admin::{self, WalStatus};
-use crate::postgres::outbox_table::{StreamedTable, TableDrift};
+use crate::postgres::adoption::Adoptions;
+use crate::postgres::outbox_table::StreamedTable;
 use crate::postgres::tenant_tables;
 use crate::postgres::{ConnectionError, ReplicationConnection, outbox_table};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
@@ -19,7 +20,7 @@ use crate::service::liveness::{Liveness, Watched};
 use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
 use crate::service::seed::Seed;
 use crate::service::shutdown::Shutdown;
-use crate::service::telemetry::{Metrics, Readiness};
+use crate::service::telemetry::{Metrics, Readiness, names};
 use crate::settings::config::{Config, PipelineConfig};
 
 /// Reading the stream's end or its claim takes milliseconds; no answer means no leader
@@ -225,7 +226,7 @@ impl Target<'_> {
             .await
             .map_err(|err| PipelineError::from_start_replication(slot, err))?;
         // Stopped when this attempt ends, with the guard.
-        let watched = Watched::of(&pipeline.tables, &outbox_tables, &config.publication);
+        let watched = Watched::of(&pipeline.tables, &outbox_tables, config.adoption());
         let liveness = Liveness::spawn(database, &config.pg_tls, slot, conn.backend_pid(), watched);
         info!(
             %slot,
@@ -262,9 +263,9 @@ impl Target<'_> {
 const ADOPTING_AT_START: Duration = Duration::from_secs(10);
 
 /// Tables of a pattern created since the last look (between attempts, say), adopted on
-/// an ordinary SQL connection before replication starts (`tenant_tables::adopt_new`): the
-/// slot is behind their adoption, so their rows come with it. A table pgoutbox's role may
-/// not add stops it with the line that says what to run.
+/// an ordinary SQL connection before replication starts (`postgres::adoption`): the slot
+/// is behind their adoption, so their rows come with it. A table pgoutbox's role may not
+/// add is skipped with a warning; the others stream on.
 async fn adopt_new_tables(
     config: &Config,
     pipeline: &PipelineConfig,
@@ -275,22 +276,25 @@ async fn adopt_new_tables(
     };
     let mut client = admin::connect(database, &config.pg_tls).await.map_err(|e| retry(&e))?;
     let until = std::time::Instant::now() + ADOPTING_AT_START;
-    for pattern in pipeline.tables.iter().filter_map(|entry| entry.pattern.as_ref()) {
-        let adopted =
-            tenant_tables::adopt_new(&mut client, pattern, &config.publication, &[], until);
+    let (to, mut warned) = (config.adoption(), Default::default());
+    let mut adoptions = Adoptions { to: &to, streamed: &[], warned: &mut warned, not_streamed: 0 };
+    for entry in pipeline.tables.iter() {
+        let Some(pattern) = &entry.pattern else { continue };
+        let created_at = &entry.roles.created_at;
+        let adopted = adoptions.round(&mut client, pattern, created_at, until);
         if let Some(drift) = adopted.await.map_err(|e| retry(&e))? {
             return Err(drift.into());
         }
     }
+    metrics::gauge!(names::TABLES_NOT_STREAMED).set(adoptions.not_streamed as f64);
     Ok(())
 }
 
 /// The tables this attempt streams, as the catalog has them now: each exact entry's
 /// (or why it cannot be streamed), then each table a pattern matches, the first entry
-/// naming a table winning. A matched table out of the publication stops pgoutbox with
-/// the line that says what to run (`TableDrift::Unpublished`): its rows would be missed.
-/// (`adopt_new_tables` adopted those it could just before; the liveness check adopts
-/// those created while the attempt streams.)
+/// naming a table winning. A matched table out of the publication is not streamed
+/// (`adopt_new_tables` adopted those it could just before, and warned of the others; the
+/// liveness check adopts those created while the attempt streams).
 async fn streamed_tables(
     conn: &mut ReplicationConnection,
     pipeline: &PipelineConfig,
@@ -311,13 +315,7 @@ async fn streamed_tables(
                 continue; // an earlier entry's
             }
             if !matched.published {
-                return Err(TableDrift::Unpublished {
-                    table: matched.table.to_string(),
-                    pattern: pattern.to_string(),
-                    publication: publication.to_owned(),
-                    failed: String::new(),
-                }
-                .into());
+                continue;
             }
             let table = outbox_table::OutboxTable {
                 oid: matched.oid,

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use cursor::Cursor;
 
 pub use crate::domain::row::{Column, ColumnValue, Relation};
-pub use replayed::{FrameWriter, ReplayFrame, ReplayedRows};
+pub use replayed::{ADOPTION_ID, FrameWriter, ReplayFrame, ReplayedRows};
 
 /// One pgoutput message.
 #[derive(Debug, Clone, PartialEq, Eq)]

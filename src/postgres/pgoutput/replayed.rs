@@ -15,7 +15,12 @@
 //! u8 version (1) | 'M' | cstr replay id | u64 rows | u64 total | Relation | rows × (u64 index | TupleData)
 //! u8 version (1) | 'R' | cstr replay id | u64 index | u64 total | Relation | TupleData
 //! u8 version (1) | 'E' | cstr replay id | u64 total | u64 total
+//! u8 version (1) | 'A' | cstr "adoption" | u64 rows | u64 0 | Relation | rows × (u64 index | TupleData)
 //! ```
+//!
+//! `'A'` carries the rows already in a table a pattern matches, read by pgoutbox when it
+//! adds the table to the publication (`postgres::adoption`): they are published as that
+//! table's own Inserts would be, under their own ids, since the stream never held them.
 //!
 //! `'R'`, one row to a frame, is what replays before 2026-11-27 wrote: still read, so that
 //! rows they handed over and left waiting in the slot are published after an upgrade.
@@ -32,8 +37,17 @@ const VERSION: u8 = 1;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplayFrame {
     Rows(ReplayedRows),
-    End { replay_id: String, total: u64 },
+    End {
+        replay_id: String,
+        total: u64,
+    },
+    /// Rows an adoption read from a table that joined the publication (`replay_id` is
+    /// [`ADOPTION_ID`], `total` 0, and each index the row's place in the table's read).
+    Adopted(ReplayedRows),
 }
+
+/// The id an adoption's frames carry in the place of a replay's.
+pub const ADOPTION_ID: &str = "adoption";
 
 /// Replayed rows of one relation, and where each stands in its replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,8 +63,10 @@ pub struct ReplayedRows {
 impl ReplayFrame {
     pub fn encode(&self) -> Vec<u8> {
         match self {
-            ReplayFrame::Rows(rows) => {
-                let mut frame = FrameWriter::new(&rows.replay_id, rows.total, &rows.relation);
+            ReplayFrame::Rows(rows) | ReplayFrame::Adopted(rows) => {
+                let kind = if matches!(self, ReplayFrame::Rows(_)) { b'M' } else { b'A' };
+                let mut frame =
+                    FrameWriter::of_kind(kind, &rows.replay_id, rows.total, &rows.relation);
                 for (index, tuple) in &rows.rows {
                     frame.push(*index, tuple);
                 }
@@ -81,7 +97,7 @@ impl ReplayFrame {
             return Err(DecodeError::BadReplayId(replay_id));
         }
         let frame = match kind {
-            b'M' => {
+            b'M' | b'A' => {
                 let relation = parse_relation(&mut cur)?;
                 // Not allocated by the count it states: every row takes bytes, so a count
                 // larger than the frame holds ends at its end.
@@ -89,7 +105,11 @@ impl ReplayFrame {
                 for _ in 0..index_or_rows {
                     rows.push((cur.u64()?, parse_tuple(&mut cur)?));
                 }
-                ReplayFrame::Rows(ReplayedRows { replay_id, total, relation, rows })
+                let rows = ReplayedRows { replay_id, total, relation, rows };
+                match kind {
+                    b'M' => ReplayFrame::Rows(rows),
+                    _ => ReplayFrame::Adopted(rows),
+                }
             }
             b'R' => {
                 let relation = parse_relation(&mut cur)?;
@@ -116,10 +136,20 @@ pub struct FrameWriter {
 }
 
 impl FrameWriter {
+    /// A frame of a replay's rows.
     pub fn new(replay_id: &str, total: u64, relation: &Relation) -> FrameWriter {
+        FrameWriter::of_kind(b'M', replay_id, total, relation)
+    }
+
+    /// A frame of an adoption's rows ([`ReplayFrame::Adopted`]).
+    pub fn adoption(relation: &Relation) -> FrameWriter {
+        FrameWriter::of_kind(b'A', ADOPTION_ID, 0, relation)
+    }
+
+    fn of_kind(kind: u8, replay_id: &str, total: u64, relation: &Relation) -> FrameWriter {
         let mut out = Vec::with_capacity(4096);
         out.put_u8(VERSION);
-        out.put_u8(b'M');
+        out.put_u8(kind);
         put_cstr(&mut out, replay_id);
         let count_at = out.len();
         out.put_u64(0);
@@ -231,6 +261,8 @@ mod tests {
     fn rows_and_an_end_come_back_as_they_went() {
         round_trip(ReplayFrame::Rows(rows()));
         round_trip(ReplayFrame::End { replay_id: "nightly".into(), total: 42 });
+        let adopted = ReplayedRows { replay_id: ADOPTION_ID.into(), total: 0, ..rows() };
+        round_trip(ReplayFrame::Adopted(adopted));
     }
 
     /// A one-row frame as replays before several-row frames wrote it, byte by byte.
@@ -284,7 +316,8 @@ mod tests {
     #[test]
     fn every_cut_and_every_flipped_byte_is_an_error_or_a_frame_never_a_panic() {
         let end = ReplayFrame::End { replay_id: "r1".into(), total: 1 };
-        for bytes in [ReplayFrame::Rows(rows()).encode(), one_row_frame(), end.encode()] {
+        let adopted = ReplayFrame::Adopted(ReplayedRows { total: 0, ..rows() }).encode();
+        for bytes in [ReplayFrame::Rows(rows()).encode(), one_row_frame(), end.encode(), adopted] {
             for len in 0..bytes.len() {
                 assert!(ReplayFrame::decode(&Bytes::copy_from_slice(&bytes[..len])).is_err());
             }

@@ -1,7 +1,9 @@
 //! Rows `pgoutbox replay` handed over through the replay table
 //! (`postgres::outbox_table::replay_table`), in the pipeline: each a row of its
 //! transaction, in its commit-order place, mapped by this pgoutbox's own mapping, marked
-//! with its replay's id, and counted on `/metrics` once JetStream acknowledged it.
+//! with its replay's id, and counted on `/metrics` once JetStream acknowledged it. And the
+//! rows an adoption handed over the same way (`postgres::adoption`): published as their
+//! table's Inserts, under their own ids.
 //!
 //! Who may hand pgoutbox a row is decided by PostgreSQL: only an Insert into the replay
 //! table (matched by OID, as the outbox table is), which only roles granted INSERT on it
@@ -59,6 +61,8 @@ enum Handed {
     /// A row of another slot's pgoutbox (one replay table serves every slot of the table).
     NotOurs,
     Rows(ReplayedRows),
+    /// The rows already in a table an adoption added to the publication.
+    Adopted(ReplayedRows),
     End(u64),
     /// Why it cannot be published.
     Refused(String),
@@ -158,6 +162,7 @@ impl<'a> Pipeline<'a> {
                 return Ok(());
             }
             Handed::Rows(rows) => rows,
+            Handed::Adopted(rows) => return self.on_adopted(rows).await,
             Handed::Refused(why) => {
                 let position = self.next_position("replayed row outside a transaction")?;
                 warn!(%position, reason = %why, "a replayed row is published as a dead letter");
@@ -193,6 +198,28 @@ impl<'a> Pipeline<'a> {
         Ok(())
     }
 
+    /// Rows an adoption handed over (`postgres::adoption`): each published in its place as
+    /// an Insert of its table would be, under its own id; a table no pattern names, or one
+    /// that does not fit, gives dead letters saying so.
+    async fn on_adopted(&mut self, adopted: ReplayedRows) -> Result<(), PipelineError> {
+        let relation = &adopted.relation;
+        let mapping = match self.tables.adopted(relation) {
+            Ok(mapping) => mapping,
+            Err((why, entry)) => {
+                warn!(reason = %why, "adopted rows are published as dead letters");
+                self.metrics.replayed_rows_unreadable.increment(adopted.rows.len() as u64);
+                let entry = entry.unwrap_or_else(|| self.config.first());
+                RowMapping::refusing(relation, &entry.roles, why).in_entry(entry)
+            }
+        };
+        let mapping = Arc::new(mapping);
+        for (_, tuple) in adopted.rows {
+            let position = self.next_position("adopted row outside a transaction")?;
+            self.on_row(Arc::clone(&mapping), tuple, position, None).await?;
+        }
+        Ok(())
+    }
+
     /// What a row of the replay table hands over.
     fn handed(&self, tuple: &[ColumnValue]) -> Handed {
         let Some(table) = &self.replays.table else {
@@ -212,6 +239,7 @@ impl<'a> Pipeline<'a> {
         };
         match ReplayFrame::decode(&frame) {
             Ok(ReplayFrame::Rows(rows)) => Handed::Rows(rows),
+            Ok(ReplayFrame::Adopted(rows)) => Handed::Adopted(rows),
             Ok(ReplayFrame::End { total, .. }) => Handed::End(total),
             Err(err) => Handed::Refused(format!(
                 "the replayed row cannot be read ({err}): run the replay again with a \

@@ -88,6 +88,33 @@ impl<'a> TableSet<'a> {
         Some((self.entries.get(known.entry)?, &known.name, &known.table))
     }
 
+    /// The mapping of rows an adoption handed over for `relation` (`ReplayFrame::Adopted`):
+    /// a table a pattern's entry names (by OID, else by name), mapped as its Inserts are,
+    /// under its own name. Else why not, and the entry whose dead-letter subject the rows'
+    /// letters go to, when one names the table. Nothing is remembered: pgoutput's own
+    /// Relation for the table, when it comes, is what maps its Inserts.
+    pub(super) fn adopted(
+        &self,
+        relation: &Relation,
+    ) -> Result<RowMapping, (String, Option<&'a TableEntry>)> {
+        let entries = self.entries;
+        let found = self.entry_of(relation).and_then(|(i, known)| Some((entries.get(i)?, known)));
+        let Some((configured, known)) = found.filter(|(entry, _)| entry.pattern.is_some()) else {
+            let why = format!(
+                "an adoption handed over rows of {}.{}, which no --table pattern names: not \
+                 published",
+                relation.namespace, relation.name
+            );
+            return Err((why, None));
+        };
+        let named = TableName { schema: relation.namespace.clone(), name: relation.name.clone() };
+        let entry = configured.for_table(known.map_or(named, |t| t.name.clone()));
+        RowMapping::of_entry(relation, &entry).map_err(|missing| {
+            let why = format!("the row's table does not fit {}: {missing}", configured.table);
+            (why, Some(configured))
+        })
+    }
+
     /// Every entry's table (or pattern), for a message naming them.
     pub(super) fn names(&self) -> String {
         self.entries.iter().map(|e| e.table.to_string()).collect::<Vec<_>>().join(", ")

@@ -1,0 +1,316 @@
+//! Adopting a table a `--table` pattern matches that is out of the publication (a tenant's
+//! table created without the event trigger): the table is added, and the rows already in
+//! it are published once, without pgoutbox ever writing to it.
+//!
+//! A table created while pgoutbox runs is not in a `FOR TABLE` publication until someone
+//! adds it, and rows committed before that are never decoded, now or on any later decoding
+//! of that WAL (docs/proposals/several-tables.md, fact 3). So in one transaction the table
+//! is locked against writers (`SHARE ROW EXCLUSIVE`: `ALTER PUBLICATION` alone does not
+//! wait for them, fact 5), added, and its rows are read and handed to the pipeline as
+//! frames through pgoutbox's own replay table (`ReplayFrame::Adopted`), which publishes
+//! them as that table's Inserts, in its place in commit order, under their own ids. Rows
+//! written after the commit are decoded as any.
+//!
+//! Never DML on the table: its row triggers, rules and constraints run as the role that
+//! writes, so a tenant's `BEFORE INSERT` trigger would run with pgoutbox's privileges, a
+//! superuser's included (issue 45, R1). Reading runs none of the owner's code: the session
+//! turns `row_security` off (a policy's expression would run as pgoutbox: the read fails
+//! instead), and looks up functions in `pg_catalog` only.
+//!
+//! A table that cannot be added (pgoutbox's role does not own it, it is unlogged, ...) is
+//! skipped with a warning naming it and what to run, and counted on `/metrics`
+//! (`pgoutbox_tables_not_streamed`): the other tables stream on. A table busy past
+//! [`LOCK_TIMEOUT`] is tried at the next check.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use postgres_protocol::escape::escape_identifier as quote_ident;
+use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+use tracing::{info, warn};
+
+use crate::domain::outbox::{TableName, TablePattern};
+use crate::postgres::outbox_table::TableDrift;
+use crate::postgres::pgoutput::{ADOPTION_ID, FrameWriter};
+use crate::postgres::replay_table::{self, FRAME_BYTES};
+use crate::postgres::table_snapshot::{relation_of, text_rows};
+use crate::postgres::tenant_tables;
+
+/// How long adoption waits for the transactions writing to the table.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Rows read per `FETCH`: the rows in memory at once.
+const BATCH: usize = 1_000;
+
+/// Where an adoption hands the rows over: pgoutbox's replay table, for its slot.
+#[derive(Debug, Clone)]
+pub struct Handover {
+    pub publication: String,
+    pub replay_table: TableName,
+    pub slot: String,
+}
+
+/// Adds `table` to the publication and hands the rows already in it to the pipeline, in
+/// one transaction, ordered by `order_by` (the created-at column, when the table has it),
+/// then by their place in the table. `Ok(None)`: the table was in the publication already
+/// (another setup, or the trigger, was first); else how many rows were handed over.
+pub async fn adopt(
+    client: &mut Client,
+    table: &TableName,
+    order_by: Option<&str>,
+    to: &Handover,
+) -> Result<Option<u64>, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    if !lock_and_add(&tx, table, &to.publication).await? {
+        tx.commit().await?;
+        return Ok(None);
+    }
+    let quoted = table.quoted();
+    let relation = relation_of(&tx, table).await?;
+    let columns: Vec<String> = relation.columns.iter().map(|c| quote_ident(&c.name)).collect();
+    let order = match order_by.filter(|name| relation.columns.iter().any(|c| c.name == *name)) {
+        Some(column) => format!("{}, ctid", quote_ident(column)),
+        None => "ctid".to_owned(),
+    };
+    tx.batch_execute(&format!(
+        "DECLARE pgoutbox_adopted NO SCROLL CURSOR FOR SELECT {} FROM {quoted} ORDER BY {order}",
+        columns.join(", ")
+    ))
+    .await?;
+    let fetch = format!("FETCH {BATCH} FROM pgoutbox_adopted");
+    let mut read = 0u64;
+    loop {
+        let rows = text_rows(&tx.simple_query(&fetch).await?);
+        if rows.is_empty() {
+            break;
+        }
+        let mut frames: Vec<(i64, Vec<u8>)> = Vec::new();
+        let mut frame: Option<FrameWriter> = None;
+        for tuple in rows {
+            let full = frame
+                .as_ref()
+                .is_some_and(|f| f.bytes() + FrameWriter::row_len(&tuple) > FRAME_BYTES);
+            if let Some(done) = frame.take_if(|_| full) {
+                frames.push((read as i64, done.finish()));
+            }
+            read += 1;
+            frame.get_or_insert_with(|| FrameWriter::adoption(&relation)).push(read, &tuple);
+        }
+        frames.extend(frame.map(|done| (read as i64, done.finish())));
+        replay_table::hand_over(&tx, &to.replay_table, (&to.slot, ADOPTION_ID, 0), &frames).await?;
+    }
+    tx.commit().await?;
+    Ok(Some(read))
+}
+
+/// Adds `table` to `publication` without handing any row over, before a slot exists: its
+/// rows committed so far are a seed's to read from the new slot's snapshot
+/// (`run --recover`, `--backfill`), and those committed after are decoded. `false`: it was
+/// in the publication already.
+pub async fn join_before_slot(
+    client: &mut Client,
+    table: &TableName,
+    publication: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let tx = client.transaction().await?;
+    let added = lock_and_add(&tx, table, publication).await?;
+    tx.commit().await?;
+    Ok(added)
+}
+
+/// In `tx`: locks `table` against writers (waiting up to [`LOCK_TIMEOUT`] for those there)
+/// with nothing of its owner's able to run in this session, and adds it to `publication`
+/// unless it is there already (`false`).
+async fn lock_and_add(
+    tx: &tokio_postgres::Transaction<'_>,
+    table: &TableName,
+    publication: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    let quoted = table.quoted();
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '{}ms'; SET LOCAL row_security = off; \
+         SET LOCAL search_path = pg_catalog, pg_temp; \
+         LOCK TABLE {quoted} IN SHARE ROW EXCLUSIVE MODE",
+        LOCK_TIMEOUT.as_millis()
+    ))
+    .await?;
+    if crate::postgres::admin::publishes(tx, publication, table).await? {
+        return Ok(false);
+    }
+    let publication = quote_ident(publication);
+    tx.batch_execute(&format!("ALTER PUBLICATION {publication} ADD TABLE {quoted}")).await?;
+    Ok(true)
+}
+
+/// A round of adoptions over one pattern's tables: what stops pgoutbox, if anything.
+pub struct Adoptions<'a> {
+    pub to: &'a Handover,
+    /// The OIDs of the tables the patterns matched at the attempt's start: one of these out
+    /// of the publication was taken out on purpose, and stops pgoutbox.
+    pub streamed: &'a [u32],
+    /// The tables already warned about as not streamable, with the reason, so that each is
+    /// named once for each reason.
+    pub warned: &'a mut HashMap<u32, String>,
+    /// The tables found not streamable in this round, by every pattern.
+    pub not_streamed: usize,
+}
+
+impl Adoptions<'_> {
+    /// Adopts each table `pattern` matches that is out of the publication ([`adopt`]),
+    /// until `until` (the rest wait for the next round). `Some(drift)`: a table that was
+    /// streamed was taken out of the publication, and pgoutbox must stop. A table that
+    /// cannot be added is skipped with a warning (once) and counted.
+    pub async fn round(
+        &mut self,
+        client: &mut Client,
+        pattern: &TablePattern,
+        order_by: &str,
+        until: Instant,
+    ) -> Result<Option<TableDrift>, tokio_postgres::Error> {
+        let matched = tenant_tables::matched(client, pattern, &self.to.publication).await?;
+        for missed in matched.into_iter().filter(|m| !m.published) {
+            let table = &missed.table;
+            if self.streamed.contains(&missed.oid) {
+                let (table, publication) = (table.to_string(), self.to.publication.clone());
+                return Ok(Some(TableDrift::NotPublished { table, publication }));
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            match adopt(client, table, Some(order_by), self.to).await {
+                Ok(rows) => {
+                    self.warned.remove(&missed.oid);
+                    info!(%table, %pattern, publication = %self.to.publication,
+                        rows = rows.unwrap_or(0),
+                        "a new table of the pattern joined the publication, its rows handed over");
+                }
+                Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    warn!(%table, "the new table is busy; adopting it at the next check");
+                }
+                Err(err) if err.as_db_error().is_some() => {
+                    self.not_streamed += 1;
+                    let why = crate::postgres::admin::server_said(&err);
+                    if self.warned.get(&missed.oid) != Some(&why) {
+                        self.warned.insert(missed.oid, why.clone());
+                        let fix = fix(client, (missed.oid, table), self.to).await?;
+                        warn!(%table, %pattern, reason = %why, %fix,
+                            "a table of the pattern cannot be streamed and is skipped; \
+                             the other tables stream on");
+                    }
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The statements that make `table` (of OID `oid`) one pgoutbox may add to `publication`: adding a table
+/// takes owning it and the publication, and locking it takes the schema's `USAGE`;
+/// pgoutbox only reads the table, so owning it gives it nothing to run. An unlogged table
+/// cannot be published at all.
+async fn fix(
+    client: &Client,
+    (oid, table): (u32, &TableName),
+    to: &Handover,
+) -> Result<String, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT current_user::text, \
+               coalesce((SELECT pg_has_role(pubowner, 'USAGE') FROM pg_publication \
+                         WHERE pubname = $2), true), \
+               pg_has_role(c.relowner, 'USAGE'), has_schema_privilege(c.relnamespace, 'USAGE'), \
+               c.relpersistence = 'u', \
+               coalesce((SELECT has_table_privilege(r.oid, 'INSERT') \
+                           AND has_table_privilege(r.oid, 'SELECT') \
+                           AND has_table_privilege(r.oid, 'DELETE') \
+                         FROM pg_class r JOIN pg_namespace rn ON rn.oid = r.relnamespace \
+                         WHERE rn.nspname = $3 AND r.relname = $4), true) \
+             FROM pg_class c WHERE c.oid = $1",
+            &[&oid, &to.publication, &to.replay_table.schema, &to.replay_table.name],
+        )
+        .await?;
+    let needs = Needs {
+        publication: !row.get::<_, bool>(1),
+        table: !row.get::<_, bool>(2),
+        schema: !row.get::<_, bool>(3),
+        unlogged: row.get(4),
+        replay_table: (!row.get::<_, bool>(5)).then(|| to.replay_table.clone()),
+    };
+    Ok(needs.statements(table, &to.publication, &row.get::<_, String>(0)))
+}
+
+/// What pgoutbox's role lacks to add a table.
+struct Needs {
+    publication: bool,
+    table: bool,
+    schema: bool,
+    unlogged: bool,
+    /// The replay table the rows are handed over through, when the role may not write it.
+    replay_table: Option<TableName>,
+}
+
+impl Needs {
+    fn statements(&self, table: &TableName, publication: &str, role: &str) -> String {
+        let (quoted, publication, role) =
+            (table.quoted(), quote_ident(publication), quote_ident(role));
+        let mut run = Vec::new();
+        if self.unlogged {
+            run.push(format!("ALTER TABLE {quoted} SET LOGGED"));
+        }
+        if self.schema {
+            run.push(format!("GRANT USAGE ON SCHEMA {} TO {role}", quote_ident(&table.schema)));
+        }
+        if self.table {
+            run.push(format!("ALTER TABLE {quoted} OWNER TO {role}"));
+        }
+        if self.publication {
+            run.push(format!("ALTER PUBLICATION {publication} OWNER TO {role}"));
+        }
+        if let Some(replay) = &self.replay_table {
+            run.push(format!("GRANT INSERT, SELECT, DELETE ON {} TO {role}", replay.quoted()));
+        }
+        match run.is_empty() {
+            true => format!("make {quoted} a table {role} may add to publication {publication}"),
+            false => format!(
+                "run {}; then pgoutbox adds it at its next check (within 10 s), reading it, \
+                 never writing it",
+                run.join("; ")
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Needs;
+    use crate::domain::outbox::TableName;
+
+    #[test]
+    fn each_lack_gets_the_statement_that_fixes_it_and_none_asks_for_a_superuser() {
+        let table: TableName = "tenant_2.outbox".parse().unwrap();
+        let replay_table = Some("public.pgoutbox_replay".parse().unwrap());
+        let all =
+            Needs { publication: true, table: true, schema: true, unlogged: true, replay_table };
+        let fix = all.statements(&table, "pgoutbox", "relay");
+        for says in [
+            "ALTER TABLE \"tenant_2\".\"outbox\" SET LOGGED",
+            "GRANT USAGE ON SCHEMA \"tenant_2\" TO \"relay\"",
+            "ALTER TABLE \"tenant_2\".\"outbox\" OWNER TO \"relay\"",
+            "ALTER PUBLICATION \"pgoutbox\" OWNER TO \"relay\"",
+            "GRANT INSERT, SELECT, DELETE ON \"public\".\"pgoutbox_replay\" TO \"relay\"",
+        ] {
+            assert!(fix.contains(says), "no {says} in {fix}");
+        }
+        let none = Needs {
+            publication: false,
+            table: false,
+            schema: false,
+            unlogged: false,
+            replay_table: None,
+        };
+        let fix = none.statements(&table, "pgoutbox", "relay");
+        assert!(fix.starts_with("make"), "{fix}");
+        assert!(!fix.contains("superuser"), "{fix}");
+    }
+}
