@@ -99,6 +99,13 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
     let client = prepare_database(config, args.slot.from_standby).await?;
     if !args.message_prefix.is_empty() {
         super::setup::warn_if_public_may_emit(&client).await;
+        let template = &config.pipeline.defaults.template;
+        if template.names_table() {
+            warn!(%template, prefix = %args.message_prefix,
+                "emitted events become dead letters: the subject template names the row's \
+                 table ({{$schema}}, {{$table}}), which an event's content may not say; set \
+                 --message-prefix '' to stream tables only");
+        }
     }
     if args.retention.is_some() {
         // A pattern's tables are looked at on each pass (`retention::servable`).

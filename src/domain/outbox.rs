@@ -25,9 +25,9 @@ mod template;
 
 pub use cloudevents::{CloudEvents, ContentMode};
 pub use controls::{
-    SCHEDULE_HEADER, SCHEDULE_TARGET_HEADER, SCHEDULER_HEADER, ScheduleColumn, refuse_allowed,
+    SCHEDULE_HEADER, SCHEDULE_TARGET_HEADER, SCHEDULER_HEADER, ScheduleColumn, held_at,
+    refuse_allowed,
 };
-
 pub use dead_letter::{
     DEAD_LETTER_ID_PREFIX, DEAD_LETTER_REASON_HEADER, DeadLetter, MIN_BUDGET,
     PAYLOAD_OMITTED_HEADER, RefusedRows, TRUNCATED, letter_row, letter_row_in,
@@ -36,7 +36,7 @@ pub use emitted::{EMITTED_LABEL, log_preview};
 pub use headers::Headers;
 pub use pattern::{InvalidPattern, TablePattern};
 pub use roles::{ColumnRoles, InvalidTableName, MessageId, TableEntry, TableName};
-pub use template::{MAX_SUBJECT_BYTES, SubjectTemplate, TemplateError};
+pub use template::{MAX_SUBJECT_BYTES, SubjectTemplate, TemplateError, subjects_overlap};
 use template::{Part, check_subject_token};
 
 const BYTEA_OID: u32 = 17;
@@ -380,7 +380,7 @@ impl RowMapping {
                 .map_err(|Rejection(why)| Rejection(format!("column {}: {why}", self.name(*i))))?;
             let held_on = schedule.subject(&id);
             if !held_on.split('.').all(|token| check_subject_token(token).is_ok())
-                || held_on.len() > MAX_SUBJECT_BYTES
+                || held_on.len() + controls::HELD_POSITION_BYTES > MAX_SUBJECT_BYTES
             {
                 return Err(Rejection(format!(
                     "column {} = {:?} cannot name the subject a scheduled row is held on \

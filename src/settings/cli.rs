@@ -360,8 +360,9 @@ pub struct CommonArgs {
     /// docs/operations.md); a value that is not a time makes the row a dead letter
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_SCHEDULE_COLUMN")]
     pub schedule_column: Option<String>,
-    /// Where scheduled rows wait: <prefix>.<Nats-Msg-Id>, outside the events' subjects so
-    /// that no consumer sees a row before its time [default: schedules.<stream>]
+    /// Where scheduled rows wait: <prefix>.<Nats-Msg-Id>.<position>, outside the events' and
+    /// the dead letters' subjects (an overlap is refused) so that no consumer sees a row
+    /// before its time [default: schedules.<stream>]
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_SCHEDULE_SUBJECT_PREFIX")]
     pub schedule_subject_prefix: Option<String>,
     /// A Nats- header the headers column may set (repeatable, or comma-separated); any

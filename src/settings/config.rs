@@ -5,7 +5,7 @@ use anyhow::{Context, anyhow};
 
 use crate::domain::outbox::{
     CloudEvents, ColumnRoles, ContentMode, MessageId, ScheduleColumn, SubjectTemplate, TableEntry,
-    TablePattern,
+    TablePattern, subjects_overlap,
 };
 use crate::nats::connect::NatsSettings;
 use crate::nats::credentials::NatsAuth;
@@ -408,6 +408,24 @@ fn table_entry(
         }),
     };
     let dead_letter_subject = args.dead_letter_subject.clone();
+    if let Some(schedule) = &roles.schedule {
+        // A held message on an event's subject would be seen before its time, and one on
+        // the dead-letter subject read as a letter.
+        let held = format!("{}.>", schedule.subject_prefix);
+        let events = template.wildcard();
+        for (what, subject) in
+            [("--subject-template", &events), ("the dead-letter subject", &dead_letter_subject)]
+        {
+            if subjects_overlap(&held, subject) {
+                anyhow::bail!(
+                    "--schedule-subject-prefix {}: its subjects ({held}) overlap {what}'s \
+                     ({subject}); held rows must wait on subjects of their own: choose \
+                     another prefix",
+                    schedule.subject_prefix
+                );
+            }
+        }
+    }
     Ok(TableEntry { table, pattern, roles, template, dead_letter_subject, message_id })
 }
 

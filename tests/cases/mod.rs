@@ -60,5 +60,6 @@ mod survives_nats_outage;
 mod survives_nats_pauses;
 mod survives_postgres_restart;
 mod tenant_table_created_while_running;
+mod tenants_without_trust;
 mod traces;
 mod version_matrix;

@@ -11,6 +11,7 @@
 //! writes at its time: `nats::publisher`'s tail).
 
 use super::Rejection;
+use crate::domain::progress::Position;
 
 /// The header holding a message's time to live (nats-server 2.11+, `allow_msg_ttl`).
 pub const TTL_HEADER: &str = "Nats-TTL";
@@ -31,22 +32,41 @@ pub const SCHEDULER_HEADER: &str = "Nats-Scheduler";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduleColumn {
     pub column: String,
-    /// A held row's message goes to `<subject_prefix>.<its Nats-Msg-Id>`: nats-server keeps
-    /// one schedule per subject, and consumers of the events' subjects must not see it
-    /// before its time.
+    /// A held row's message goes to `<subject_prefix>.<its Nats-Msg-Id>.<its position>`
+    /// ([`held_at`]): consumers of the events' subjects must not see it before its time.
     pub subject_prefix: String,
 }
 
+/// Room [`held_at`] takes after a held message's subject: a dot and a position
+/// (`FFFFFFFF/FFFFFFFF:4294967295`).
+pub const HELD_POSITION_BYTES: usize = 29;
+
 impl ScheduleColumn {
-    /// The subject that holds the schedule of the message `msg_id`.
+    /// The subject that holds the schedule of the message `msg_id`, before [`held_at`]
+    /// makes it the event's own.
     pub fn subject(&self, msg_id: &str) -> String {
         format!("{}.{msg_id}", self.subject_prefix)
     }
 
     /// The `Nats-Msg-Id` of the schedule a delivered message came from, read from its
-    /// `Nats-Scheduler` header; `None` when that subject is not one of ours.
+    /// `Nats-Scheduler` header; `None` when that subject is not one of ours. Schedules held
+    /// before the position was added (`<prefix>.<id>`) are read too.
     pub fn msg_id_of_scheduler<'a>(&self, scheduler: &'a str) -> Option<&'a str> {
-        scheduler.strip_prefix(self.subject_prefix.as_str())?.strip_prefix('.')
+        let held = scheduler.strip_prefix(self.subject_prefix.as_str())?.strip_prefix('.')?;
+        let with_position = held.rsplit_once('.').filter(|(_, p)| p.parse::<Position>().is_ok());
+        Some(with_position.map_or(held, |(msg_id, _)| msg_id))
+    }
+}
+
+/// The subject a held message (one with `Nats-Schedule`) waits on, made the event's own by
+/// its position: nats-server keeps one schedule per subject, and a message on that subject
+/// replaces it, so a second row with the same id (a table truncated with its sequence
+/// restarted, a restore) would cancel the first's schedule (issue 45, R2). The same row
+/// decoded again keeps its position, and so its subject.
+pub fn held_at(subject: &mut String, headers: &super::Headers, position: Position) {
+    use std::fmt::Write;
+    if headers.get(SCHEDULE_HEADER).is_some() {
+        let _ = write!(subject, ".{position}");
     }
 }
 
@@ -307,6 +327,28 @@ mod tests {
         assert_eq!(schedule.msg_id_of_scheduler(&subject), Some("public.outbox:42"));
         assert_eq!(schedule.msg_id_of_scheduler("schedules.OUTBOXES.1"), None);
         assert_eq!(schedule.msg_id_of_scheduler("other.1"), None);
+        let mut held = subject.clone();
+        let mut headers = super::super::Headers::with_capacity(64);
+        let position = Position { commit_lsn: 0x1_0000_00A0, index: 3 };
+        held_at(&mut held, &headers, position);
+        assert_eq!(held, subject, "a message not held keeps its subject");
+        headers.insert(SCHEDULE_HEADER, "@at 2026-11-26T21:40:00Z");
+        held_at(&mut held, &headers, position);
+        assert_eq!(held, "schedules.OUTBOX.public.outbox:42.1/A0:3");
+        assert_eq!(schedule.msg_id_of_scheduler(&held), Some("public.outbox:42"));
+    }
+
+    #[test]
+    fn two_rows_with_one_id_are_held_on_two_subjects() {
+        let schedule = ScheduleColumn { column: "d".into(), subject_prefix: "schedules.S".into() };
+        let mut headers = super::super::Headers::with_capacity(64);
+        headers.insert(SCHEDULE_HEADER, "@at 2026-11-26T21:40:00Z");
+        let (mut first, mut second) = (schedule.subject("1"), schedule.subject("1"));
+        held_at(&mut first, &headers, Position { commit_lsn: 0x100, index: 0 });
+        held_at(&mut second, &headers, Position { commit_lsn: 0x200, index: 0 });
+        assert_ne!(first, second);
+        let longest = Position { commit_lsn: u64::MAX, index: u32::MAX }.to_string();
+        assert_eq!(longest.len() + 1, HELD_POSITION_BYTES);
     }
 
     #[test]

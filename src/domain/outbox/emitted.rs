@@ -47,11 +47,22 @@ impl RowMapping {
         let header_columns = super::optional_headers(roles)
             .map(|(header, column)| (header, position(column)))
             .collect();
+        // An event's content never says which table or tenant sent it: `{$schema}` and
+        // `{$table}` name the table a row was decoded from, and an emitted event has none.
+        // Each becomes a dead letter saying so (issue 45, R6).
+        let unusable = template.names_table().then(|| {
+            format!(
+                "an emitted event has no table, and the subject template {template} names one \
+                 ({{$schema}} or {{$table}}), which only a table's row may fill: set \
+                 --message-prefix '' to stream tables only, or a template without them"
+            )
+        });
         let subject = template
             .parts
             .iter()
             .map(|part| match part {
                 Part::Literal(l) => SubjectPart::Literal(l.clone()),
+                Part::Column(c) if c.starts_with('$') => SubjectPart::Literal(String::new()),
                 Part::Column(c) => SubjectPart::Column(position(c)),
             })
             .collect();
@@ -71,7 +82,7 @@ impl RowMapping {
             headers,
             header_columns,
             subject,
-            unusable: None,
+            unusable,
             id_prefix: String::new(),
             ttl,
             schedule: None,
@@ -204,6 +215,22 @@ mod tests {
         assert_eq!(body["table"], "pg_logical_emit_message.outbox");
         assert_eq!(body["row"]["payload"], "{oops");
         assert!(!letter.payload_omitted);
+    }
+
+    #[test]
+    fn an_event_never_names_its_table_or_tenant() {
+        let template = "tenants.{$schema}.{$table}.{event_type}".parse().unwrap();
+        let mapping =
+            RowMapping::for_emitted_messages("outbox", &ColumnRoles::default(), &template);
+        let content = Bytes::from_static(
+            br#"{"id":"x1","$schema":"tenant_b","$table":"outbox","event_type":"b","payload":{}}"#,
+        );
+        let row = mapping.emitted_row(&content).unwrap();
+        let Rejection(why) = mapping.map(&row).unwrap_err();
+        assert!(why.contains("{$schema}") && why.contains("no table"), "{why}");
+        let position = Position { commit_lsn: 16, index: 0 };
+        let letter = mapping.dead_letter(&row, position, &Rejection(why), "tenants.dead", 4096);
+        assert_eq!(letter.event.subject, "tenants.dead", "the letter's subject names no tenant");
     }
 
     #[test]

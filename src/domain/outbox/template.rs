@@ -108,6 +108,12 @@ impl SubjectTemplate {
             .join(".")
     }
 
+    /// Whether the template names the row's table (`{$schema}`, `{$table}`): only a row
+    /// decoded from a table has one.
+    pub fn names_table(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Column(c) if c.starts_with('$')))
+    }
+
     /// The columns the template reads (not `{$schema}` nor `{$table}`).
     pub fn columns(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter_map(|p| match p {
@@ -115,6 +121,20 @@ impl SubjectTemplate {
             Part::Column(_) | Part::Literal(_) => None,
         })
     }
+}
+
+/// Whether some subject matches both filters (`*` one token, `>` one or more at the end).
+pub fn subjects_overlap(a: &str, b: &str) -> bool {
+    let (a, b): (Vec<&str>, Vec<&str>) = (a.split('.').collect(), b.split('.').collect());
+    for (x, y) in a.iter().zip(&b) {
+        if *x == ">" || *y == ">" {
+            return true;
+        }
+        if x != y && *x != "*" && *y != "*" {
+            return false;
+        }
+    }
+    a.len() == b.len()
 }
 
 /// The longest subject published: the `HPUB` line also holds the reply subject (about 50

@@ -409,3 +409,25 @@ fn schema_and_table_placeholders_name_the_rows_table() {
         mapping.map(&row(text("order"), "created", ColumnValue::Null)).unwrap_err();
     assert!(why.starts_with("{$schema} = \"a.b\" contains `.`"), "{why}");
 }
+
+#[test]
+fn subject_filters_overlap_as_nats_server_matches_them() {
+    use super::template::subjects_overlap;
+    for (a, b) in [
+        ("schedules.OUTBOX.>", "schedules.*.x"),
+        ("outbox.*.*", "outbox.dead_letter.x"),
+        ("a.>", "a.b.c.d"),
+        ("*.*", "a.b"),
+        ("outbox.*.*", "outbox.>"),
+    ] {
+        assert!(subjects_overlap(a, b) && subjects_overlap(b, a), "{a} {b}");
+    }
+    for (a, b) in [
+        ("outbox.*.*", "outbox.dead_letter"),
+        ("schedules.OUTBOX.>", "schedules.OUTBOX"),
+        ("outbox.*.*", "schedules.OUTBOX.>"),
+        ("a.b", "a.c"),
+    ] {
+        assert!(!subjects_overlap(a, b) && !subjects_overlap(b, a), "{a} {b}");
+    }
+}

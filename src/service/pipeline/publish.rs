@@ -8,7 +8,7 @@ use async_nats::jetstream::context::PublishError;
 use tracing::warn;
 
 use super::{Pipeline, SentRow};
-use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping};
+use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping, held_at};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{
     CHAIN_ANCHOR, CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER, EXPECTED_LAST_SEQUENCE_HEADER, RowStep,
@@ -144,7 +144,8 @@ impl Pipeline<'_> {
         position: Position,
         counters: Arc<TableCounters>,
     ) -> Result<(), PublishError> {
-        let OutboxEvent { id, subject, mut headers, payload } = event;
+        let OutboxEvent { id, mut subject, mut headers, payload } = event;
+        held_at(&mut subject, &headers, position);
         let span = match &mut self.traces {
             None => None,
             Some(traces) => traces.producer(&id, &subject, position, &mut headers),

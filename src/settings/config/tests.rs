@@ -247,3 +247,18 @@ fn a_chosen_replay_table_replaces_the_default_and_may_not_be_an_outbox_table() {
         assert!(refused.contains(why), "{args:?}: {refused}");
     }
 }
+
+#[test]
+fn a_schedule_prefix_overlapping_the_events_or_the_dead_letters_is_refused() {
+    let env = [("DATABASE_URL", "postgres://u@h:1/db")];
+    let with = |prefix: &'static str| {
+        let held = ["--schedule-column", "deliver_at", "--schedule-subject-prefix", prefix];
+        config(&[&held[..], &["--dead-letter-subject", "held.letters"]].concat(), &env)
+    };
+    for (prefix, overlaps) in [("outbox", "--subject-template"), ("held", "dead-letter")] {
+        let Err(err) = with(prefix) else { panic!("{prefix} was taken") };
+        let err = err.to_string();
+        assert!(err.contains(overlaps) && err.contains("overlap"), "{prefix}: {err}");
+    }
+    assert!(with("schedules.OUTBOX").is_ok());
+}
