@@ -46,6 +46,7 @@ tests=(
   scheduled_rows               # Nats-Schedule from a column on 2.12+, the clear refusal before;
                                # a delivery overtaking a publish, kill -9 among deliveries
   tenants_without_trust::a_scheduled  # a reused id never cancels another row's schedule (2.12+)
+  nats_forgets                 # a power loss cuts the stream's tail: refilled from the slot
   cloudevents                  # CloudEvents read back by the Python SDK
   several_tables::kill_9       # two tables' rows in one chain, in commit order, under kill -9
 )

@@ -234,6 +234,7 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         config,
         pipeline: PipelineConfig {
             max_in_flight_bytes: args.max_in_flight_bytes,
+            durability_horizon: args.durability_horizon,
             message_prefix: Some(args.message_prefix.clone()).filter(|p| !p.is_empty()),
             ..config.pipeline.clone()
         },

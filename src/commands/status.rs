@@ -319,6 +319,9 @@ async fn process_report(addr: SocketAddr) -> serde_json::Value {
             "http_addr": addr.to_string(),
             "last_confirmation_age_seconds": (age * 10.0).round() / 10.0,
             "stalled": gauge(names::STALLED) == Some(1.0),
+            // Events the stream lost after acknowledging them (logged with what came back).
+            "stream_lost_events": gauge(names::STREAM_LOST_EVENTS).unwrap_or(0.0) as u64,
+            "tables_not_streamed": gauge(names::TABLES_NOT_STREAMED).unwrap_or(0.0) as u64,
         });
         // A seed or a replay in progress: rows done, rows left, and the pace.
         let runs = [

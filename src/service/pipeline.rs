@@ -8,8 +8,9 @@
 //! ```
 //! Rows are published as they arrive (a transaction is never held in memory) and up to
 //! [`MAX_IN_FLIGHT`] acks are outstanding. The flush position sent to Postgres comes only
-//! from [`LsnTracker::confirmed`], in [`Pipeline::send_status`]: that is the single place
-//! where an LSN is confirmed.
+//! from [`LsnTracker::confirmed`], held back by the durability horizon
+//! (`domain::horizon`), in [`Pipeline::send_status`]: that is the single place where an
+//! LSN is confirmed.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use tracing::debug;
 
+use crate::domain::horizon::Horizon;
 use crate::domain::outbox::RowMapping;
 use crate::domain::progress::{Position, Timing};
 use crate::domain::publishing::{Publishing, Start, TailNotInWal};
@@ -79,6 +81,11 @@ pub struct Pipeline<'a> {
     memory: &'a mut Memory,
     /// What each message is chained to, what its answer means, what may be confirmed.
     protocol: Publishing,
+    /// What of that may be confirmed now: acknowledged longer ago than the stream may
+    /// still lose an acknowledged write.
+    horizon: Horizon,
+    /// When JetStream last answered: what is confirmable rests on it.
+    last_ack_at: Instant,
     in_flight: Window,
     /// The outbox tables, and the mapping of each relation described.
     tables: TableSet<'a>,
@@ -162,6 +169,9 @@ impl<'a> Pipeline<'a> {
             outbound,
             memory,
             protocol,
+            horizon: Horizon::new(config.durability_horizon, start_lsn),
+            // Rows acknowledged in an earlier attempt are read again and wait once more.
+            last_ack_at: Instant::now(),
             in_flight: Window::new(acks),
             tables: TableSet::new(&config.tables, resume.tables),
             emitted: config.message_prefix.as_ref().map(|prefix| {
@@ -231,7 +241,7 @@ impl<'a> Pipeline<'a> {
             {
                 return Ok(Ended::Seeded);
             }
-            if !confirm_armed && self.protocol.confirmed() != self.reported {
+            if !confirm_armed && self.confirmable() != self.reported {
                 let due = (self.reported_at + MIN_STATUS_GAP).max(Instant::now());
                 confirm.as_mut().reset(due.into());
                 confirm_armed = true;
@@ -257,7 +267,7 @@ impl<'a> Pipeline<'a> {
                 interruption = interruptions.next() => match interruption {
                     Interruption::Shutdown => {
                         self.drain().await?;
-                        return Ok(Ended::Drained { confirmed: self.protocol.confirmed() });
+                        return Ok(Ended::Drained { confirmed: self.confirmable() });
                     }
                     Interruption::NatsLost => {
                         let kind = match self.in_flight.is_empty() {
@@ -292,7 +302,7 @@ impl<'a> Pipeline<'a> {
                 }
                 () = &mut confirm, if confirm_armed => {
                     confirm_armed = false;
-                    if self.protocol.confirmed() != self.reported {
+                    if self.confirmable() != self.reported {
                         self.send_status(false).await?;
                     }
                 }
@@ -429,9 +439,15 @@ impl<'a> Pipeline<'a> {
         err.into()
     }
 
-    /// Reports [`LsnTracker::confirmed`] to Postgres: the only place an LSN is confirmed.
+    /// What may be confirmed now: [`LsnTracker::confirmed`] once the horizon passed it.
+    fn confirmable(&mut self) -> u64 {
+        self.horizon.offer(self.protocol.confirmed(), self.last_ack_at);
+        self.horizon.release(Instant::now())
+    }
+
+    /// Reports [`Pipeline::confirmable`] to Postgres: the only place an LSN is confirmed.
     async fn send_status(&mut self, reply_requested: bool) -> Result<(), PipelineError> {
-        let confirmed = self.protocol.confirmed();
+        let confirmed = self.confirmable();
         self.conn
             .send_status(StandbyStatus { confirmed, now_micros: pg_now_micros(), reply_requested })
             .await?;

@@ -89,6 +89,11 @@ fn describe() {
         ),
         (names::RETENTION_DELETED, "Outbox rows deleted by --retention."),
         (
+            names::STREAM_LOST_EVENTS,
+            "Messages the stream lost after acknowledging them, found at a reconnection \
+             (each also logged, saying whether the slot still holds them).",
+        ),
+        (
             names::REPLAYED_ROWS_UNREADABLE,
             "Rows inserted into the replay table that pgoutbox may not publish (unreadable, \
              of a newer version, or for another relation): published as dead letters.",

@@ -145,6 +145,13 @@ pub struct RunArgs {
     /// acks and neither an ack came nor anything was confirmed for this long
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_STALL_TIMEOUT", default_value = "60s", value_parser = crate::settings::units::parse_duration)]
     pub stall_timeout: std::time::Duration,
+    /// Confirm a position to Postgres only once JetStream acknowledged everything up to it
+    /// this long ago: as long as the stream may still lose an acknowledged write (an R1
+    /// stream's sync interval, 2m by nats-server's default), so that a restart reads again
+    /// from the WAL what a server that lost power forgot. 0s: the stream syncs every write
+    /// (sync_interval: always) or is replicated. Costs the WAL of that long, re-read at start
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_DURABILITY_HORIZON", default_value = "0s", value_parser = crate::settings::units::parse_duration_or_zero)]
+    pub durability_horizon: std::time::Duration,
     /// Stop reading WAL while this many payload bytes await their acks (e.g. 32MiB, 1GB),
     /// besides the cap of 4,096 messages: bounds memory when rows are large. One message is
     /// always let through, whatever its size

@@ -55,6 +55,9 @@ pub struct PipelineConfig {
     pub defaults: TableEntry,
     /// Stop reading WAL while this many payload bytes wait for acks (`--max-in-flight-bytes`).
     pub max_in_flight_bytes: usize,
+    /// How long after JetStream's acknowledgement a position may be confirmed
+    /// (`--durability-horizon`, `domain::horizon`).
+    pub durability_horizon: std::time::Duration,
     /// Stream `pg_logical_emit_message` events with this prefix (`--message-prefix`);
     /// `None` when turned off.
     pub message_prefix: Option<String>,
@@ -232,6 +235,7 @@ impl Config {
                 tables,
                 defaults: entry,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
+                durability_horizon: std::time::Duration::ZERO,
                 message_prefix: None,
                 replay_table,
             },

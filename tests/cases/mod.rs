@@ -22,6 +22,7 @@ mod lost_slot;
 mod message_ttl;
 mod multi_host;
 mod nats_auth;
+mod nats_forgets;
 mod nats_version_reported;
 mod nemesis_soak;
 mod one_source_per_stream;

@@ -121,6 +121,38 @@ impl Nats {
         }
     }
 
+    /// A power loss: SIGKILL, then `stream`'s newest message block cut to `keep` of its
+    /// length and the other files of its `msgs/` directory (indexes, state) removed, as
+    /// writes not yet synced to disk are lost; the server rebuilds the stream from the
+    /// blocks it finds when started again, which this does.
+    pub fn lose_unsynced_tail(&mut self, stream: &str, keep: f64) {
+        self.kill();
+        let accounts = self.dir.path().join("store").join("jetstream");
+        let msgs = std::fs::read_dir(&accounts)
+            .expect("the JetStream store")
+            .filter_map(|account| {
+                Some(account.ok()?.path().join("streams").join(stream).join("msgs"))
+            })
+            .find(|msgs| msgs.is_dir())
+            .unwrap_or_else(|| panic!("no message blocks of stream {stream} under {accounts:?}"));
+        let block_number = |path: &std::path::Path| -> Option<u64> {
+            path.file_name()?.to_str()?.strip_suffix(".blk")?.parse().ok()
+        };
+        let files: Vec<PathBuf> = std::fs::read_dir(&msgs)
+            .expect("the stream's msgs directory")
+            .filter_map(|entry| Some(entry.ok()?.path()))
+            .collect();
+        let newest = files.iter().filter_map(|f| Some((block_number(f)?, f))).max();
+        let (_, newest) = newest.expect("a message block");
+        let len = std::fs::metadata(newest).expect("the block's size").len();
+        let file = std::fs::OpenOptions::new().write(true).open(newest).expect("open the block");
+        file.set_len((len as f64 * keep) as u64).expect("cut the block");
+        for other in files.iter().filter(|f| block_number(f).is_none()) {
+            let _ = std::fs::remove_file(other);
+        }
+        self.start_again();
+    }
+
     /// Starts again on the same ports with the same store.
     pub fn start_again(&mut self) {
         assert!(self.try_start(), "nats-server did not restart; log:\n{}", self.log());

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
+use crate::domain::horizon::Forgotten;
 use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::handshake::Dialer;
@@ -211,6 +212,17 @@ impl Target<'_> {
             .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
             .map(u64::from)
             .unwrap_or(0);
+        let stored = memory.stored.take();
+        let tail_position = tail.origin.position;
+        if let Some(forgotten) =
+            stored.and_then(|s| Forgotten::judge(s, tail.last_sequence, tail_position, start))
+        {
+            metrics::counter!(names::STREAM_LOST_EVENTS).increment(forgotten.lost());
+            match forgotten.refilled() {
+                true => warn!(stream = %config.stream, "{forgotten}"),
+                false => error!(stream = %config.stream, "{forgotten}"),
+            }
+        }
         // `failover` is a column from 17 on; --failover was refused below that at setup.
         if *failover && row.get(3).and_then(Option::as_deref) == Some("false") {
             conn.simple_query(&format!(

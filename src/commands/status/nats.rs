@@ -92,6 +92,8 @@ async fn read(config: &Config, slot_in_use: bool, report: &mut NatsReport) {
     report.stream["bytes"] = json!(info.state.bytes);
     report.stream["last_sequence"] = json!(info.state.last_sequence);
     report.stream["duplicate_window_seconds"] = json!(info.config.duplicate_window.as_secs_f64());
+    report.stream["replicas"] = json!(info.config.num_replicas);
+    report.stream["durability"] = json!(durability(info.config.num_replicas));
     // Counted by subject (the server counts a subject filter's messages in one request,
     // without reading them): each table's own when it has one, else shared.
     let mut counted = Vec::new();
@@ -111,6 +113,21 @@ async fn read(config: &Config, slot_in_use: bool, report: &mut NatsReport) {
     report.dead_letters_by_subject = counted;
     report.replay = publisher.last_replay().await.ok().flatten().map(replay_report);
     judge_writer(config, &publisher, slot_in_use, report).await;
+}
+
+/// What a stream of `replicas` can lose of what it acknowledged, and what keeps it.
+pub fn durability(replicas: usize) -> String {
+    match replicas {
+        0 | 1 => "one replica: a power loss of its server loses what it acknowledged since its \
+                  last sync to disk (every 2 min by default), unless nats-server runs with \
+                  sync_interval: always; pgoutbox run --durability-horizon <the sync interval> \
+                  keeps those events in the slot to publish again"
+            .to_owned(),
+        n => format!(
+            "{n} replicas: an acknowledged write is on a majority; losing power on all of them \
+             at once loses what none synced, unless they run with sync_interval: always"
+        ),
+    }
 }
 
 /// Whether the stream is the one this source writes, by its claim.

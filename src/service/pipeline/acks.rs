@@ -8,6 +8,7 @@ use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use tracing::{debug, info, warn};
 
 use super::{Pipeline, lsn};
+use crate::domain::horizon::Stored;
 use crate::domain::outbox::{RefusedRows, Rejection};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{Answer, Outcome};
@@ -43,6 +44,7 @@ impl Pipeline<'_> {
             traces::acknowledged(span, &ack);
         }
         let answer = answer_of(&ack);
+        self.last_ack_at = std::time::Instant::now();
         let mut outcome = self.protocol.on_answer(answer);
         if let Outcome::CheckDuplicate { sequence } = outcome {
             let same_row = self.on_duplicate(done.position, sequence).await?;
@@ -83,6 +85,10 @@ impl Pipeline<'_> {
             Outcome::AlreadyInPlace | Outcome::Stored => {
                 done.counters.rows_published.increment(1);
                 done.counters.bytes_published.increment(done.bytes as u64);
+                if let Ok(stored) = &ack {
+                    let (sequence, position) = (stored.sequence, done.position);
+                    self.memory.stored = Some(Stored { sequence, position });
+                }
             }
         }
         if let Some((index, total)) = self.replays.acknowledged(done.position) {

@@ -32,6 +32,9 @@ pub struct Memory {
     pub ids_taken: HashSet<Position>,
     pub published: u64,
     pub dead_letters: u64,
+    /// The last message JetStream acknowledged as stored: a stream found shorter at the
+    /// next attempt forgot what it acknowledged (`domain::horizon::Forgotten`).
+    pub stored: Option<crate::domain::horizon::Stored>,
     /// Shared with `--retention`: the commit time of the newest confirmed transaction.
     pub published_up_to: PublishedUpTo,
     /// Shared with `--retention`: rows whose dead letter lacks the payload stay in the table.
@@ -68,6 +71,7 @@ impl Memory {
             ids_taken: HashSet::new(),
             published: 0,
             dead_letters: 0,
+            stored: None,
             published_up_to: PublishedUpTo::default(),
             kept_rows: KeptRows::default(),
             seed_wanted: None,

@@ -15,6 +15,9 @@ pub const STREAMING: &str = "pgoutbox_streaming";
 pub const STALLED: &str = "pgoutbox_stalled";
 pub const LAST_CONFIRMATION_AGE: &str = "pgoutbox_last_confirmation_age_seconds";
 pub const RETENTION_DELETED: &str = "pgoutbox_retention_deleted_total";
+/// Messages the stream was found to have lost after acknowledging them (a nats-server that
+/// lost power with writes not yet synced), found when pgoutbox reconnects.
+pub const STREAM_LOST_EVENTS: &str = "pgoutbox_stream_lost_events_total";
 /// Tables a `--table` pattern matches that pgoutbox cannot stream (out of the publication,
 /// and pgoutbox may not add them): each also has a warning naming it and what to run.
 pub const TABLES_NOT_STREAMED: &str = "pgoutbox_tables_not_streamed";

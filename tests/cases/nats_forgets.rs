@@ -1,0 +1,139 @@
+//! A nats-server that loses power forgets what it acknowledged since its last sync (issue
+//! 46): emulated by cutting the stream's newest message block to 60 % of its length. With
+//! `--durability-horizon` longer than that, the slot still holds the forgotten events, and
+//! pgoutbox publishes them again, once and in commit order, saying so in one line; without
+//! it, it says the events are lost and counts them.
+
+use std::time::Duration;
+
+use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::stream::{assert_once_in_order, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, metric, numbered_rows, wait_until_streaming};
+
+const HORIZON: [&str; 2] = ["--durability-horizon", "10m"];
+
+/// Waits until the stream holds `n` messages.
+async fn stored(nats: &Nats, n: u64, what: &str) {
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(60), what, || async {
+        (count(&js, "OUTBOX").await >= n).then_some(())
+    })
+    .await;
+}
+
+/// The stream's message count once nats-server is back.
+async fn now_holds(nats: &Nats) -> u64 {
+    count(&jetstream(&nats.url()).await, "OUTBOX").await
+}
+
+/// 1,000 rows stored; the server loses its unsynced tail while pgoutbox runs; 100 more:
+/// all 1,100 once and in order, and the log names what was lost and refilled.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_that_forgot_its_tail_is_refilled_from_the_wal() {
+    let pg = Postgres::start();
+    let mut nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &HORIZON);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 1_000, 10));
+    stored(&nats, 1_000, "1,000 rows stored").await;
+
+    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    let left = now_holds(&nats).await;
+    assert!(left < 1_000, "the cut block lost nothing: {left} messages");
+    pg.psql(&numbered_rows(1_000, 1_100, 10));
+    stored(&nats, 1_100, "1,100 rows stored after the loss").await;
+    let log = app.log();
+    let stored = read_all(&jetstream(&nats.url()).await, "OUTBOX").await;
+    assert_once_in_order(&stored, 1_100, &log);
+    let line = log.lines().find(|l| l.contains("the stream lost acknowledged events"));
+    let line = line.unwrap_or_else(|| panic!("no line saying what was lost:\n{log}"));
+    assert!(line.contains("published again"), "{line}");
+    // Counted as far as pgoutbox had read the acks when the server went down.
+    let lost = metric(app.http_port(), "pgoutbox_stream_lost_events_total ").unwrap_or(0.0);
+    assert!(lost >= 1.0 && lost <= (1_000 - left) as f64, "{lost} counted: {line}");
+}
+
+/// Both processes killed, the server's tail lost, both started again: the slot, held back
+/// by the horizon, brings back table rows and emitted events alike.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forgotten_tail_of_rows_and_emitted_events_comes_back_after_kill_9() {
+    let pg = Postgres::start();
+    let mut nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let mut app = Pgoutbox::run(&pg, &nats, &HORIZON);
+    wait_until_streaming(&pg, &app).await;
+    // Even n as table rows, odd n as emitted events, in one commit order.
+    let events: String = (0..1_000)
+        .map(|n| match n % 2 {
+            0 => numbered_rows(n, n + 1, 1),
+            _ => format!(
+                "SELECT pg_logical_emit_message(true, 'outbox', '{{\"id\":\"e{n}\",\
+                 \"aggregate_type\":\"order\",\"aggregate_id\":\"{n}\",\
+                 \"event_type\":\"created\",\"payload\":{{\"n\":{n}}}}}');\n"
+            ),
+        })
+        .collect();
+    pg.psql(&events);
+    stored(&nats, 1_000, "1,000 events stored").await;
+    app.kill9();
+    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    assert!(now_holds(&nats).await < 1_000, "the cut block lost nothing");
+
+    let app = Pgoutbox::run(&pg, &nats, &HORIZON);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(1_000, 1_100, 10));
+    stored(&nats, 1_100, "1,100 events stored after the loss").await;
+    let stored = read_all(&jetstream(&nats.url()).await, "OUTBOX").await;
+    assert_once_in_order(&stored, 1_100, &app.log());
+}
+
+/// Without a horizon the slot confirmed past what the server forgot: the loss cannot be
+/// refilled from the WAL, and pgoutbox says so, with both positions and the count, and
+/// counts it, rather than streaming on in silence.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_horizon_a_forgotten_tail_is_named_and_counted() {
+    let pg = Postgres::start();
+    let mut nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 1_000, 10));
+    stored(&nats, 1_000, "1,000 rows stored").await;
+    // Everything confirmed: the slot moved past the rows.
+    eventually(Duration::from_secs(10), "the slot confirmed every row", || async {
+        let lag = "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() \
+                   FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
+        (pg.psql(lag) == "t").then_some(())
+    })
+    .await;
+    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    let left = now_holds(&nats).await;
+    pg.psql(&numbered_rows(1_000, 1_001, 1));
+    stored(&nats, left + 1, "the next row stored").await;
+    let log = eventually(Duration::from_secs(10), "the loss named", || async {
+        let log = app.log();
+        log.contains("the stream lost acknowledged events").then_some(log)
+    })
+    .await;
+    let line = log.lines().find(|l| l.contains("the stream lost acknowledged events"));
+    let line = line.unwrap_or_default();
+    let lost = 1_000 - left;
+    for says in [format!("sequence {left}"), "sequence 1000".to_owned(), format!("{lost} lost")] {
+        assert!(line.contains(&says), "no {says:?} in {line}");
+    }
+    assert!(line.contains("ERROR") && line.contains("--durability-horizon"), "{line}");
+    let counted = metric(app.http_port(), "pgoutbox_stream_lost_events_total ");
+    assert_eq!(counted, Some(lost as f64));
+    // status says what the stream can lose, and what the running process found.
+    let out = command(&pg, &nats)
+        .env("PGOUTBOX_HTTP_ADDR", format!("127.0.0.1:{}", app.http_port()))
+        .args(["status", "--json"])
+        .output()
+        .expect("pgoutbox status runs");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(report["stream"]["replicas"], 1, "{report:#}");
+    let durability = report["stream"]["durability"].as_str().unwrap_or_default();
+    assert!(durability.contains("power loss") && durability.contains("--durability-horizon"));
+    assert_eq!(report["pgoutbox"]["stream_lost_events"], lost, "{report:#}");
+}
