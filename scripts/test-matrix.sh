@@ -34,6 +34,8 @@ tests=(
   recovery                     # a server in recovery is never a dropped slot
   postgres_version_reported    # status and /metrics name the version, failover, synced
   emitted_messages             # pgoutput's messages option (14+), interleaved with rows
+  quiet_cli::the_emit_warning  # the REVOKE names the overloads each version has (4 args on 17+)
+  tenants_without_trust::a_tenants_trigger  # adoption reads a tenant's table, never writes it
   seed_from_table              # CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT, pg_copy_logical_replication_slot
   replay::a_replay_into        # rows handed to the live pgoutbox as pg_logical_emit_message, bytea arrays
   replay::a_dead_letter        # a fixed dead letter through the live pgoutbox

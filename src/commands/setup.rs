@@ -9,7 +9,7 @@ use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::admin::{self, WalStatus};
 use crate::postgres::adoption;
-use crate::postgres::replay_table::{self as replays, PUBLIC_MAY_EMIT};
+use crate::postgres::replay_table::{self as replays, public_may_emit_warning};
 use crate::postgres::tenant_tables;
 use crate::service::error::PipelineError;
 use crate::service::seed::{SeedKind, seed_slot};
@@ -147,8 +147,8 @@ async fn ensure_replay_table(config: &Config, client: &tokio_postgres::Client) {
 /// Where emitted events are streamed: one warning when any role may emit one.
 pub async fn warn_if_public_may_emit(client: &tokio_postgres::Client) {
     match replays::public_may_emit(client).await {
-        Ok(true) => warn!("{PUBLIC_MAY_EMIT}"),
-        Ok(false) => {}
+        Ok(Some(revoke)) => warn!("{}", public_may_emit_warning(&revoke)),
+        Ok(None) => {}
         Err(err) => warn!(error = %err, "could not read who may run pg_logical_emit_message"),
     }
 }

@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::nats::publisher::ReplayRecord;
 use crate::postgres::admin::{self, SlotState, WalStatus};
-use crate::postgres::replay_table::{self, PUBLIC_MAY_EMIT};
+use crate::postgres::replay_table;
 use crate::service::telemetry;
 use crate::service::telemetry::names;
 use crate::settings::cli::StatusArgs;
@@ -105,12 +105,14 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                     health = health.max(Health::Warning);
                 }
                 report["postgres"] = postgres_report(&client).await;
-                let public_may_emit = replay_table::public_may_emit(&client).await.ok();
-                if public_may_emit == Some(true) {
-                    static WARNED: std::sync::Once = std::sync::Once::new();
-                    WARNED.call_once(|| tracing::warn!("{PUBLIC_MAY_EMIT}"));
+                // A line of the report, not a warning at every call: a healthy default setup
+                // writes nothing to stderr.
+                let revoke = replay_table::public_may_emit(&client).await.ok();
+                let may_emit = revoke.as_ref().map(Option::is_some);
+                report["postgres"]["public_may_emit_message"] = json!(may_emit);
+                if let Some(Some(revoke)) = revoke {
+                    report["postgres"]["emit_message_fix"] = json!(revoke);
                 }
-                report["postgres"]["public_may_emit_message"] = json!(public_may_emit);
                 let nats = nats::report(config, state.is_some() || seed.is_some()).await;
                 health = health.max(nats.health);
                 problems.extend(nats.problems);

@@ -14,5 +14,6 @@ pub mod row;
 pub mod seed;
 pub mod source;
 pub mod stall;
+pub mod throttle;
 pub mod throughput;
 pub mod trace_context;

@@ -169,24 +169,29 @@ pub async fn check_may_replay(
     Err(ReplayTableError::NotGranted { role: row.get(0), table: replay.to_string() })
 }
 
-/// Whether PUBLIC may execute `pg_logical_emit_message` (any overload): then any login can
-/// hand pgoutbox an emitted event when `--message-prefix` is set.
-pub async fn public_may_emit(client: &Client) -> Result<bool, tokio_postgres::Error> {
+/// When PUBLIC may execute `pg_logical_emit_message` (some overload), and so any login
+/// can hand pgoutbox an emitted event when `--message-prefix` is set: the statement that
+/// revokes it, naming the overloads this server has (three arguments before PostgreSQL 17,
+/// four, with `flush`, from 17 on).
+pub async fn public_may_emit(client: &Client) -> Result<Option<String>, tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_proc p, aclexplode(coalesce(p.proacl, \
-               acldefault('f', p.proowner))) a \
+            "SELECT string_agg(DISTINCT p.oid::regprocedure::text, ', ') \
+             FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a \
              WHERE p.proname = 'pg_logical_emit_message' AND a.grantee = 0 \
-               AND a.privilege_type = 'EXECUTE')",
+               AND a.privilege_type = 'EXECUTE'",
             &[],
         )
         .await?;
-    Ok(row.get(0))
+    let overloads: Option<String> = row.get(0);
+    Ok(overloads.map(|list| format!("REVOKE EXECUTE ON FUNCTION {list} FROM PUBLIC")))
 }
 
-/// The warning when [`public_may_emit`].
-pub const PUBLIC_MAY_EMIT: &str = "any role may hand pgoutbox an event: PUBLIC may execute \
-     pg_logical_emit_message and --message-prefix is set; run `REVOKE EXECUTE ON FUNCTION \
-     pg_logical_emit_message(boolean, text, text), pg_logical_emit_message(boolean, text, \
-     bytea) FROM PUBLIC` (and the 4-argument ones on PostgreSQL 17+), then GRANT EXECUTE to \
-     the application's role (docs/operations.md, emitted events)";
+/// The warning when [`public_may_emit`] gives `revoke`.
+pub fn public_may_emit_warning(revoke: &str) -> String {
+    format!(
+        "any role may hand pgoutbox an event: PUBLIC may execute pg_logical_emit_message and \
+         --message-prefix is set; run `{revoke}`, then GRANT EXECUTE to the application's role \
+         (docs/operations.md, emitted events)"
+    )
+}

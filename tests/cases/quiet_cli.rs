@@ -42,6 +42,31 @@ fn setup_status_and_teardown_print_their_result_and_nothing_else() {
     }
 }
 
+/// `status` on a default setup, where PUBLIC may still emit events, says so in its report,
+/// not on stderr; `setup` warns with the `REVOKE` of exactly the overloads this server has
+/// (three arguments before PostgreSQL 17, four from 17), which runs as written and quiets
+/// it.
+#[test]
+fn the_emit_warning_is_a_status_line_and_its_revoke_runs_as_written() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let status = quiet(&pg, &nats, &["status", "--json"]);
+    assert_eq!(stderr(&status), "", "status wrote to stderr");
+    let report: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
+    assert_eq!(report["postgres"]["public_may_emit_message"], true, "{report:#}");
+    let setup = quiet(&pg, &nats, &["setup"]);
+    let said = stderr(&setup);
+    let revoke = said
+        .split('`')
+        .find(|part| part.starts_with("REVOKE EXECUTE ON FUNCTION"))
+        .unwrap_or_else(|| panic!("no REVOKE in the warning: {said}"));
+    assert_eq!(Some(revoke), report["postgres"]["emit_message_fix"].as_str());
+    pg.psql(revoke);
+    let setup = quiet(&pg, &nats, &["setup"]);
+    assert_eq!(stderr(&setup), "", "setup still warns after the REVOKE it advised");
+}
+
 #[test]
 fn an_error_is_one_line_on_stderr() {
     let pg = Postgres::start();

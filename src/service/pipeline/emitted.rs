@@ -2,6 +2,7 @@
 //! row of its transaction (see `domain::outbox::emitted`).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tracing::warn;
 
@@ -26,10 +27,14 @@ impl Pipeline<'_> {
             return Ok(());
         }
         if !message.transactional {
-            warn!(lsn = %lsn(message.lsn), prefix = %message.prefix,
-                content = %log_preview(&message.content),
-                "non-transactional message not published: it is sent even when its \
-                 transaction rolls back; emit it with pg_logical_emit_message(true, ...)");
+            // Any login may send these: one line a minute at most, the metric counts all.
+            if let Some(left_out) = self.memory.non_transactional_log.allow(Instant::now()) {
+                warn!(lsn = %lsn(message.lsn), prefix = %message.prefix,
+                    content = %log_preview(&message.content), left_out,
+                    "non-transactional message not published: it is sent even when its \
+                     transaction rolls back; emit it with pg_logical_emit_message(true, ...) \
+                     (one line a minute; left_out: others since the last line)");
+            }
             self.metrics.non_transactional_messages.increment(1);
             return Ok(());
         }

@@ -45,6 +45,8 @@ pub struct Memory {
     pub seed: Option<Seed>,
     /// The pace of a seed's and of a replay's rows, for `/metrics`.
     pub paces: Paces,
+    /// The warning about non-transactional emitted messages, at most once a minute.
+    pub non_transactional_log: crate::domain::throttle::Throttle,
     /// Makes the spans of each attempt, when traces are configured (`service::traces`).
     pub tracer: Option<opentelemetry_sdk::trace::Tracer>,
 }
@@ -77,6 +79,9 @@ impl Memory {
             seed_wanted: None,
             seed: None,
             paces: Paces::default(),
+            non_transactional_log: crate::domain::throttle::Throttle::new(
+                std::time::Duration::from_secs(60),
+            ),
             tracer: None,
         }
     }
