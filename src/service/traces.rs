@@ -68,7 +68,8 @@ impl Tracing {
         };
         match Self::start(&settings) {
             Ok(tracing) => {
-                info!(endpoint = %settings.endpoint, "exporting traces over OTLP http/protobuf");
+                info!(endpoint = %settings::shown(&settings.endpoint),
+                    "exporting traces over OTLP http/protobuf");
                 Some(tracing)
             }
             Err(err) => {

@@ -240,19 +240,19 @@ pub struct CommonArgs {
     /// come from a service (service=, PGSERVICE), then libpq's PG* variables (PGHOST,
     /// PGPORT, PGUSER, PGDATABASE, PGSSLMODE, ...), the password from ~/.pgpass or
     /// PGPASSFILE if none is given [env: PGOUTBOX_DATABASE_URL, DATABASE_URL]
-    #[arg(help_heading = POSTGRES, long, global = true, hide_env_values = true)]
+    #[arg(help_heading = POSTGRES, long, global = true)]
     pub database_url: Option<String>,
     /// Shell command (run with sh -c) whose output is the Postgres password, run at every
     /// new connection, e.g. `aws rds generate-db-auth-token ...`; its password comes before
     /// any other
-    #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_DATABASE_PASSWORD_COMMAND")]
+    #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_DATABASE_PASSWORD_COMMAND", hide_env_values = true)]
     pub database_password_command: Option<String>,
     /// How long --database-password-command may take before it is killed
     #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_DATABASE_PASSWORD_COMMAND_TIMEOUT", default_value = "10s", value_parser = crate::settings::units::parse_duration)]
     pub database_password_command_timeout: std::time::Duration,
     /// NATS server URL(s), comma-separated; nats://user:password@host or nats://token@host
     /// for those methods [env: PGOUTBOX_NATS_URL, NATS_URL] [default: nats://127.0.0.1:4222]
-    #[arg(help_heading = NATS, long, global = true, hide_env_values = true)]
+    #[arg(help_heading = NATS, long, global = true)]
     pub nats_url: Option<String>,
     /// NATS credentials file (JWT and NKey seed, as issued by nsc)
     #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_CREDS")]

@@ -67,6 +67,21 @@ fn the_emit_warning_is_a_status_line_and_its_revoke_runs_as_written() {
     assert_eq!(stderr(&setup), "", "setup still warns after the REVOKE it advised");
 }
 
+/// `--help` shows each flag's variable and its value, but never the password command's.
+#[test]
+fn help_never_prints_the_password_command() {
+    for args in [&["--help"][..], &["run", "--help"], &["run", "-h"]] {
+        let output = Command::new(env!("CARGO_BIN_EXE_pgoutbox"))
+            .env("PGOUTBOX_DATABASE_PASSWORD_COMMAND", "vault read -field=s3cret db/creds")
+            .args(args)
+            .output()
+            .expect("pgoutbox --help runs");
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(help.contains("PGOUTBOX_DATABASE_PASSWORD_COMMAND"), "{args:?}: {help}");
+        assert!(!help.contains("s3cret"), "{args:?} printed the command:\n{help}");
+    }
+}
+
 #[test]
 fn an_error_is_one_line_on_stderr() {
     let pg = Postgres::start();

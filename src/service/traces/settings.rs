@@ -67,7 +67,7 @@ impl TraceSettings {
         }
         let scheme = endpoint.split_once("://").map(|(scheme, _)| scheme.to_ascii_lowercase());
         if !matches!(scheme.as_deref(), Some("http" | "https")) {
-            return Err(Refusal::Scheme(format!("{name}={endpoint}")));
+            return Err(Refusal::Scheme(format!("{name}={}", shown(&endpoint))));
         }
         let certificates =
             ["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"];
@@ -86,11 +86,32 @@ impl TraceSettings {
     }
 }
 
+/// `url` as it may be logged: without a `user:password@` (OTLP collectors take basic
+/// authentication in the endpoint).
+pub fn shown(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((_, host)) => format!("{scheme}://***@{host}{}", &rest[authority_end..]),
+        None => url.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
 
     use super::*;
+
+    #[test]
+    fn an_endpoints_credentials_are_never_shown() {
+        assert_eq!(
+            shown("https://u:p%40ss@otel.example:4318/v1"),
+            "https://***@otel.example:4318/v1"
+        );
+        assert_eq!(shown("http://otel:4318"), "http://otel:4318");
+        assert_eq!(shown("http://otel:4318/a@b"), "http://otel:4318/a@b");
+    }
 
     struct Vars(HashMap<&'static str, &'static str>);
 
