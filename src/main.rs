@@ -68,6 +68,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<ExitCo
             commands::teardown::run(&config, yes, only_table.as_deref()).await?
         }
         Command::Replay(args) => commands::replay::run(&config, &args).await?,
+        Command::Verify(args) => return commands::verify::run(&config, &args).await,
         Command::Status(args) => {
             let health = commands::status::run(&config, &args).await;
             return Ok(ExitCode::from(health as u8));

@@ -5,3 +5,4 @@ pub mod run;
 pub mod setup;
 pub mod status;
 pub mod teardown;
+pub mod verify;

@@ -5,6 +5,7 @@
 //! pace of a seed or a replay (`throughput`), a message's W3C trace context (`trace_context`) and how long to wait before retrying
 //! (`retry`). Named `domain` because `core` is Rust's.
 
+pub mod delivery;
 pub mod horizon;
 pub mod outbox;
 pub mod progress;

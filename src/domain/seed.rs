@@ -69,6 +69,9 @@ pub struct HeldRows(HashMap<(String, String), Vec<Held>>);
 enum Held {
     /// A message whose body, the row's payload, digests to this.
     Message(u64),
+    /// A replay's copy of the row (`Pgoutbox-Replay`), its body digesting to this: the row
+    /// is in the stream, and the copy is no duplicate.
+    Replay(u64),
     /// A dead letter, with the digest of the payload column's text it carries; `None` when
     /// it left the payload out: it holds its row by id alone.
     Letter(Option<u64>),
@@ -89,6 +92,19 @@ impl HeldRows {
         self.0.entry(row_key(table, row_id_of(msg_id))).or_default().push(held);
     }
 
+    /// A replay's copy of a row of `table`, under its replay's `Nats-Msg-Id` `msg_id`.
+    pub fn insert_replay(&mut self, table: &str, msg_id: &str, body: &[u8]) {
+        let held = Held::Replay(payload_digest(body));
+        self.0.entry(row_key(table, row_id_of(msg_id))).or_default().push(held);
+    }
+
+    /// How many messages (not replays, not letters) of `table` hold the row `id` whose
+    /// message body digests to `event`: more than one is a duplicate.
+    pub fn copies(&self, table: &str, id: &str, event: u64) -> usize {
+        let held = self.0.get(&row_key(table, id));
+        held.map_or(0, |held| held.iter().filter(|h| **h == Held::Message(event)).count())
+    }
+
     /// A dead letter of the row `id` of `table`, carrying the payload column's text
     /// `payload`.
     pub fn insert_letter(&mut self, table: &str, id: &str, payload: Option<&str>) {
@@ -107,7 +123,7 @@ impl HeldRows {
     pub fn holds(&self, table: &str, id: &str, event: Option<u64>, payload: Option<u64>) -> bool {
         self.0.get(&row_key(table, id)).is_some_and(|held| {
             held.iter().any(|held| match *held {
-                Held::Message(digest) => event == Some(digest),
+                Held::Message(digest) | Held::Replay(digest) => event == Some(digest),
                 Held::Letter(None) => true,
                 Held::Letter(digest) => digest == payload,
             })
@@ -200,6 +216,19 @@ mod tests {
         assert!(!held.holds(t, "8", None, digest("{\"n\": 4}")), "another row's letter");
         assert!(held.holds(t, "9", None, None), "a letter without the payload holds its id");
         assert!(!held.holds(t, "10", None, None));
+    }
+
+    #[test]
+    fn a_second_message_of_a_row_is_a_copy_and_a_replay_is_not() {
+        let (t, body) = ("public.outbox", b"{\"n\": 1}");
+        let mut held = HeldRows::default();
+        held.insert_message(t, "7", body);
+        held.insert_replay(t, "replay:r1/1:7", body);
+        assert!(held.holds(t, "7", Some(payload_digest(body)), None));
+        assert_eq!(held.copies(t, "7", payload_digest(body)), 1);
+        held.insert_message(t, "7", body);
+        held.insert_message(t, "7", b"{\"n\": 2}");
+        assert_eq!(held.copies(t, "7", payload_digest(body)), 2, "another row's is no copy");
     }
 
     #[test]

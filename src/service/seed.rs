@@ -234,7 +234,7 @@ impl Seed {
             SeedKind::Recover => bound(publisher, &snapshot, &mappings, margin).await?,
         };
         let from = since.map_or(ReadFrom::Start, |since| ReadFrom::Time(since - margin));
-        let (held, read_up_to) = publisher.held_rows(from, &tables).await?;
+        let (held, read_up_to) = publisher.held_rows(from, &tables, None).await?;
         let total = snapshot.count(&Selection::Since(since)).await?;
         info!(
             %slot,
@@ -265,7 +265,7 @@ impl Seed {
     /// what the stream lacks instead of being refused behind each row it has.
     pub async fn catch_up(&mut self, publisher: &Publisher) -> Result<(), SeedError> {
         let from = ReadFrom::After(self.read_up_to);
-        let (held, last) = publisher.held_rows(from, &self.tables).await?;
+        let (held, last) = publisher.held_rows(from, &self.tables, None).await?;
         self.held.extend(held);
         self.read_up_to = self.read_up_to.max(last);
         Ok(())

@@ -50,8 +50,9 @@ pub enum Command {
     /// Stream outbox inserts to JetStream until SIGINT/SIGTERM (runs `setup` first).
     #[command(after_help = TRACES_HELP)]
     Run(RunArgs),
-    /// Create the publication, the replication slot and the stream (idempotent); add the
-    /// tables a --table pattern matches that the publication lacks, with their rows.
+    /// Create the publication, the replication slot and the stream (idempotent); before the
+    /// slot exists, add the tables a --table pattern matches that the publication lacks
+    /// (once it exists, run adopts them with their rows).
     Setup(SetupArgs),
     /// Show the slot's position and lag, and the stream; exit 0 healthy, 1 warning, 2
     /// critical (slot missing or lost, database or NATS unreachable, the stream missing or
@@ -63,6 +64,11 @@ pub enum Command {
     /// done, 3 when no row of the table is selected (saying how its ids look), 1 on an
     /// error.
     Replay(ReplayArgs),
+    /// Compare the outbox table's rows (all, or those created in a range) with the stream:
+    /// report rows it lacks, rows it holds twice and messages out of commit order. Exits 0
+    /// when every row is there once and in order, 2 when something is not, 1 when the
+    /// check could not be made; with --replay-missing, hands the missing rows to replay.
+    Verify(VerifyArgs),
     /// Drop the replication slot and the publication, and the event trigger of `setup
     /// --tenant-trigger` (the stream is kept); with --only-table, drop only that table from
     /// the publication.
@@ -76,6 +82,27 @@ pub enum Command {
         #[arg(long, value_name = "SCHEMA.TABLE")]
         only_table: Option<String>,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The rows created at or after this time (a timestamptz) [default: every row]
+    #[arg(long, allow_hyphen_values = true)]
+    pub created_from: Option<String>,
+    /// The rows created before this time
+    #[arg(long, allow_hyphen_values = true)]
+    pub created_to: Option<String>,
+    /// The configured table to verify (schema.table); needed with several tables or a
+    /// pattern [default: the one table]
+    #[arg(long, value_name = "SCHEMA.TABLE")]
+    pub from_table: Option<String>,
+    /// Hand the rows the stream lacks to `pgoutbox replay` (through the running pgoutbox
+    /// when one streams into the stream)
+    #[arg(long)]
+    pub replay_missing: bool,
+    /// Print the findings as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -63,4 +63,5 @@ mod survives_postgres_restart;
 mod tenant_table_created_while_running;
 mod tenants_without_trust;
 mod traces;
+mod verify;
 mod version_matrix;

@@ -4,12 +4,14 @@
 
 use std::collections::HashSet;
 
-use super::{Publisher, PublisherError, is_no_message, request_error};
+use super::{POSITION_HEADER, Publisher, PublisherError, is_no_message, request_error};
+use crate::domain::delivery::OrderCheck;
 use crate::domain::outbox::{
     DEAD_LETTER_ID_PREFIX, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER, SCHEDULER_HEADER,
     TABLE_HEADER, letter_row,
 };
-use crate::domain::seed::{HeldRows, row_id_of};
+use crate::domain::seed::{HeldRows, REPLAY_HEADER, row_id_of};
+use crate::domain::source::SOURCE_HEADER;
 
 /// Where [`Publisher::row_ids`] starts reading.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,7 +37,7 @@ impl Publisher {
     ) -> Result<(HashSet<String>, u64), PublisherError> {
         let mut ids = HashSet::new();
         let last = self
-            .read_messages(from, subject, true, |headers, _| {
+            .read_messages(from, subject, true, |headers, _, _| {
                 let header = |name: &str| headers?.get(name).map(|v| v.as_str());
                 if only.is_some_and(|(name, value)| header(name) != Some(value)) {
                     return;
@@ -86,24 +88,41 @@ impl Publisher {
     /// read: what the stream holds, for the seed (`service::seed`), where a reused id must
     /// not pass for its older row's event. `tables`: each table's `Pgoutbox-Table` value
     /// and payload column; a message without that header is the first table's.
+    ///
+    /// With `order`, each message's position is also checked against commit order
+    /// (`pgoutbox verify`).
     pub async fn held_rows(
         &self,
         from: ReadFrom,
         tables: &[(String, String)],
+        mut order: Option<&mut OrderCheck>,
     ) -> Result<(HeldRows, u64), PublisherError> {
         let mut held = HeldRows::default();
         let last = self
-            .read_messages(from, None, false, |headers, body| {
+            .read_messages(from, None, false, |headers, body, sequence| {
+                let header = |name: &str| headers?.get(name).map(|v| v.as_str());
+                let replayed = header(REPLAY_HEADER).is_some();
+                if let (Some(order), Some(source), Some(position), None, false) = (
+                    order.as_deref_mut(),
+                    header(SOURCE_HEADER),
+                    header(POSITION_HEADER).and_then(|p| p.parse().ok()),
+                    header(SCHEDULER_HEADER),
+                    replayed,
+                ) {
+                    order.see(source, position, sequence);
+                }
                 let Some(id) = headers.and_then(|h| self.msg_id_of(h)) else { return };
                 let id = id.as_str();
-                let named = headers.and_then(|h| h.get(TABLE_HEADER)).map(|v| v.as_str());
+                let named = header(TABLE_HEADER);
                 let table = match named {
                     Some(name) => tables.iter().find(|(table, _)| table == name),
                     None => tables.first(),
                 };
                 // A message of a table the seed does not read holds none of its rows.
                 let Some((table, payload_column)) = table else { return };
-                if !id.starts_with(DEAD_LETTER_ID_PREFIX) {
+                if replayed && !id.starts_with(DEAD_LETTER_ID_PREFIX) {
+                    held.insert_replay(table, id, body);
+                } else if !id.starts_with(DEAD_LETTER_ID_PREFIX) {
                     held.insert_message(table, id, body);
                 } else if let Some((row, payload)) = letter_row(body, payload_column) {
                     held.insert_letter(table, &row, payload.as_deref());
@@ -134,7 +153,7 @@ impl Publisher {
         from: ReadFrom,
         subject: Option<&str>,
         headers_only: bool,
-        mut each: impl FnMut(Option<&async_nats::HeaderMap>, &[u8]),
+        mut each: impl FnMut(Option<&async_nats::HeaderMap>, &[u8], u64),
     ) -> Result<u64, PublisherError> {
         use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
         use futures_util::StreamExt;
@@ -170,7 +189,7 @@ impl Publisher {
             } else {
                 left = 0;
             }
-            each(message.headers.as_ref(), &message.payload);
+            each(message.headers.as_ref(), &message.payload, last);
         }
         Ok(last.max(end))
     }
