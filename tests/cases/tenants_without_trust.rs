@@ -57,25 +57,30 @@ fn setup(pg: &Postgres, nats: &Nats, args: &[&str]) {
 }
 
 /// SQL making, as role `tenant_evil_owner` (objects it creates are its own), tenant
-/// `schema`'s outbox with a trap: a plain (not `SECURITY DEFINER`) `BEFORE INSERT` trigger
-/// that makes `mallory` a superuser whenever a superuser inserts; then one row, inserted by
-/// the owner, which the trap lets pass.
-fn evil_tenant(schema: &str) -> String {
+/// `schema`'s outbox with a trap: a plain (not `SECURITY DEFINER`) `BEFORE <event>` row
+/// trigger that makes `mallory` a superuser whenever a superuser writes; then `rows`,
+/// written by the owner, which the trap lets pass.
+fn trapped_tenant(schema: &str, event: &str, rows: &str) -> String {
+    let returned = if event == "DELETE" { "OLD" } else { "NEW" };
     format!(
         "SET ROLE tenant_evil_owner;\n{table}\n\
-         CREATE FUNCTION {schema}.stamp() RETURNS trigger LANGUAGE plpgsql AS $trap$ \
+         CREATE FUNCTION {schema}.trap() RETURNS trigger LANGUAGE plpgsql AS $trap$ \
          BEGIN \
            IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN \
              ALTER ROLE mallory SUPERUSER; \
            END IF; \
-           RETURN NEW; \
+           RETURN {returned}; \
          END $trap$;\n\
-         CREATE TRIGGER stamp BEFORE INSERT ON {schema}.outbox \
-           FOR EACH ROW EXECUTE FUNCTION {schema}.stamp();\n\
-         {row}RESET ROLE;\n",
+         CREATE TRIGGER trap BEFORE {event} ON {schema}.outbox \
+           FOR EACH ROW EXECUTE FUNCTION {schema}.trap();\n\
+         {rows}RESET ROLE;\n",
         table = tenant_table(schema),
-        row = tenant_rows(schema, 0, 1),
     )
+}
+
+/// A tenant whose insert trigger is the trap, with one row.
+fn evil_tenant(schema: &str) -> String {
+    trapped_tenant(schema, "INSERT", &tenant_rows(schema, 0, 1))
 }
 
 /// R1: pgoutbox runs as a superuser. A tenant's table out of the publication, owned by
@@ -393,21 +398,7 @@ async fn retention_never_deletes_from_a_table_pgoutbox_does_not_own() {
              FROM generate_series({from}, {to} - 1) n;\n"
         )
     };
-    pg.psql(&format!(
-        "SET ROLE tenant_evil_owner;\n{table}\n\
-         CREATE FUNCTION tenant_evil.trap() RETURNS trigger LANGUAGE plpgsql AS $trap$ \
-         BEGIN \
-           IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN \
-             ALTER ROLE mallory SUPERUSER; \
-           END IF; \
-           RETURN OLD; \
-         END $trap$;\n\
-         CREATE TRIGGER trap BEFORE DELETE ON tenant_evil.outbox \
-           FOR EACH ROW EXECUTE FUNCTION tenant_evil.trap();\n\
-         {rows}RESET ROLE;\n",
-        table = tenant_table("tenant_evil"),
-        rows = old_rows("tenant_evil", 0, 5),
-    ));
+    pg.psql(&trapped_tenant("tenant_evil", "DELETE", &old_rows("tenant_evil", 0, 5)));
     pg.psql(&old_rows("tenant_a", 0, 5));
     let args = [&TENANTS[..], &["--retention", "2s"]].concat();
     let app = Pgoutbox::run(&pg, &nats, &args);
