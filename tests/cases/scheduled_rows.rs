@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 
 use crate::support::pgoutbox::Pgoutbox;
-use crate::support::stream::{Stored, jetstream, read_all};
+use crate::support::stream::{Stored, create_scheduled_outbox_stream, jetstream, read_all};
 use crate::support::{Lcg, Nats, Postgres, eventually, wait_until_streaming};
 
 const SCHEDULE: &str = "--schedule-column=deliver_at";
@@ -188,19 +188,7 @@ async fn kill_9_among_deliveries_loses_and_doubles_nothing() {
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("ALTER TABLE outbox ADD COLUMN deliver_at timestamptz;");
     let js = jetstream(&nats.url()).await;
-    js.create_stream(jetstream::stream::Config {
-        name: "OUTBOX".into(),
-        subjects: vec![
-            "outbox.*.*".into(),
-            "outbox.dead_letter".into(),
-            "schedules.OUTBOX.>".into(),
-        ],
-        duplicate_window: Duration::from_secs(1),
-        allow_message_schedules: true,
-        ..Default::default()
-    })
-    .await
-    .expect("a stream with schedules and a 1 s duplicate window");
+    create_scheduled_outbox_stream(&js).await;
     let first = start(&pg, &nats);
     wait_until_streaming(&pg, &first).await;
     drop(first);

@@ -15,7 +15,7 @@ use async_nats::jetstream;
 
 use super::several_tables::{per_tenant, tenant_rows, tenant_table};
 use crate::support::pgoutbox::{Pgoutbox, command};
-use crate::support::stream::{Stored, count, jetstream, read_all};
+use crate::support::stream::{Stored, count, create_scheduled_outbox_stream, jetstream, read_all};
 use crate::support::{
     BIGSERIAL_OUTBOX, Nats, Postgres, eventually, stop_and_wait_released, wait_until_streaming,
 };
@@ -78,6 +78,18 @@ fn trapped_tenant(schema: &str, event: &str, rows: &str) -> String {
     )
 }
 
+/// The roles the traps need (`mallory`, and `tenant_evil_owner`, who may create schemas),
+/// tenant_a's table, then the publication and slot: a tenant's table made after is one to
+/// adopt (with no publication yet, setup would create it with the table already in).
+fn roles_tenant_a_and_setup(pg: &Postgres, nats: &Nats) {
+    pg.psql(
+        "CREATE ROLE mallory LOGIN; CREATE ROLE tenant_evil_owner LOGIN; \
+         GRANT CREATE ON DATABASE postgres TO tenant_evil_owner;",
+    );
+    pg.psql(&tenant_table("tenant_a"));
+    setup(pg, nats, &TENANTS);
+}
+
 /// A tenant whose insert trigger is the trap, with one row.
 fn evil_tenant(schema: &str) -> String {
     trapped_tenant(schema, "INSERT", &tenant_rows(schema, 0, 1))
@@ -91,14 +103,7 @@ fn evil_tenant(schema: &str) -> String {
 async fn a_tenants_trigger_never_runs_as_pgoutbox() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(
-        "CREATE ROLE mallory LOGIN; CREATE ROLE tenant_evil_owner LOGIN; \
-         GRANT CREATE ON DATABASE postgres TO tenant_evil_owner;",
-    );
-    pg.psql(&tenant_table("tenant_a"));
-    // Publication and slot first, so that the tenant's table made next is one to adopt
-    // (with no publication yet, setup would create it with the table already in).
-    setup(&pg, &nats, &TENANTS);
+    roles_tenant_a_and_setup(&pg, &nats);
     pg.psql(&evil_tenant("tenant_evil"));
     assert_eq!(pg.psql(MALLORY_IS_SUPERUSER), "f", "the owner's own insert sprang the trap");
     pg.psql(&tenant_rows("tenant_a", 0, 3));
@@ -288,19 +293,7 @@ async fn a_scheduled_row_never_cancels_another() {
     pg.psql(BIGSERIAL_OUTBOX);
     pg.psql("ALTER TABLE outbox ADD COLUMN deliver_at timestamptz;");
     let js = jetstream(&nats.url()).await;
-    js.create_stream(jetstream::stream::Config {
-        name: "OUTBOX".into(),
-        subjects: vec![
-            "outbox.*.*".into(),
-            "outbox.dead_letter".into(),
-            "schedules.OUTBOX.>".into(),
-        ],
-        duplicate_window: Duration::from_secs(1),
-        allow_message_schedules: true,
-        ..Default::default()
-    })
-    .await
-    .expect("a stream with schedules and a 1 s duplicate window");
+    create_scheduled_outbox_stream(&js).await;
     let app = Pgoutbox::run(&pg, &nats, &["--schedule-column=deliver_at"]);
     wait_until_streaming(&pg, &app).await;
 
@@ -385,12 +378,7 @@ async fn a_teardown_of_a_patterns_table_never_republishes_its_history() {
 async fn retention_never_deletes_from_a_table_pgoutbox_does_not_own() {
     let pg = Postgres::start();
     let nats = Nats::start();
-    pg.psql(
-        "CREATE ROLE mallory LOGIN; CREATE ROLE tenant_evil_owner LOGIN; \
-         GRANT CREATE ON DATABASE postgres TO tenant_evil_owner;",
-    );
-    pg.psql(&tenant_table("tenant_a"));
-    setup(&pg, &nats, &TENANTS);
+    roles_tenant_a_and_setup(&pg, &nats);
     let old_rows = |schema: &str, from: usize, to: usize| {
         format!(
             "INSERT INTO {schema}.outbox (aggregate_type, aggregate_id, event_type, payload, \

@@ -39,6 +39,24 @@ pub async fn create_outbox_stream(js: &jetstream::Context, duplicate_window: Dur
     .expect("create stream OUTBOX with a short duplicate window");
 }
 
+/// The stream pgoutbox writes with `--schedule-column` (nats-server 2.12+), made before it:
+/// schedules allowed, held rows on `schedules.OUTBOX.>`, a 1 s duplicate window.
+pub async fn create_scheduled_outbox_stream(js: &jetstream::Context) {
+    js.create_stream(jetstream::stream::Config {
+        name: "OUTBOX".into(),
+        subjects: vec![
+            "outbox.*.*".into(),
+            "outbox.dead_letter".into(),
+            "schedules.OUTBOX.>".into(),
+        ],
+        duplicate_window: Duration::from_secs(1),
+        allow_message_schedules: true,
+        ..Default::default()
+    })
+    .await
+    .expect("a stream with schedules and a 1 s duplicate window");
+}
+
 /// A client of the server (or comma-separated servers) at `nats_url`.
 pub async fn jetstream(nats_url: &str) -> jetstream::Context {
     let servers: Vec<async_nats::ServerAddr> =
