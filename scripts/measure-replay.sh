@@ -27,24 +27,7 @@ bin=${BIN:-${CARGO_TARGET_DIR:-target}/release/pgoutbox}
 out=${OUT:-/tmp/measure-replay}
 mkdir -p "$out"
 [ -x "$bin" ] || { echo "no $bin: cargo build --release first" >&2; exit 1; }
-pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
-work=$(mktemp -d /tmp/measure-replay.XXXXXX)
-as_pg=()
-if [ "$(id -u)" -eq 0 ]; then
-  chown postgres "$work"
-  as_pg=(runuser -u postgres --)
-fi
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pg_port=$(free_port)
-nats_port=$(free_port)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg" -m immediate stop >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source scripts/throwaway.sh measure-replay
 
 "${as_pg[@]}" "$pgbin/initdb" -D "$work/pg" -A trust -U postgres --no-sync >/dev/null
 cat >>"$work/pg/postgresql.conf" <<EOF
