@@ -14,8 +14,8 @@ fail() {
 }
 trap 'fail "$step failed (line $LINENO: $BASH_COMMAND)"' ERR
 
-step="installing PostgreSQL and nats-server (scripts/install-deps.sh)"
-scripts/install-deps.sh
+step="installing PostgreSQL and nats-server (scripts/install-deps.sh --servers-only)"
+scripts/install-deps.sh --servers-only
 
 work=$(mktemp -d /tmp/pgoutbox-first-look.XXXXXX)
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
@@ -99,6 +99,13 @@ export NATS_URL="$PGOUTBOX_NATS_URL"
 psql() { command psql -X -q -v ON_ERROR_STOP=1 "$PGOUTBOX_DATABASE_URL" "$@"; }
 step="creating the outbox table (sql/outbox.sql)"
 psql -f sql/outbox.sql
+# As docs/operations.md advises: only roles granted it may emit events for pgoutbox (every
+# overload, whatever the PostgreSQL version names them).
+step="revoking pg_logical_emit_message from PUBLIC"
+psql -c "DO \$\$ DECLARE f regprocedure; BEGIN
+  FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+  END LOOP; END \$\$"
 
 step="starting pgoutbox"
 "$bin" run &

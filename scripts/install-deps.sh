@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # Installs what pgoutbox's tests and first look need, from Debian's packages, when missing:
-# PostgreSQL (server binaries) and nats-server; a C++ compiler for the libFuzzer that CI's
-# check of the fuzz targets builds; the CloudEvents SDK (Python) for the CloudEvents test.
+# PostgreSQL (server binaries) and nats-server. For the tests, also a C++ compiler for the
+# libFuzzer that CI's check of the fuzz targets builds, and the CloudEvents SDK (Python) for
+# the CloudEvents test, into a directory of its own (never into the user's Python).
+#   scripts/install-deps.sh                  what the tests need
+#   scripts/install-deps.sh --servers-only   PostgreSQL, psql and nats-server (first look)
 set -euo pipefail
+
+servers_only=""
+case "${1:-}" in
+  --servers-only) servers_only=yes ;;
+  "") ;;
+  *) echo "install-deps.sh: unknown argument $1 (--servers-only, or nothing)" >&2; exit 2 ;;
+esac
 
 need=()
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
@@ -14,7 +24,7 @@ fi
 if ! command -v psql >/dev/null 2>&1; then
   need+=(postgresql-client)
 fi
-if ! command -v c++ >/dev/null 2>&1; then
+if [ -z "$servers_only" ] && ! command -v c++ >/dev/null 2>&1; then
   need+=(g++)
 fi
 if ((${#need[@]})); then
@@ -25,9 +35,13 @@ if ((${#need[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
+[ -z "$servers_only" ] || exit 0
+
 # The CloudEvents SDK the CloudEvents test reads pgoutbox's messages with
-# (tests/fixtures/cloudevents_consumer.py), from PyPI as scripts/fetch-nats.sh fetches.
-if ! python3 -c "import cloudevents.core.bindings.http" >/dev/null 2>&1; then
+# (tests/fixtures/cloudevents_consumer.py), from PyPI as scripts/fetch-nats.sh fetches, into
+# its own directory: the test puts it on PYTHONPATH.
+packages="${PGOUTBOX_PYTHON_PACKAGES:-/var/tmp/pgoutbox-python}"
+if ! PYTHONPATH="$packages" python3 -c "import cloudevents.core.bindings.http" >/dev/null 2>&1; then
   if ! python3 -m pip --version >/dev/null 2>&1; then
     echo "installing pip from Debian's packages" >&2
     sudo=""
@@ -35,8 +49,9 @@ if ! python3 -c "import cloudevents.core.bindings.http" >/dev/null 2>&1; then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null
   fi
-  echo "installing the CloudEvents SDK (cloudevents 2.x) from PyPI" >&2
-  # Debian's Python refuses to install into the system without this flag (PEP 668).
-  python3 -m pip install --quiet --user 'cloudevents>=2,<3' 2>/dev/null ||
-    python3 -m pip install --quiet --user --break-system-packages 'cloudevents>=2,<3'
+  echo "installing the CloudEvents SDK (cloudevents 2.x) from PyPI into $packages" >&2
+  # --target leaves the user's and the system's Python as they are (PEP 668 allows it).
+  python3 -m pip install --quiet --disable-pip-version-check --no-warn-conflicts \
+    --root-user-action=ignore --target "$packages" \
+    'cloudevents>=2,<3'
 fi

@@ -34,6 +34,7 @@ pub use dead_letter::{
 };
 pub use emitted::{EMITTED_LABEL, log_preview};
 pub use headers::Headers;
+use headers::{header_safe_table, header_value, optional_headers};
 pub use pattern::{InvalidPattern, TablePattern};
 pub use roles::{ColumnRoles, InvalidTableName, MessageId, TableEntry, TableName};
 pub use template::{MAX_SUBJECT_BYTES, SubjectTemplate, TemplateError, subjects_overlap};
@@ -50,22 +51,10 @@ pub const MESSAGE_ID_HEADER: &str = "Nats-Msg-Id";
 /// letters included: with several tables, consumers and `pgoutbox` itself tell them apart.
 pub const TABLE_HEADER: &str = "Pgoutbox-Table";
 
-/// `schema.table` as a header value: control characters (a quoted identifier may hold
-/// them) are written escaped, as Rust writes them, and at most 512 bytes are kept, so a
-/// dead letter of the smallest budget still fits.
-fn header_safe_table(table: &str) -> String {
-    let mut safe = String::with_capacity(table.len());
-    for c in table.chars() {
-        match c.is_control() {
-            true => safe.extend(c.escape_default()),
-            false => safe.push(c),
-        }
-        if safe.len() > 512 {
-            break;
-        }
-    }
-    safe
-}
+/// On every message of an emitted event (dead letters too), in `Pgoutbox-Table`'s place: the
+/// prefix it was emitted with. Such a message is no table's row, whatever its id says, and
+/// nothing reading the stream back (a recovery, `verify`) takes it for one (issue 45).
+pub const EMITTED_HEADER: &str = "Pgoutbox-Emitted";
 
 /// A ready-to-publish message.
 #[derive(Debug, Clone)]
@@ -94,6 +83,8 @@ pub struct MappingError {
 enum SubjectPart {
     Literal(String),
     Column(usize),
+    /// `{$schema}` or `{$table}` (the placeholder, without braces) and the table's value.
+    Named(&'static str, String),
 }
 
 /// Column positions for one version of the outbox table.
@@ -120,8 +111,9 @@ pub struct RowMapping {
     envelope: Option<Box<cloudevents::Envelope>>,
     /// The entry's own (see [`RowMapping::in_entry`]); empty until then.
     dead_letter_subject: String,
-    /// `Pgoutbox-Table`'s value, header-safe; empty: no such header (emitted messages).
-    source_table: String,
+    /// The header that says where its messages come from: `Pgoutbox-Table` and the table
+    /// (header-safe), or `Pgoutbox-Emitted` and the prefix; no header while the value is empty.
+    origin: (&'static str, String),
     /// Put between the id prefix and the id: `<schema>.<table>:` with several tables.
     id_qualifier: String,
     /// What `/metrics` counts this mapping's messages under (the `table` label): its entry's
@@ -157,9 +149,9 @@ impl RowMapping {
                 Part::Column(c)
                     if c == template::SCHEMA_PLACEHOLDER || c == template::TABLE_PLACEHOLDER =>
                 {
-                    let name = match c == template::SCHEMA_PLACEHOLDER {
-                        true => &relation.namespace,
-                        false => &relation.name,
+                    let (name, placeholder) = match c == template::SCHEMA_PLACEHOLDER {
+                        true => (&relation.namespace, template::SCHEMA_PLACEHOLDER),
+                        false => (&relation.name, template::TABLE_PLACEHOLDER),
                     };
                     // Every row of the table would have a bad subject: each becomes a
                     // dead letter saying why, the other tables stream on.
@@ -167,7 +159,7 @@ impl RowMapping {
                         let shown = dead_letter::shorten(name, SHOWN_VALUE_BYTES);
                         unusable = Some(format!("{{{c}}} = {shown:?} {why}"));
                     }
-                    SubjectPart::Literal(name.clone())
+                    SubjectPart::Named(placeholder, name.clone())
                 }
                 Part::Column(c) => SubjectPart::Column(require(c, "subject placeholder")?),
             });
@@ -211,7 +203,7 @@ impl RowMapping {
             allowed_nats_headers: roles.allowed_nats_headers.clone(),
             envelope,
             dead_letter_subject: String::new(),
-            source_table: String::new(),
+            origin: (TABLE_HEADER, String::new()),
             id_qualifier: String::new(),
             counted_as: String::new(),
         })
@@ -232,19 +224,41 @@ impl RowMapping {
             MessageId::Row => String::new(),
             MessageId::Qualified => format!("{table}:"),
         };
-        self.source_table = header_safe_table(&table);
+        self.origin = (TABLE_HEADER, header_safe_table(&table));
         self.counted_as = entry.metrics_label();
         self
     }
 
     /// The `Pgoutbox-Table` its messages carry; empty for emitted messages.
     pub fn source_table(&self) -> &str {
-        &self.source_table
+        match self.origin {
+            (TABLE_HEADER, ref table) => table,
+            _ => "",
+        }
     }
 
     /// What `/metrics` counts this mapping's messages under: the `table` label.
     pub fn counted_as(&self) -> &str {
         &self.counted_as
+    }
+
+    /// Its messages' subjects in few names, for traces (a subject is unique per aggregate,
+    /// tenant or row): the subject template (`tenants.{$schema}.{event_type}`), or for a
+    /// `held` row the subjects it is held on (`schedules.OUTBOX.{$id}.{$position}`).
+    pub fn subject_template(&self, held: bool) -> String {
+        use std::fmt::Write;
+        if let Some((_, schedule)) = self.schedule.as_ref().filter(|_| held) {
+            return format!("{}.{{$id}}.{{$position}}", schedule.subject_prefix);
+        }
+        let mut template = String::with_capacity(64);
+        for part in &self.subject {
+            let _ = match part {
+                SubjectPart::Literal(l) => template.write_str(l),
+                SubjectPart::Named(placeholder, _) => write!(template, "{{{placeholder}}}"),
+                SubjectPart::Column(i) => write!(template, "{{{}}}", self.name(*i)),
+            };
+        }
+        template
     }
 
     /// The same mapping, its dead letters sent to `subject`.
@@ -296,7 +310,7 @@ impl RowMapping {
             allowed_nats_headers: Vec::new(),
             envelope: None,
             dead_letter_subject: String::new(),
-            source_table: String::new(),
+            origin: (TABLE_HEADER, String::new()),
             id_qualifier: String::new(),
             counted_as: String::new(),
         }
@@ -325,7 +339,7 @@ impl RowMapping {
         let mut subject = String::with_capacity(64);
         for part in &self.subject {
             match part {
-                SubjectPart::Literal(l) => subject.push_str(l),
+                SubjectPart::Literal(l) | SubjectPart::Named(_, l) => subject.push_str(l),
                 SubjectPart::Column(i) => {
                     let token = self.text(tuple, *i)?;
                     check_subject_token(token).map_err(|why| {
@@ -348,8 +362,8 @@ impl RowMapping {
         }
         let mut headers = Headers::with_capacity(256);
         headers.insert(MESSAGE_ID_HEADER, header_value(&id, || self.name(self.id))?);
-        if !self.source_table.is_empty() {
-            headers.insert(TABLE_HEADER, &self.source_table);
+        if !self.origin.1.is_empty() {
+            headers.insert(self.origin.0, &self.origin.1);
         }
         for &(header, i) in &self.header_columns {
             if let ColumnValue::Text(value) = &tuple[i] {
@@ -441,6 +455,11 @@ impl RowMapping {
             if (lower.starts_with("nats-") && !allowed()) || lower.starts_with("pgoutbox-") {
                 return Err(Rejection(format!("header {key:?} in column {column} is reserved")));
             }
+            if let Some(why) = self.envelope.as_ref().and_then(|e| e.reserves(&lower)) {
+                return Err(Rejection(format!(
+                    "header {key:?} in column {column} is reserved: {why}"
+                )));
+            }
             if !headers::valid_name(&key) {
                 return Err(Rejection(format!(
                     "header name {key:?} in column {column} is invalid"
@@ -466,32 +485,9 @@ impl RowMapping {
     }
 }
 
-/// The headers read from optional role columns, with each role's column name.
-fn optional_headers(roles: &ColumnRoles) -> impl Iterator<Item = (&'static str, &str)> {
-    [
-        ("Outbox-Aggregate-Type", &roles.aggregate_type),
-        ("Outbox-Aggregate-Id", &roles.aggregate_id),
-        ("Outbox-Event-Type", &roles.event_type),
-        ("Outbox-Created-At", &roles.created_at),
-    ]
-    .into_iter()
-    .map(|(header, column)| (header, column.as_str()))
-}
-
 fn utf8<'a, 'n>(bytes: &'a [u8], column: impl Fn() -> &'n str) -> Result<&'a str, Rejection> {
     std::str::from_utf8(bytes)
         .map_err(|_| Rejection(format!("column {} is not valid UTF-8", column())))
-}
-
-fn header_value<'v, 'n>(
-    value: &'v str,
-    column: impl Fn() -> &'n str,
-) -> Result<&'v str, Rejection> {
-    if headers::valid_value(value) {
-        Ok(value)
-    } else {
-        Err(Rejection(format!("column {} holds a line break, not allowed in a header", column())))
-    }
 }
 
 #[cfg(test)]

@@ -97,6 +97,8 @@ pub struct TailOrigin {
     pub msg_id: Option<String>,
     /// Its `Pgoutbox-Table`: the table of the row it was published from.
     pub table: Option<String>,
+    /// It carries `Pgoutbox-Emitted`: an emitted event, no table's row.
+    pub emitted: bool,
     /// Written by a recovery from the table: its bound, epoch seconds (`service::seed`).
     pub seed_since: Option<String>,
     /// Written under the id chain (`publishing.rs`), which leaves no gap behind
@@ -320,6 +322,7 @@ mod tests {
             position: Some(Position { commit_lsn: lsn, index: 0 }),
             msg_id: Some("id-1".to_owned()),
             table: None,
+            emitted: false,
             seed_since: None,
             chained: true,
             payload_digest: 0,

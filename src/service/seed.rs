@@ -388,6 +388,7 @@ async fn bound(
         }
         let Some(id) = origin.msg_id else { continue };
         if origin.source.is_none()
+            || origin.emitted
             || is_replayed_message(&id)
             || id.starts_with(DEAD_LETTER_ID_PREFIX)
         {

@@ -3,6 +3,17 @@
 //! of the row's own `traceparent`, and a span per transaction from its decoding to the
 //! confirmation of its end LSN.
 //!
+//! A producer span is named as the messaging conventions ask, `{operation} {destination}`
+//! with a destination of low cardinality: `publish <subject template>` (`publish
+//! outbox.{aggregate_type}.{event_type}`; a dead letter's subject, a held row's
+//! `<prefix>.{$id}.{$position}`), also `messaging.destination.template`. The subject is unique
+//! per aggregate, per tenant, per scheduled row; a backend groups, samples and indexes spans
+//! by name, so the subject goes in `messaging.destination.name` only. A span whose message
+//! failed has an error status and `error.type` (the general conventions), one of few values:
+//! JetStream's API error code (`10071`), else the kind of failure (`timeout`, ...);
+//! `dead_letter` for a row's dead letter, `unacknowledged` for a message whose ack never
+//! came before its attempt ended.
+//!
 //! The pipeline holds an `Option<Traces>`: with tracing off, each row costs one branch on
 //! it and nothing else, and its headers go out exactly as the row wrote them. With tracing
 //! on, a message carries its producer span's `traceparent` (and the trace's `tracestate`)
@@ -20,11 +31,12 @@ use std::collections::VecDeque;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime};
 
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use opentelemetry::trace::{
     Link, Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
     TraceState, Tracer as _, TracerProvider as _,
 };
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::trace::{SdkTracerProvider, Span, Tracer};
 use tracing::{info, warn};
 
@@ -43,6 +55,14 @@ use settings::TraceSettings;
 /// messaging conventions define none for NATS; this follows their `messaging.<system>.*`
 /// pattern.
 pub const STREAM_SEQUENCE: &str = "messaging.nats.stream.sequence";
+/// Why a message's publish failed: few values, as the general conventions ask.
+const ERROR_TYPE: &str = "error.type";
+/// The `error.type` of a row's dead letter, published in the row's place: the row's event
+/// was not delivered (the letter's publish itself may have gone well).
+const DEAD_LETTER: &str = "dead_letter";
+/// The `error.type` of a message whose ack never came: its attempt ended first (a refusal
+/// before it, the connection lost, an overdue ack) and the next one sends it again.
+const UNACKNOWLEDGED: &str = "unacknowledged";
 /// Transactions whose span waits for its confirmation; past this, the oldest span ends
 /// unconfirmed, so that span data never grows without bound.
 const MAX_PENDING_TRANSACTIONS: usize = 8192;
@@ -114,8 +134,34 @@ impl Tracing {
     }
 }
 
-/// A published message's producer span, recording: it ends when the message's ack comes.
+/// A published message's producer span, recording: it ends when the message's ack comes;
+/// dropped before that, it ends as [`UNACKNOWLEDGED`].
 pub struct RowSpan(Box<Span>);
+
+impl RowSpan {
+    /// The message is a row's dead letter, sent in its place for `reason`.
+    pub fn dead_letter(&mut self, reason: &str) {
+        self.failed(
+            DEAD_LETTER.into(),
+            format!("the row was sent to the dead-letter subject: {reason}"),
+        );
+    }
+
+    fn failed(&mut self, error_type: Value, description: String) {
+        self.0.set_attribute(KeyValue::new(ERROR_TYPE, error_type));
+        self.0.set_status(Status::error(description));
+    }
+}
+
+impl Drop for RowSpan {
+    fn drop(&mut self) {
+        // An ended span records nothing more: this is one whose ack never came.
+        if self.0.is_recording() {
+            let why = "no ack came before the attempt ended; the message is sent again";
+            self.failed(UNACKNOWLEDGED.into(), why.into());
+        }
+    }
+}
 
 struct OpenTransaction {
     began: SystemTime,
@@ -148,14 +194,16 @@ impl Traces {
         self.open = Some(OpenTransaction { began: SystemTime::now(), span: None, rows: 0 });
     }
 
-    /// The producer span of the message `id` to `subject`: its parent is the row's
-    /// `traceparent` when that parses, and it replaces the row's `traceparent` and
-    /// `tracestate` in `headers`. A value that does not parse is dropped with its
-    /// `tracestate`, and the span starts a trace of its own. Returned only when sampled.
+    /// The producer span of the message `id` to `subject`, named by the subject's `template`
+    /// (made only for a span recorded): its parent is the row's `traceparent` when that
+    /// parses, and it replaces the row's `traceparent` and `tracestate` in `headers`. A value
+    /// that does not parse is dropped with its `tracestate`, and the span starts a trace of
+    /// its own. Returned only when sampled.
     pub fn producer(
         &mut self,
         id: &str,
         subject: &str,
+        template: impl FnOnce() -> String,
         position: Position,
         headers: &mut Headers,
     ) -> Option<RowSpan> {
@@ -194,12 +242,14 @@ impl Traces {
         if !span.is_recording() {
             return None;
         }
-        span.update_name(format!("publish {subject}"));
+        let template = template();
+        span.update_name(format!("publish {template}"));
         span.set_attributes([
             KeyValue::new("messaging.system", "nats"),
             KeyValue::new("messaging.operation.type", "send"),
             KeyValue::new("messaging.operation.name", "publish"),
             KeyValue::new("messaging.destination.name", subject.to_owned()),
+            KeyValue::new("messaging.destination.template", template),
             KeyValue::new("messaging.message.id", id.to_owned()),
             KeyValue::new("pgoutbox.position", position.to_string()),
         ]);
@@ -266,18 +316,45 @@ impl Traces {
 }
 
 /// A message's ack came: its span ends with the stream sequence, or with an error.
-pub fn acknowledged(span: RowSpan, ack: &Ack) {
-    let RowSpan(mut span) = span;
+pub fn acknowledged(mut span: RowSpan, ack: &Ack) {
     match ack {
         Ok(stored) => {
-            span.set_attribute(KeyValue::new(STREAM_SEQUENCE, stored.sequence as i64));
+            span.0.set_attribute(KeyValue::new(STREAM_SEQUENCE, stored.sequence as i64));
             if stored.duplicate {
-                span.set_attribute(KeyValue::new("messaging.nats.duplicate", true));
+                span.0.set_attribute(KeyValue::new("messaging.nats.duplicate", true));
             }
         }
-        Err(err) => span.set_status(Status::error(err.to_string())),
+        Err(err) => span.failed(error_type(err), err.to_string()),
     }
-    span.end();
+    span.0.end();
+}
+
+/// The message could not be handed to NATS at all: its span ends with `err`.
+pub fn not_sent(mut span: RowSpan, err: &PublishError) {
+    span.failed(error_type(err), err.to_string());
+    span.0.end();
+}
+
+/// `error.type` of a failed publish: JetStream's API error code when it gave one (`10071`,
+/// as nats-server documents them), else the kind of failure async-nats sorted it as.
+fn error_type(err: &PublishError) -> Value {
+    let api = std::error::Error::source(err)
+        .and_then(|source| source.downcast_ref::<async_nats::jetstream::Error>());
+    if let Some(api) = api {
+        return api.error_code().0.to_string().into();
+    }
+    let kind = match err.kind() {
+        PublishErrorKind::TimedOut => "timeout",
+        PublishErrorKind::BrokenPipe => "broken_pipe",
+        PublishErrorKind::StreamNotFound => "stream_not_found",
+        PublishErrorKind::WrongLastMessageId => "wrong_last_message_id",
+        PublishErrorKind::WrongLastSequence => "wrong_last_sequence",
+        PublishErrorKind::MaxAckPending => "max_ack_pending",
+        PublishErrorKind::MaxPayloadExceeded => "max_payload_exceeded",
+        // The conventions' value for an error of no known class.
+        PublishErrorKind::Other => "_OTHER",
+    };
+    kind.into()
 }
 
 fn lsn(value: u64) -> String {
@@ -285,101 +362,7 @@ fn lsn(value: u64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const ROW_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
-    const ROW_SPAN: &str = "00f067aa0ba902b7";
-
-    /// Spans made by an SDK with no exporter, every one sampled.
-    fn traces() -> Traces {
-        Traces::new(SdkTracerProvider::builder().build().tracer("test"))
-    }
-
-    fn headers(pairs: &[(&str, &str)]) -> Headers {
-        let mut headers = Headers::default();
-        for (name, value) in pairs {
-            headers.insert(name, value);
-        }
-        headers
-    }
-
-    fn produce(traces: &mut Traces, headers: &mut Headers) -> (TraceParent, Option<RowSpan>) {
-        let position = Position { commit_lsn: 1, index: 0 };
-        let span = traces.producer("id-1", "outbox.order.created", position, headers);
-        let traceparent = headers.get(TRACEPARENT).expect("pgoutbox's traceparent");
-        (traceparent.parse().expect("a valid traceparent"), span)
-    }
-
-    #[test]
-    fn the_rows_traceparent_is_the_parent_and_is_replaced_by_the_spans_own() {
-        let mut traces = traces();
-        let row = format!("00-{ROW_TRACE}-{ROW_SPAN}-01");
-        let mut headers = headers(&[("Traceparent", &row), ("tracestate", "k=v"), ("a", "1")]);
-        let (ours, span) = produce(&mut traces, &mut headers);
-        let RowSpan(span) = span.expect("sampled: the parent was");
-        let data = span.exported_data().expect("recorded");
-        assert_eq!(data.span_context.trace_id().to_string(), ROW_TRACE);
-        assert_eq!(data.parent_span_id.to_string(), ROW_SPAN);
-        assert_eq!(data.span_kind, SpanKind::Producer);
-        assert_eq!(data.name, "publish outbox.order.created");
-        assert_eq!(ours.trace_id, data.span_context.trace_id().to_bytes());
-        assert_eq!(ours.span_id, data.span_context.span_id().to_bytes());
-        assert_eq!(headers.get("tracestate"), Some("k=v"));
-        assert_eq!(headers.get("Traceparent"), None, "one traceparent, pgoutbox's");
-        assert_eq!(headers.len(), 3);
-    }
-
-    #[test]
-    fn a_malformed_traceparent_names_no_parent_and_its_tracestate_goes_with_it() {
-        let mut traces = traces();
-        let mut headers = headers(&[("traceparent", "00-zz-01"), ("tracestate", "k=v")]);
-        let (ours, span) = produce(&mut traces, &mut headers);
-        let RowSpan(span) = span.expect("sampled");
-        let data = span.exported_data().expect("recorded");
-        assert_eq!(data.parent_span_id, SpanId::INVALID, "a root span");
-        assert_eq!(ours.span_id, data.span_context.span_id().to_bytes());
-        assert_eq!(headers.get("tracestate"), None);
-    }
-
-    #[test]
-    fn an_unsampled_parent_gives_an_unsampled_traceparent_and_no_span_to_keep() {
-        let mut traces = traces();
-        let row = format!("00-{ROW_TRACE}-{ROW_SPAN}-00");
-        let mut headers = headers(&[("traceparent", &row)]);
-        let (ours, span) = produce(&mut traces, &mut headers);
-        assert!(span.is_none());
-        assert!(!ours.sampled());
-        assert_eq!(hex(&ours.trace_id), ROW_TRACE, "the trace goes on");
-        assert_ne!(hex(&ours.span_id), ROW_SPAN);
-    }
-
-    #[test]
-    fn a_transactions_span_waits_for_its_confirmation() {
-        let mut traces = traces();
-        traces.begin();
-        let mut headers = Headers::default();
-        let (_, span) = produce(&mut traces, &mut headers);
-        let RowSpan(span) = span.expect("sampled");
-        assert_eq!(span.exported_data().expect("recorded").links.len(), 1);
-        traces.commit(100);
-        traces.stored(99);
-        assert!(!traces.pending[0].stored);
-        traces.stored(100);
-        traces.confirmed(99);
-        assert_eq!(traces.pending.len(), 1);
-        traces.confirmed(100);
-        assert!(traces.pending.is_empty());
-        // A transaction without a message has no span.
-        traces.begin();
-        traces.commit(200);
-        assert!(traces.pending.is_empty());
-    }
-
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
-}
+mod tests;
 #[cfg(test)]
 mod cost {
     use super::*;
@@ -402,8 +385,8 @@ mod cost {
                 let mut headers = Headers::default();
                 headers.insert("Outbox-Event-Type", "created");
                 let position = Position { commit_lsn: 1, index: i };
-                let span =
-                    traces.producer("0f0e-1", "outbox.order.created", position, &mut headers);
+                let (subject, template) = ("outbox.order.created", || "outbox.{a}.{b}".into());
+                let span = traces.producer("0f0e-1", subject, template, position, &mut headers);
                 drop(span);
                 if i % 100 == 99 {
                     traces.commit(i as u64);

@@ -16,8 +16,12 @@ use crate::support::{Nats, Postgres, eventually, wait_until_streaming};
 /// Each message as the SDK parsed it: its attributes, `data` and `mode`.
 fn consume(messages: &[&Stored]) -> Vec<Value> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cloudevents_consumer.py");
+    // scripts/install-deps.sh puts the SDK in a directory of its own, not the user's Python.
+    let packages = std::env::var("PGOUTBOX_PYTHON_PACKAGES")
+        .unwrap_or_else(|_| "/var/tmp/pgoutbox-python".to_owned());
     let mut child = Command::new("python3")
         .arg(script)
+        .env("PYTHONPATH", packages)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -153,4 +157,42 @@ async fn a_cloudevents_sdk_reads_structured_events_with_bytes_as_data_base64() {
     assert_eq!(parsed[0]["data"], json!({"base64": "iVBORw=="}));
     assert_eq!(parsed[1]["type"], "empty");
     assert!(parsed[1].get("subject").is_none_or(Value::is_null));
+}
+
+/// With one `--cloudevents-source` for two tables, rows of the same id are two events (the id
+/// names the table, as `Nats-Msg-Id` does); a row's `CE-Source`, `ce-source` in another case,
+/// would stand beside pgoutbox's (the binding's header names are case-insensitive): the row
+/// is a dead letter saying so.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_source_for_two_tables_keeps_events_apart_and_refuses_a_rows_ce_header() {
+    use super::several_tables::TABLES;
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql(
+        "CREATE SCHEMA billing; CREATE TABLE billing.outbox (LIKE public.outbox INCLUDING ALL);",
+    );
+    let mut args = vec!["--cloudevents", "--cloudevents-source=https://shop.example/outbox"];
+    args.extend(TABLES);
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    let id = "6f1c1a52-0000-4000-8000-000000000009";
+    pg.psql(&format!(
+        "INSERT INTO public.outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('{id}', 'order', 'o-1', 'created', '{{}}');
+         INSERT INTO billing.outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('{id}', 'invoice', 'i-1', 'created', '{{}}');
+         INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+         VALUES ('order', 'o-2', 'created', '{{}}', '{{\"CE-Source\": \"/elsewhere\"}}');"
+    ));
+    let messages = stored(&nats, 3).await;
+    let parsed = consume(&messages[..2].iter().collect::<Vec<_>>());
+    let pairs: Vec<(&Value, &Value)> = parsed.iter().map(|e| (&e["source"], &e["id"])).collect();
+    let source = json!("https://shop.example/outbox");
+    let ids = [json!(format!("public.outbox:{id}")), json!(format!("billing.outbox:{id}"))];
+    assert_eq!(pairs, [(&source, &ids[0]), (&source, &ids[1])], "{}", app.log());
+    let letter = &messages[2];
+    assert_eq!(letter.subject, "outbox.dead_letter", "{letter:?}");
+    let reason = letter.header("Pgoutbox-Dead-Letter-Reason").unwrap_or_default();
+    assert!(reason.contains("\"CE-Source\"") && reason.contains("reserved"), "{reason}");
 }

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use crate::support::pgoutbox::Pgoutbox;
 use crate::support::stream::{audit, count, jetstream, read_all};
-use crate::support::{Nats, Postgres, eventually, http_get, wait_until_streaming};
+use crate::support::{
+    Nats, Postgres, eventually, http_get, stop_and_wait_released, wait_until_streaming,
+};
 
 fn emit(transactional: bool, prefix: &str, content: &str) -> String {
     format!("SELECT pg_logical_emit_message({transactional}, '{prefix}', '{content}');\n")
@@ -177,4 +179,64 @@ async fn messages_only_needs_no_outbox_table() {
     let output = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && stderr.contains("--messages-only"), "{stderr}");
+}
+
+/// Issue 45, item 2: an emitted event names no table row, whatever its id says. Before, a
+/// recovery read an emitted `dead-letter:<id>` as the dead letter of row `<id>` (a message
+/// without `Pgoutbox-Table` counted as the first table's), and an emitted copy of a row's
+/// id and payload as the row itself: both rows were skipped, lost. Now both are read from
+/// the table; the copy's id is still in JetStream's duplicate window, so that row is a dead
+/// letter saying so, with its payload: seen, not lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recovery_never_takes_an_emitted_event_for_a_table_row() {
+    let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    let (letter_row, copied_row) =
+        ("00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b");
+    let forged = |id: &str, n: u32| {
+        format!(
+            r#"{{"id":"{id}","aggregate_type":"order","aggregate_id":"x","event_type":"created","payload":{{"n": {n}}}}}"#
+        )
+    };
+    pg.psql(&format!(
+        "{}{}{}",
+        row(0),
+        emit(true, "outbox", &forged(&format!("dead-letter:{letter_row}"), 1)),
+        emit(true, "outbox", &forged(copied_row, 2)),
+    ));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "the row and two emitted events stored", || async {
+        (count(&js, "OUTBOX").await >= 3).then_some(())
+    })
+    .await;
+    let emitted = read_all(&js, "OUTBOX").await;
+    assert_eq!(emitted[1].header("Pgoutbox-Emitted"), Some("outbox"), "{:?}", emitted[1]);
+    assert_eq!(emitted[1].header("Pgoutbox-Table"), None);
+    assert_eq!(emitted[0].header("Pgoutbox-Emitted"), None, "a table's row");
+    stop_and_wait_released(&pg, app).await;
+    pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
+    pg.psql(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES \
+         ('{letter_row}', 'order', 'x', 'created', '{{\"n\": 1}}'), \
+         ('{copied_row}', 'order', 'x', 'created', '{{\"n\": 2}}');"
+    ));
+    let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    wait_until_streaming(&pg, &app).await;
+    let what = format!("both rows recovered from the table\n{}", app.log());
+    eventually(Duration::from_secs(30), &what, || async {
+        let stored = read_all(&js, "OUTBOX").await;
+        let seeded = |id: &str| {
+            stored.iter().any(|m| {
+                let letter = m.subject == "outbox.dead_letter" && m.json()["row"]["id"] == id;
+                m.header("Pgoutbox-Seed").is_some()
+                    && (m.header("Nats-Msg-Id") == Some(id) || letter)
+            })
+        };
+        (seeded(letter_row) && seeded(copied_row)).then_some(())
+    })
+    .await;
+    drop(app);
 }

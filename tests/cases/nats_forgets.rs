@@ -135,5 +135,6 @@ async fn without_a_horizon_a_forgotten_tail_is_named_and_counted() {
     assert_eq!(report["stream"]["replicas"], 1, "{report:#}");
     let durability = report["stream"]["durability"].as_str().unwrap_or_default();
     assert!(durability.contains("power loss") && durability.contains("--durability-horizon"));
+    assert_eq!(report["stream"]["persistence"], "file", "{report:#}");
     assert_eq!(report["pgoutbox"]["stream_lost_events"], lost, "{report:#}");
 }

@@ -17,6 +17,8 @@ const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_SPAN: &str = "00f067aa0ba902b7";
 /// The `kind` of a producer span in OTLP (`SPAN_KIND_PRODUCER`).
 const PRODUCER: i32 = 4;
+/// An error status in OTLP (`STATUS_CODE_ERROR`).
+const STATUS_ERROR: i32 = 2;
 
 fn row(aggregate: &str, headers: Option<&str>) -> String {
     let headers = headers.map_or("NULL".into(), |h| format!("'{h}'"));
@@ -78,11 +80,12 @@ async fn a_rows_traceparent_parents_pgoutboxs_span_and_the_message_names_that_sp
     script.push_str("COMMIT;\n");
     script.push_str(&row("untraced", None));
     script.push_str(&row("malformed", Some(r#"{"traceparent": "00-not-a-trace-01"}"#)));
+    script.push_str(&row("refused", Some(r#"{"Nats-Rollup": "all"}"#)));
     pg.psql(&script);
 
     let js = jetstream(&nats.url()).await;
-    eventually(Duration::from_secs(30), "4 messages stored", || async {
-        (count(&js, "OUTBOX").await >= 4).then_some(())
+    eventually(Duration::from_secs(30), "5 messages stored", || async {
+        (count(&js, "OUTBOX").await >= 5).then_some(())
     })
     .await;
     let messages = read_all(&js, "OUTBOX").await;
@@ -111,11 +114,14 @@ async fn a_rows_traceparent_parents_pgoutboxs_span_and_the_message_names_that_sp
     assert_eq!(hex(&span.span.parent_span_id), PARENT_SPAN, "child of the row's span");
     assert_eq!(hex(&span.span.span_id), span_id, "the span the message names");
     assert_eq!(span.span.kind, PRODUCER);
-    assert_eq!(span.span.name, "publish outbox.order.created");
+    // Named by the subject template: the subject is one per aggregate.
+    assert_eq!(span.span.name, "publish outbox.{aggregate_type}.{event_type}");
+    assert_eq!(span.attribute("error.type"), None);
     for (key, value) in [
         ("messaging.system", "nats"),
         ("messaging.operation.type", "send"),
         ("messaging.destination.name", "outbox.order.created"),
+        ("messaging.destination.template", "outbox.{aggregate_type}.{event_type}"),
         ("messaging.nats.stream.sequence", &(index + 1).to_string()),
     ] {
         assert_eq!(span.attribute(key).as_deref(), Some(value), "{key}: {span:?}");
@@ -141,6 +147,23 @@ async fn a_rows_traceparent_parents_pgoutboxs_span_and_the_message_names_that_sp
         assert!(span.span.parent_span_id.is_empty(), "{aggregate}: a root span");
         assert_eq!((hex(&span.span.trace_id), hex(&span.span.span_id)), (trace, span_id));
     }
+
+    // A row sent to the dead-letter subject was not delivered: its letter's span says so.
+    let letter = messages.iter().find(|m| m.subject == "outbox.dead_letter").expect("a letter");
+    let letter_id = letter.header("Nats-Msg-Id").expect("an id").to_owned();
+    let letter_span = eventually(Duration::from_secs(30), "the dead letter's span", || async {
+        producer_span(&receiver.spans(), &letter_id).cloned()
+    })
+    .await;
+    assert_eq!(letter_span.span.name, "publish outbox.dead_letter");
+    assert_eq!(letter_span.attribute("error.type").as_deref(), Some("dead_letter"));
+    assert_eq!(
+        letter_span.attribute("messaging.destination.name").as_deref(),
+        Some(letter.subject.as_str())
+    );
+    let status = letter_span.span.status.as_ref().expect("a status");
+    assert_eq!(status.code, STATUS_ERROR, "{status:?}");
+    assert!(status.message.contains("reserved"), "the row's reason: {status:?}");
 
     // The transaction's span, from its decoding to its confirmation, linked from its rows.
     let transaction = eventually(Duration::from_secs(30), "a transaction span", || async {

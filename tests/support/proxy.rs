@@ -1,7 +1,7 @@
 //! A TCP proxy the test controls, for faults a server cannot produce on its own: a cut
 //! connection, a black hole (connections stay open, nothing arrives), one lost publish, and
 //! publishes held back and delivered late, as a paused server executes what was already in
-//! its socket.
+//! its socket; and a far server, whose every answer arrives late.
 //! [`FaultProxy::start`] reads the NATS protocol (to drop a publish); for any other protocol,
 //! Postgres's for one, [`FaultProxy::start_bytes`] copies bytes without reading them.
 
@@ -37,6 +37,8 @@ struct State {
     held: Vec<Held>,
     /// Publishes to `outbox.` forwarded since the last hold began, by any connection.
     publishes_since_hold: usize,
+    /// How long each chunk from the server waits before it is passed on: a far server.
+    latency: std::time::Duration,
 }
 
 /// What one held connection sent and the server has not been given yet.
@@ -92,6 +94,12 @@ impl FaultProxy {
         let mut state = self.state.lock().expect("proxy state");
         state.mode = Some(Mode::Refuse);
         state.connections.drain(..).for_each(|c| c.abort());
+    }
+
+    /// Every answer from the server arrives `latency` late from now on, as from a server
+    /// in another zone: requests asked one after another each wait it out.
+    pub fn set_latency(&self, latency: std::time::Duration) {
+        self.state.lock().expect("proxy state").latency = latency;
     }
 
     /// Keeps connections open but lets nothing through, either way.
@@ -189,6 +197,10 @@ impl Drop for FaultProxy {
     }
 }
 
+fn latency(state: &Mutex<State>) -> std::time::Duration {
+    state.lock().map(|s| s.latency).unwrap_or_default()
+}
+
 fn mode(state: &Mutex<State>) -> Mode {
     state.lock().map(|s| s.mode.unwrap_or(Mode::Pass)).unwrap_or(Mode::Pass)
 }
@@ -217,21 +229,23 @@ async fn accept_loop(listener: TcpListener, upstream: u16, state: Arc<Mutex<Stat
         let nats = state.lock().expect("proxy state").nats_frames;
         let up = match nats {
             true => tokio::spawn(client_to_server(client_read, server_write, state.clone(), id)),
-            false => tokio::spawn(pump(client_read, server_write, state.clone(), id)),
+            false => tokio::spawn(pump(client_read, server_write, state.clone(), id, false)),
         };
-        let down = tokio::spawn(pump(server_read, client_write, state.clone(), id));
+        let down = tokio::spawn(pump(server_read, client_write, state.clone(), id, true));
         let mut guard = state.lock().expect("proxy state");
         guard.connections.push(up.abort_handle());
         guard.connections.push(down.abort_handle());
     }
 }
 
-/// Copied unless black-holed: server → client, and client → server for other protocols.
+/// Copied unless black-holed: server → client (`from_server`, late by the latency), and
+/// client → server for other protocols.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: Arc<Mutex<State>>,
     id: usize,
+    from_server: bool,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     while let Ok(n) = from.read(&mut buf).await {
@@ -242,6 +256,10 @@ async fn pump(
                 std::future::pending::<()>().await;
             }
             continue;
+        }
+        let latency = if from_server { latency(&state) } else { Default::default() };
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
         }
         if n == 0 || to.write_all(&buf[..n]).await.is_err() {
             break;

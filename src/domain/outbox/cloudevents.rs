@@ -14,13 +14,22 @@
 //! and `pgoutbox replay` read them, and consumers written before `--cloudevents` keep working.
 //! A dead letter is pgoutbox's own message, never a CloudEvent.
 //!
-//! Attributes: `id` is the row's id, `source` `--cloudevents-source` or
-//! `/postgres/<database>/<schema>.<table>`, `type` the event type column (a row without one
-//! is a dead letter: an event no consumer can route is better seen than delivered under a
-//! made-up type), `time` the created-at column in RFC 3339 (left out when NULL, or when the
-//! column is a `timestamp` without time zone, whose zone pgoutbox cannot know), `subject`
-//! the aggregate id (left out when NULL). This code runs only with `--cloudevents`: without
-//! it a row's mapping is one `None` check longer.
+//! The binding's header names are case-insensitive, as HTTP's: a row's `CE-Source` or
+//! `content-type` would stand beside pgoutbox's `ce-source` or `Content-Type`, and a consumer
+//! could take the row's, or read a binary message as structured. So a row may not set, in
+//! any letter case, `Content-Type` or an attribute header pgoutbox sets from its columns
+//! ([`Envelope::reserves`]): such a row is a dead letter saying so, never sent with one of the
+//! two values silently dropped. Other `ce-` keys are extension attributes, the row's own.
+//!
+//! Attributes: `id` is the row's id (with one `--cloudevents-source` for several tables,
+//! qualified by the table as `Nats-Msg-Id` is, `<schema>.<table>:<id>`: CloudEvents
+//! identifies an event by source and id, and two tables' ids collide), `source`
+//! `--cloudevents-source` or `/postgres/<database>/<schema>.<table>`, `type` the event type
+//! column (a row without one is a dead letter: an event no consumer can route is better seen
+//! than delivered under a made-up type), `time` the created-at column in RFC 3339 (left out
+//! when NULL, or when the column is a `timestamp` without time zone, whose zone pgoutbox
+//! cannot know), `subject` the aggregate id (left out when NULL). This code runs only with
+//! `--cloudevents`: without it a row's mapping is one `None` check longer.
 
 use std::fmt::Write;
 
@@ -35,6 +44,9 @@ use crate::domain::row::ColumnValue;
 const JSON_OIDS: [u32; 2] = [114, 3802];
 const BYTEA_OID: u32 = 17;
 const TIMESTAMP_OID: u32 = 1114;
+/// The headers (lowercase) pgoutbox sets on every event: a row may not set them in any case.
+const ALWAYS_SET: [&str; 6] =
+    ["ce-specversion", "ce-id", "ce-source", "ce-type", "ce-datacontenttype", "content-type"];
 /// The media type of a structured message's body.
 pub const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json";
 
@@ -70,6 +82,9 @@ enum Content {
 pub(super) struct Envelope {
     mode: ContentMode,
     source: String,
+    /// `--cloudevents-source`: one source for every table, so ids are qualified by the table
+    /// when the mapping's are (several tables).
+    shared_source: bool,
     event_type: usize,
     time: Option<usize>,
     subject: Option<usize>,
@@ -100,10 +115,23 @@ impl Envelope {
                 Some(source) => source.clone(),
                 None => format!("/postgres/{}/{table}", settings.database),
             },
+            shared_source: settings.source.is_some(),
             event_type,
             time,
             subject: find(&roles.aggregate_id).map(|c| c.0),
             content,
+        })
+    }
+
+    /// Why a header named `lower` (lowercase) may not come from the row: it is one pgoutbox
+    /// sets, the attributes it takes from the row's columns (`ce-time` and `ce-subject` only
+    /// when the table has a column for them) and `Content-Type`, in binary and structured mode
+    /// alike (a structured event holds them in its body, and must not be contradicted).
+    pub(super) fn reserves(&self, lower: &str) -> Option<String> {
+        let own = [("ce-time", self.time.is_some()), ("ce-subject", self.subject.is_some())];
+        let taken = ALWAYS_SET.contains(&lower) || own.contains(&(lower, true));
+        taken.then(|| {
+            format!("--cloudevents sets {lower} itself, and header names match in any letter case")
         })
     }
 
@@ -116,6 +144,15 @@ impl Envelope {
         headers: &mut Headers,
         payload: Bytes,
     ) -> Result<Bytes, Rejection> {
+        // One source for several tables: the id names the table, as `Nats-Msg-Id` does.
+        let qualified;
+        let id = match self.shared_source && !mapping.id_qualifier.is_empty() {
+            true => {
+                qualified = format!("{}{id}", mapping.id_qualifier);
+                qualified.as_str()
+            }
+            false => id,
+        };
         let event_type = mapping.text(tuple, self.event_type).map_err(|Rejection(why)| {
             Rejection(format!("{why}: a CloudEvent needs a type (ce-type)"))
         })?;

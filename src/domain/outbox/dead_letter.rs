@@ -27,8 +27,8 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::{
-    Headers, MESSAGE_ID_HEADER, MessageId, OutboxEvent, Rejection, RowMapping, TABLE_HEADER,
-    TableEntry, TableName,
+    EMITTED_HEADER, Headers, MESSAGE_ID_HEADER, MessageId, OutboxEvent, Rejection, RowMapping,
+    TABLE_HEADER, TableEntry, TableName,
 };
 use crate::domain::progress::Position;
 use crate::domain::row::ColumnValue;
@@ -186,12 +186,12 @@ impl RowMapping {
             .into_iter()
             .map(|shape| {
                 let omitted = !matches!(shape, Shape::Whole);
-                let headers = headers(&message_id, &self.source_table, &reason, omitted);
+                let headers = headers(&message_id, &self.origin, &reason, omitted);
                 (headers, letter.body(shape), omitted)
             })
             .find(|(headers, body, _)| headers.wire_len() + body.len() <= budget)
             .unwrap_or_else(|| {
-                let headers = headers(&message_id, &self.source_table, &reason, true);
+                let headers = headers(&message_id, &self.origin, &reason, true);
                 (headers, letter.body(Shape::LastResort), true)
             });
         DeadLetter {
@@ -320,18 +320,27 @@ impl DeadLetter {
     /// id an older message has, since a letter named by that id could collide as well.
     pub fn named_by_position(mut self, position: Position) -> DeadLetter {
         self.event.id = format!("{DEAD_LETTER_ID_PREFIX}{position}");
-        let table = self.event.headers.get(TABLE_HEADER).unwrap_or_default().to_owned();
-        self.event.headers = headers(&self.event.id, &table, &self.reason, self.payload_omitted);
+        let origin = [TABLE_HEADER, EMITTED_HEADER]
+            .into_iter()
+            .find_map(|name| Some((name, self.event.headers.get(name)?.to_owned())));
+        let origin = origin.unwrap_or((TABLE_HEADER, String::new()));
+        self.event.headers = headers(&self.event.id, &origin, &self.reason, self.payload_omitted);
         self
     }
 }
 
-/// `table`: the `Pgoutbox-Table` value (header-safe already), none when empty.
-fn headers(message_id: &str, table: &str, reason: &str, payload_omitted: bool) -> Headers {
+/// `origin`: the mapping's header saying where the row came from (its value header-safe
+/// already), none when the value is empty.
+fn headers(
+    message_id: &str,
+    (origin, value): &(&'static str, String),
+    reason: &str,
+    payload_omitted: bool,
+) -> Headers {
     let mut headers = Headers::with_capacity(128 + message_id.len() + reason.len());
     headers.insert(MESSAGE_ID_HEADER, &one_line(message_id));
-    if !table.is_empty() {
-        headers.insert(TABLE_HEADER, table);
+    if !value.is_empty() {
+        headers.insert(origin, value);
     }
     headers.insert(DEAD_LETTER_REASON_HEADER, &one_line(reason));
     headers.insert(PAYLOAD_OMITTED_HEADER, if payload_omitted { "true" } else { "false" });

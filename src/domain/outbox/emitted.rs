@@ -15,7 +15,10 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use super::cloudevents::Envelope;
-use super::{ColumnRoles, Part, Rejection, RowMapping, SubjectPart, SubjectTemplate};
+use super::{
+    ColumnRoles, EMITTED_HEADER, Part, Rejection, RowMapping, SubjectPart, SubjectTemplate,
+    header_safe_table,
+};
 use crate::domain::row::ColumnValue;
 
 /// The namespace shown as the "table" of an emitted message (in dead letters).
@@ -89,7 +92,7 @@ impl RowMapping {
             allowed_nats_headers: roles.allowed_nats_headers.clone(),
             envelope,
             dead_letter_subject: String::new(),
-            source_table: String::new(),
+            origin: (EMITTED_HEADER, header_safe_table(prefix)),
             id_qualifier: String::new(),
             counted_as: EMITTED_LABEL.to_owned(),
         }

@@ -100,6 +100,50 @@ impl Headers {
     }
 }
 
+/// The headers read from optional role columns, with each role's column name.
+pub(super) fn optional_headers(
+    roles: &super::ColumnRoles,
+) -> impl Iterator<Item = (&'static str, &str)> {
+    [
+        ("Outbox-Aggregate-Type", &roles.aggregate_type),
+        ("Outbox-Aggregate-Id", &roles.aggregate_id),
+        ("Outbox-Event-Type", &roles.event_type),
+        ("Outbox-Created-At", &roles.created_at),
+    ]
+    .into_iter()
+    .map(|(header, column)| (header, column.as_str()))
+}
+
+/// `value`, when it can be a header's value; else why not, naming the `column` it came from.
+pub(super) fn header_value<'v, 'n>(
+    value: &'v str,
+    column: impl Fn() -> &'n str,
+) -> Result<&'v str, super::Rejection> {
+    if valid_value(value) {
+        Ok(value)
+    } else {
+        let why = format!("column {} holds a line break, not allowed in a header", column());
+        Err(super::Rejection(why))
+    }
+}
+
+/// `schema.table` as a header value: control characters (a quoted identifier may hold
+/// them) are written escaped, as Rust writes them, and at most 512 bytes are kept, so a
+/// dead letter of the smallest budget still fits.
+pub(super) fn header_safe_table(table: &str) -> String {
+    let mut safe = String::with_capacity(table.len());
+    for c in table.chars() {
+        match c.is_control() {
+            true => safe.extend(c.escape_default()),
+            false => safe.push(c),
+        }
+        if safe.len() > 512 {
+            break;
+        }
+    }
+    safe
+}
+
 /// Whether NATS accepts `name` as a header name: printable ASCII without `:`.
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && b != b':')

@@ -289,6 +289,64 @@ fn a_cloudevent_without_a_type_or_with_an_unreadable_time_is_a_dead_letter() {
     assert_eq!(header(&mapping.map(&tuple).unwrap(), "ce-time"), None);
 }
 
+/// A row's header that another letter case of an attribute header pgoutbox sets (the NATS
+/// binding's names are case-insensitive) would stand beside pgoutbox's: a dead letter.
+#[test]
+fn a_rows_header_that_names_a_cloudevents_attribute_in_any_case_is_a_dead_letter() {
+    for mode in [ContentMode::Binary, ContentMode::Structured] {
+        let mapping = mapping_with(cloudevents(mode), &outbox_relation());
+        let keys = "CE-Source ce-id Ce-Type CE-SPECVERSION ce-DataContentType ce-time CE-Subject \
+                    content-type Content-Type CONTENT-TYPE";
+        for key in keys.split_whitespace() {
+            let headers = text(&format!(r#"{{"{key}": "x"}}"#));
+            let Rejection(why) = mapping.map(&row(text("order"), "created", headers)).unwrap_err();
+            assert!(why.contains(key) && why.contains("reserved"), "{mode:?} {key}: {why}");
+        }
+        let extension = text(r#"{"ce-tenant": "acme", "CE-DataSchema": "/s"}"#);
+        assert!(mapping.map(&row(text("order"), "created", extension)).is_ok(), "{mode:?}");
+    }
+    // Without a created-at column pgoutbox can give (no zone), the row's ce-time is its own.
+    let mut relation = outbox_relation();
+    relation.columns[6].type_oid = 1114;
+    let mapping = mapping_with(cloudevents(ContentMode::Binary), &relation);
+    let time = text(r#"{"ce-time": "2026-11-22T10:00:00Z"}"#);
+    let event = mapping.map(&row(text("order"), "created", time)).unwrap();
+    assert_eq!(header(&event, "ce-time"), Some("2026-11-22T10:00:00Z"));
+    let plain = default_mapping().map(&row(text("o"), "c", text(r#"{"content-type": "a/b"}"#)));
+    assert_eq!(header(&plain.unwrap(), "content-type"), Some("a/b"), "without --cloudevents");
+}
+
+/// With one `--cloudevents-source` for several tables, two tables' rows of the same id would
+/// be one event (source, id): the id is qualified by the table, as `Nats-Msg-Id` is.
+#[test]
+fn with_one_source_for_several_tables_the_event_id_names_the_table() {
+    let id = "6f1c1a52-0000-4000-8000-000000000001";
+    let tuple = row(text("order"), "created", ColumnValue::Null);
+    for (source, message_id, ce_id) in [
+        (Some("https://shop.example"), MessageId::Qualified, format!("public.outbox:{id}")),
+        (Some("https://shop.example"), MessageId::Row, id.to_owned()),
+        (None, MessageId::Qualified, id.to_owned()),
+    ] {
+        for mode in [ContentMode::Binary, ContentMode::Structured] {
+            let cloudevents =
+                CloudEvents { mode, source: source.map(Into::into), database: "".into() };
+            let entry = TableEntry {
+                table: "public.outbox".parse().unwrap(),
+                pattern: None,
+                roles: ColumnRoles { cloudevents: Some(cloudevents), ..ColumnRoles::default() },
+                template: "outbox.{aggregate_type}".parse().unwrap(),
+                dead_letter_subject: "outbox.dead_letter".into(),
+                message_id,
+            };
+            let event = RowMapping::of_entry(&outbox_relation(), &entry).unwrap().map(&tuple);
+            let event = event.unwrap();
+            let body = serde_json::from_slice(&event.payload).unwrap_or(serde_json::Value::Null);
+            let seen = header(&event, "ce-id").or(body["id"].as_str());
+            assert_eq!(seen, Some(ce_id.as_str()), "{source:?} {message_id:?} {mode:?}");
+        }
+    }
+}
+
 #[test]
 fn a_ttl_column_sets_nats_ttl_and_an_invalid_ttl_is_a_dead_letter() {
     let mut relation = outbox_relation();
@@ -375,6 +433,8 @@ fn a_row_with_a_time_is_held_on_its_own_subject_and_delivered_to_its_own() {
     assert_eq!(header(&held, "Nats-Schedule"), Some("@at 2026-11-26T20:40:01Z"));
     assert_eq!(header(&held, "Nats-Schedule-Target"), Some("outbox.order"));
     assert_eq!(header(&held, "Nats-Msg-Id"), Some(held.id.as_str()));
+    assert_eq!(mapping.subject_template(true), "schedules.OUTBOX.{$id}.{$position}");
+    assert_eq!(mapping.subject_template(false), "outbox.{aggregate_type}");
 
     tuple[8] = text("10m");
     let held = mapping.map(&tuple).unwrap();
@@ -402,6 +462,8 @@ fn schema_and_table_placeholders_name_the_rows_table() {
     let mapping = RowMapping::new(&tenant, &ColumnRoles::default(), &template).unwrap();
     let event = mapping.map(&row(text("order"), "created", ColumnValue::Null)).unwrap();
     assert_eq!(event.subject, "tenants.tenant_7.outbox.created");
+    // Traces name a message by its template: one name for every tenant.
+    assert_eq!(mapping.subject_template(false), "tenants.{$schema}.{$table}.{event_type}");
     // A schema whose name cannot be a token: each row a dead letter saying why.
     let dotted = Relation { namespace: "a.b".into(), ..outbox_relation() };
     let mapping = RowMapping::new(&dotted, &ColumnRoles::default(), &template).unwrap();

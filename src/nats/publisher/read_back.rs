@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use super::{POSITION_HEADER, Publisher, PublisherError, is_no_message, request_error};
 use crate::domain::delivery::OrderCheck;
 use crate::domain::outbox::{
-    DEAD_LETTER_ID_PREFIX, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER, SCHEDULER_HEADER,
-    TABLE_HEADER, letter_row,
+    DEAD_LETTER_ID_PREFIX, EMITTED_HEADER, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER,
+    SCHEDULER_HEADER, TABLE_HEADER, letter_row,
 };
 use crate::domain::seed::{HeldRows, REPLAY_HEADER, row_id_of};
 use crate::domain::source::SOURCE_HEADER;
@@ -113,10 +113,12 @@ impl Publisher {
                 }
                 let Some(id) = headers.and_then(|h| self.msg_id_of(h)) else { return };
                 let id = id.as_str();
-                let named = header(TABLE_HEADER);
-                let table = match named {
-                    Some(name) => tables.iter().find(|(table, _)| table == name),
-                    None => tables.first(),
+                // An emitted event is no table's row, whatever its id says; a message with
+                // neither header was written before pgoutbox named tables: the first's.
+                let table = match (header(TABLE_HEADER), header(EMITTED_HEADER)) {
+                    (Some(name), _) => tables.iter().find(|(table, _)| table == name),
+                    (None, Some(_)) => None,
+                    (None, None) => tables.first(),
                 };
                 // A message of a table the seed does not read holds none of its rows.
                 let Some((table, payload_column)) = table else { return };

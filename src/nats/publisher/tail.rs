@@ -5,7 +5,7 @@
 use async_nats::jetstream;
 
 use super::{POSITION_HEADER, Publisher, PublisherError, is_no_message, request_error};
-use crate::domain::outbox::{MESSAGE_ID_HEADER, SCHEDULER_HEADER, TABLE_HEADER};
+use crate::domain::outbox::{EMITTED_HEADER, MESSAGE_ID_HEADER, SCHEDULER_HEADER, TABLE_HEADER};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
 use crate::domain::seed::{SEED_SINCE_HEADER, payload_digest};
@@ -15,6 +15,9 @@ use crate::domain::source::{Behind, SOURCE_HEADER, TailOrigin, TailSearch};
 /// beyond, the tail names the newest of them, and the duplicate window keeps the rows after
 /// it from being stored twice.
 const DELIVERED_LOOK_BACK: u64 = 1_024;
+
+/// How many of those messages are asked for at once.
+const LOOK_BACK_IN_FLIGHT: usize = 64;
 
 /// The end of the stream when pgoutbox starts or resumes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -61,21 +64,32 @@ impl Publisher {
         stream: &jetstream::stream::Stream,
         last: u64,
     ) -> Result<TailOrigin, PublisherError> {
+        use futures_util::{StreamExt, TryStreamExt};
         let oldest = last.saturating_sub(DELIVERED_LOOK_BACK).max(1);
-        let mut search = TailSearch::default();
-        for sequence in (oldest..=last).rev() {
-            let behind = match stream.get_raw_message(sequence).await {
-                Ok(message) => match message.headers.get(SCHEDULER_HEADER) {
+        let behind = |sequence| async move {
+            match stream.get_raw_message(sequence).await {
+                Ok(message) => Ok(match message.headers.get(SCHEDULER_HEADER) {
                     Some(scheduler) => {
                         Behind::Delivered(self.delivered_origin(&message, scheduler.as_str()))
                     }
                     None => Behind::Written(origin(&message)),
-                },
-                Err(err) if is_no_message(&err) => Behind::Missing,
-                Err(err) => return Err(request_error(err)),
-            };
-            if !search.look_back(behind) {
-                break;
+                }),
+                Err(err) if is_no_message(&err) => Ok(Behind::Missing),
+                Err(err) => Err(request_error(err)),
+            }
+        };
+        // The last message alone first: behind a delivery only, the ones before it, asked
+        // `LOOK_BACK_IN_FLIGHT` at a time (issue 45: one at a time, a burst of deliveries
+        // from a far server outlasted the attempt's time for reading the tail).
+        let mut search = TailSearch::default();
+        if search.look_back(behind(last).await?) {
+            let mut earlier = futures_util::stream::iter((oldest..last).rev())
+                .map(behind)
+                .buffered(LOOK_BACK_IN_FLIGHT);
+            while let Some(message) = earlier.try_next().await? {
+                if !search.look_back(message) {
+                    break;
+                }
             }
         }
         Ok(search.tail())
@@ -123,6 +137,7 @@ fn origin(message: &async_nats::jetstream::message::StreamMessage) -> TailOrigin
         position: header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok()),
         msg_id: header(MESSAGE_ID_HEADER),
         table: header(TABLE_HEADER),
+        emitted: message.headers.get(EMITTED_HEADER).is_some(),
         seed_since: header(SEED_SINCE_HEADER),
         payload_digest: payload_digest(&message.payload),
         stored_at_millis: (message.time.unix_timestamp_nanos() / 1_000_000) as i64,

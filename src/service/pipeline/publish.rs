@@ -8,7 +8,9 @@ use async_nats::jetstream::context::PublishError;
 use tracing::warn;
 
 use super::{Pipeline, SentRow};
-use crate::domain::outbox::{DeadLetter, OutboxEvent, Rejection, RowMapping, held_at};
+use crate::domain::outbox::{
+    DeadLetter, OutboxEvent, Rejection, RowMapping, SCHEDULE_HEADER, held_at,
+};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{
     CHAIN_ANCHOR, CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER, EXPECTED_LAST_SEQUENCE_HEADER, RowStep,
@@ -20,6 +22,16 @@ use crate::nats::wire::HeaderBlock;
 use crate::postgres::pgoutput::ColumnValue;
 use crate::service::error::{NatsFailure, PipelineError};
 use crate::service::telemetry::TableCounters;
+use crate::service::traces;
+
+/// What a message handed to NATS is, for its span.
+#[derive(Clone, Copy)]
+pub(super) enum Sending<'a> {
+    /// A row's own message, mapped by this mapping.
+    Row(&'a RowMapping),
+    /// A row's dead letter, sent in its place for this reason.
+    DeadLetter(&'a str),
+}
 
 impl Pipeline<'_> {
     /// Publishes one row at `position`, or its dead letter when it cannot be published as it
@@ -41,7 +53,8 @@ impl Pipeline<'_> {
         let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
             Some(refused) => Some(refused),
             None => match mapping.map(&tuple) {
-                Ok(event) => match self.dispatch(event, position, counters) {
+                Ok(event) => match self.dispatch(event, position, counters, Sending::Row(&mapping))
+                {
                     Ok(()) => {
                         self.memory.published += 1;
                         None
@@ -96,7 +109,8 @@ impl Pipeline<'_> {
         warn!(position = %position, id = %event.id, reason = %reason, payload_omitted,
             subject = %event.subject, "row sent to the dead-letter subject");
         let counters = self.counters.of(mapping.counted_as());
-        if let Err(err) = self.dispatch(event, position, Arc::clone(&counters)) {
+        let sending = Sending::DeadLetter(&reason);
+        if let Err(err) = self.dispatch(event, position, Arc::clone(&counters), sending) {
             self.unsent_row = true;
             return Err(match refused_for_itself(&err) {
                 Some(why) => PipelineError::DeadLetter(why),
@@ -137,19 +151,32 @@ impl Pipeline<'_> {
     /// it, and keeps it in flight. pgoutbox's own headers come first: nats-server up to 2.10
     /// reads the first occurrence of a header name anywhere in the block, so a row's header
     /// written before them could shadow a guard.
-    /// `counters`: those of the row's table, which count the message at its ack.
+    /// `counters`: those of the row's table, which count the message at its ack; `sending`:
+    /// what the message is, which its span (with traces on) is named by.
     pub(super) fn dispatch(
         &mut self,
         event: OutboxEvent,
         position: Position,
         counters: Arc<TableCounters>,
+        sending: Sending<'_>,
     ) -> Result<(), PublishError> {
         let OutboxEvent { id, mut subject, mut headers, payload } = event;
         held_at(&mut subject, &headers, position);
-        let span = match &mut self.traces {
+        let mut span = match &mut self.traces {
             None => None,
-            Some(traces) => traces.producer(&id, &subject, position, &mut headers),
+            Some(traces) => {
+                let held = headers.get(SCHEDULE_HEADER).is_some();
+                let template = || match sending {
+                    Sending::Row(mapping) => mapping.subject_template(held),
+                    // One subject per table: it is its own template.
+                    Sending::DeadLetter(_) => subject.clone(),
+                };
+                traces.producer(&id, &subject, template, position, &mut headers)
+            }
         };
+        if let (Some(span), Sending::DeadLetter(reason)) = (&mut span, sending) {
+            span.dead_letter(reason);
+        }
         let (source, guard) = (&self.source_header, self.protocol.guard());
         let seed = self.prelude.as_ref();
         let replay = self.replays.id_at(position);
@@ -171,7 +198,15 @@ impl Pipeline<'_> {
             }
             block.add_lines(headers.lines());
         };
-        let token = self.outbound.send(&subject, header_block, &payload)?;
+        let token = match self.outbound.send(&subject, header_block, &payload) {
+            Ok(token) => token,
+            Err(err) => {
+                if let Some(span) = span {
+                    traces::not_sent(span, &err);
+                }
+                return Err(err);
+            }
+        };
         self.in_flight.push(token, position, payload.len(), span, counters);
         self.protocol.on_sent(id);
         Ok(())
