@@ -54,25 +54,28 @@ fn main() -> ExitCode {
 
 async fn dispatch(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> {
     let given = |id: &str| pgoutbox::settings::cli::explicit(matches, id);
-    let config = Config::load(&cli.common, &given, &ProcessEnv, &RealFiles)?;
+    // `completions` and `man` read no setting: a mistake in one must not stop them.
+    let config = || Config::load(&cli.common, &given, &ProcessEnv, &RealFiles);
     match cli.command {
         Command::Run(args) => {
-            let config = config.with_stream_replicas(args.slot.stream_replicas);
+            let config = config()?.with_stream_replicas(args.slot.stream_replicas);
             commands::run::run(&config, &args).await?
         }
         Command::Setup(args) => {
-            let config = config.with_stream_replicas(args.slot.stream_replicas);
+            let config = config()?.with_stream_replicas(args.slot.stream_replicas);
             commands::setup::run(&config, &args).await?
         }
         Command::Teardown { yes, only_table } => {
-            commands::teardown::run(&config, yes, only_table.as_deref()).await?
+            commands::teardown::run(&config()?, yes, only_table.as_deref()).await?
         }
-        Command::Replay(args) => commands::replay::run(&config, &args).await?,
-        Command::Verify(args) => return commands::verify::run(&config, &args).await,
+        Command::Replay(args) => commands::replay::run(&config()?, &args).await?,
+        Command::Verify(args) => return commands::verify::run(&config()?, &args).await,
         Command::Status(args) => {
-            let health = commands::status::run(&config, &args).await;
+            let health = commands::status::run(&config()?, &args).await;
             return Ok(ExitCode::from(health as u8));
         }
+        Command::Completions { shell } => commands::reference::completions(shell)?,
+        Command::Man { command } => commands::reference::man(command.as_deref())?,
     }
     Ok(ExitCode::SUCCESS)
 }

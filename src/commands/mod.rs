@@ -1,5 +1,6 @@
 //! One module per subcommand; each is an `async fn` from settings to `anyhow::Result`.
 
+pub mod reference;
 pub mod replay;
 pub mod run;
 pub mod setup;

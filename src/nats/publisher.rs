@@ -16,9 +16,11 @@ use crate::nats::api_error::{is_final_answer, is_stream_not_found};
 use crate::nats::handshake::{Dialer, OpenError};
 use crate::nats::outbound::{self, Acks, Outbound};
 
+mod overlap;
 mod read_back;
 mod replay_board;
 mod tail;
+pub use overlap::SubjectsTaken;
 pub use read_back::ReadFrom;
 pub use replay_board::ReplayRecord;
 
@@ -49,6 +51,9 @@ pub enum PublisherError {
          pgoutbox never changes an existing stream: add the subject to it or use --stream"
     )]
     SubjectsNotCovered { stream: String, existing: Vec<String>, wanted: String },
+    /// Another stream holds subjects the stream to create needs (JetStream's 10065).
+    #[error("{0}")]
+    SubjectsTaken(SubjectsTaken),
     /// JetStream answered with a refusal that asking again will not change.
     #[error("JetStream request failed: {0}")]
     Request(String),
@@ -247,6 +252,14 @@ impl Publisher {
                     }
                     Err(err) if err.kind() == CreateStreamErrorKind::JetStreamUnavailable => {
                         Err(PublisherError::JetStreamDisabled)
+                    }
+                    // JetStream names neither the subjects nor the stream that has them.
+                    Err(err)
+                        if matches!(err.kind(), CreateStreamErrorKind::JetStream(e)
+                            if e.error_code() == ErrorCode::STREAM_SUBJECT_OVERLAP) =>
+                    {
+                        let taken = SubjectsTaken::find(&self.js, &self.stream, subjects).await;
+                        Err(PublisherError::SubjectsTaken(taken))
                     }
                     Err(err) => Err(request_error(err)),
                 }

@@ -4,7 +4,7 @@
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use crate::support::pgoutbox::{Pgoutbox, command};
+use crate::support::pgoutbox::{Pgoutbox, command, help_section};
 use crate::support::stream::{count, jetstream};
 use crate::support::{Nats, Postgres, eventually, free_port, wait_until_streaming};
 
@@ -270,12 +270,115 @@ fn help_offers_each_command_its_own_flags_under_headings() {
     }
     // --failover and --from-standby are Postgres settings, listed under that heading.
     let run = help(&["run"]);
-    let postgres = run.split("\nPostgres:\n").nth(1).unwrap_or_default();
-    let postgres = postgres.split("\n\n").next().unwrap_or_default();
     for flag in ["--failover", "--from-standby", "--recreate-slot"] {
-        assert!(postgres.contains(flag), "{flag} not under Postgres:\n{run}");
+        assert!(help_section(&run, "Postgres").contains(flag), "{flag} not under Postgres:\n{run}");
     }
-    let options = run.split("\nOptions:\n").nth(1).unwrap_or_default();
-    let options = options.split("\n\n").next().unwrap_or_default();
-    assert!(!options.contains("--failover"), "{run}");
+    assert!(!help_section(&run, "Options").contains("--failover"), "{run}");
+}
+
+/// `pgoutbox <args>` with no pgoutbox settings in the environment, on a terminal `columns`
+/// wide as clap sees one without a TTY (the `COLUMNS` variable): its stdout, on success.
+fn reference(args: &[&str], columns: u16) -> String {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
+    for (key, _) in std::env::vars() {
+        if key.starts_with("PGOUTBOX_") || key == "DATABASE_URL" || key == "NATS_URL" {
+            cmd.env_remove(key);
+        }
+    }
+    let output = cmd.args(args).env("COLUMNS", columns.to_string()).output().expect("it runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "pgoutbox {args:?} failed: {stderr}");
+    String::from_utf8(output.stdout).expect("UTF-8 output")
+}
+
+/// The longest line of `text`, in characters, with the line.
+fn widest(text: &str) -> (usize, &str) {
+    text.lines().map(|l| (l.chars().count(), l)).max().unwrap_or_default()
+}
+
+/// `-h` is the short help: every line fits an 80-column terminal and the whole in a screen
+/// or two, the flags only experts need left to `--help`, which keeps every detail.
+#[test]
+fn short_help_fits_a_terminal_and_long_help_has_it_all() {
+    for command in [&[][..], &["run"], &["setup"], &["status"], &["replay"], &["verify"]] {
+        for flag in ["-h", "--help"] {
+            let help = reference(&[command, &[flag]].concat(), 80);
+            let (width, line) = widest(&help);
+            assert!(width <= 80, "{command:?} {flag}: {width} columns: {line:?}");
+        }
+    }
+    let short = reference(&["run", "-h"], 80);
+    let long = reference(&["run", "--help"], 80);
+    assert!(short.lines().count() <= 60, "run -h is {} lines:\n{short}", short.lines().count());
+    assert!(short.lines().count() < long.lines().count(), "{short}");
+    assert!(!short.contains("--recreate-slot") && long.contains("--recreate-slot"), "{short}");
+    let first = |text: &str, flags: &[&str]| {
+        let at = |flag: &str| text.find(flag).unwrap_or_else(|| panic!("{flag} missing"));
+        flags.windows(2).all(|w| at(w[0]) < at(w[1]))
+    };
+    assert!(first(&short, &["--database-url", "--nats-url", "--table"]), "{short}");
+    assert!(first(&long, &["--database-url", "--recreate-slot"]), "{long}");
+    // Without a terminal or COLUMNS, help is wrapped too, to 100 columns.
+    let mut bare = std::process::Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
+    let output = bare.env_remove("COLUMNS").args(["run", "--help"]).output().expect("it runs");
+    let (width, line) = widest(std::str::from_utf8(&output.stdout).expect("UTF-8"));
+    assert!(width <= 100, "{width} columns: {line:?}");
+}
+
+/// `--help` shows how the commands are used, with examples.
+#[test]
+fn long_help_has_examples() {
+    let top = reference(&["--help"], 100);
+    let examples = top.split("Examples:").nth(1).unwrap_or_else(|| panic!("none in:\n{top}"));
+    for command in ["pgoutbox setup", "pgoutbox run", "pgoutbox status", "pgoutbox replay"] {
+        assert!(examples.contains(command), "{command} not in the examples:\n{top}");
+    }
+    for command in ["run", "setup", "status", "replay"] {
+        let help = reference(&[command, "--help"], 100);
+        assert!(help.contains("Examples:"), "{command} --help has no examples:\n{help}");
+        let short = reference(&[command, "-h"], 100);
+        assert!(short.contains("--help"), "{command} -h does not point to --help:\n{short}");
+    }
+}
+
+/// Shell completions and the man page are made from the same definitions as `--help`.
+#[test]
+fn completions_and_man_page_come_from_the_definitions() {
+    let bash = reference(&["completions", "bash"], 100);
+    assert!(bash.contains("_pgoutbox") && bash.contains("--database-url"), "{bash}");
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let script = reference(&["completions", shell], 100);
+        assert!(script.contains("pgoutbox") && script.contains("database-url"), "{shell}");
+    }
+    let man = reference(&["man"], 100);
+    assert!(man.starts_with(".ie") || man.starts_with(".TH"), "not roff:\n{man}");
+    assert!(man.contains(".TH pgoutbox 1") && man.contains("database\\-url"), "{man}");
+    let run = reference(&["man", "run"], 100);
+    assert!(run.contains(".TH pgoutbox-run 1") && run.contains("recreate\\-slot"), "{run}");
+}
+
+/// Another stream already takes subjects pgoutbox's stream needs: JetStream only says
+/// "subjects overlap with an existing stream"; pgoutbox names that stream, the subjects of
+/// both, and what to run, in one line.
+#[tokio::test(flavor = "multi_thread")]
+async fn subjects_taken_by_another_stream_are_named() {
+    let pg = Postgres::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let nats = Nats::start();
+    let js = jetstream(&nats.url()).await;
+    let other = async_nats::jetstream::stream::Config {
+        name: "OTHER".into(),
+        subjects: vec!["outbox.>".into()],
+        ..Default::default()
+    };
+    js.create_stream(other).await.expect("stream OTHER");
+    let mut cmd = command(&pg, &nats);
+    cmd.env_remove("RUST_LOG").arg("setup");
+    let output = cmd.output().expect("setup runs");
+    // Ours and OTHER's, and the ways out: write into OTHER, or change either side.
+    let needles = ["OUTBOX", "outbox.*.*", "outbox.dead_letter", "stream OTHER", "outbox.>"];
+    let ways = ["--stream OTHER", "--subject-template", "nats stream edit OTHER --subjects"];
+    assert_fails_with(&output, &[&needles[..], &ways[..]].concat());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }

@@ -12,6 +12,9 @@ Log verbosity is set with `RUST_LOG` (for example `RUST_LOG=info,pgoutbox=debug`
 
 This file is generated from `pgoutbox --help` and checked by `tests/cases/configuration_doc.rs`;
 regenerate it with `PGOUTBOX_UPDATE_DOCS=1 cargo test --test main configuration_doc`.
+`-h` shows each command's short help: the flags most runs need, one line each. The same
+definitions make the man pages (`pgoutbox man [COMMAND]`) and the shell completions
+(`pgoutbox completions bash|zsh|fish|elvish|powershell`).
 ";
 
 fn help(args: &[&str]) -> String {
@@ -21,24 +24,68 @@ fn help(args: &[&str]) -> String {
             cmd.env_remove(key);
         }
     }
+    // Wrapped to 100 columns, as without a terminal; lines without clap's trailing indent.
+    cmd.env("COLUMNS", "100");
     let output = cmd.args(args).arg("--help").output().expect("pgoutbox --help runs");
     assert!(output.status.success());
-    String::from_utf8(output.stdout).expect("UTF-8 help")
+    let help = String::from_utf8(output.stdout).expect("UTF-8 help");
+    help.lines().map(|line| format!("{}\n", line.trim_end())).collect()
 }
 
 fn render() -> String {
     let mut doc = String::from(INTRO);
-    for (title, args) in [
-        ("pgoutbox", &[][..]),
-        ("pgoutbox run", &["run"][..]),
-        ("pgoutbox setup", &["setup"][..]),
-        ("pgoutbox status", &["status"][..]),
-        ("pgoutbox replay", &["replay"][..]),
-        ("pgoutbox teardown", &["teardown"][..]),
-    ] {
-        doc.push_str(&format!("\n## `{title}`\n\n```text\n{}```\n", help(args)));
+    let shared = help(&[]);
+    doc.push_str(&format!("\n## `pgoutbox`\n\n```text\n{shared}```\n"));
+    for command in ["run", "setup", "status", "replay", "verify", "teardown"] {
+        let own = without_shared(&help(&[command]), &shared);
+        doc.push_str(&format!("\n## `pgoutbox {command}`\n\n{SHARED_NOTE}\n\n```text\n{own}```\n"));
     }
     doc
+}
+
+const SHARED_NOTE: &str = "With the flags of `pgoutbox` above, which every command takes.";
+
+/// The headings under which `--help` lists flags.
+const FLAG_HEADINGS: [&str; 6] =
+    ["Arguments:", "Options:", "Postgres:", "NATS:", "Outbox table:", "Operations:"];
+
+/// A command's `--help` without the flags `shared` (the top level's help) shows the same,
+/// and without the headings that leaves empty.
+fn without_shared(help: &str, shared: &str) -> String {
+    let shared: Vec<String> =
+        blocks(shared).into_iter().filter(|(_, flag)| *flag).map(|b| b.0).collect();
+    let mut out = String::new();
+    let mut heading = None;
+    for (block, flag) in blocks(help) {
+        if FLAG_HEADINGS.contains(&block.trim_end()) {
+            heading = Some(block);
+        } else if !flag {
+            out.push_str(&block);
+        } else if !shared.contains(&block) {
+            out.push_str(&heading.take().unwrap_or_default());
+            out.push_str(&block);
+        }
+    }
+    out
+}
+
+/// `help` cut before each heading and, under the flags' headings, before each flag: each
+/// piece with whether it is a flag.
+fn blocks(help: &str) -> Vec<(String, bool)> {
+    let mut blocks: Vec<(String, bool)> = Vec::new();
+    let mut under_flags = false;
+    for line in help.split_inclusive('\n') {
+        let is_heading = !line.starts_with(' ') && line.trim_end().ends_with(':');
+        let is_flag = under_flags && (line.starts_with("  -") || line.starts_with("      -"));
+        if is_heading {
+            under_flags = FLAG_HEADINGS.contains(&line.trim_end());
+        }
+        match blocks.last_mut() {
+            Some((block, _)) if !is_heading && !is_flag => block.push_str(line),
+            _ => blocks.push((line.to_owned(), is_flag)),
+        }
+    }
+    blocks
 }
 
 #[test]

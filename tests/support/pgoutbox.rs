@@ -132,3 +132,10 @@ impl Drop for Pgoutbox {
 fn signal(pid: u32, name: &str) {
     let _ = Command::new("kill").arg(format!("-{name}")).arg(pid.to_string()).status();
 }
+
+/// The lines of a `--help` text under `heading`: indented or blank, up to the next heading.
+pub fn help_section<'a>(help: &'a str, heading: &str) -> &'a str {
+    let rest = help.split(&format!("\n{heading}:\n")).nth(1).unwrap_or_default();
+    let lines = rest.split_inclusive('\n').take_while(|l| l.starts_with(' ') || *l == "\n");
+    &rest[..lines.map(str::len).sum::<usize>()]
+}

@@ -1,0 +1,197 @@
+//! The flags of one subcommand each (the shared ones are `CommonArgs`). Under a heading
+//! they follow the shared flags ([`OWN`]); each struct defines its flags in the order of
+//! the headings (Postgres, NATS, Outbox table, Operations), since clap lists the headings
+//! in the order their first flags are defined.
+
+use clap::Args;
+
+use super::{NATS, OPS, OWN, POSTGRES, TABLE};
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The rows created at or after this time (a timestamptz) [default: every row]
+    #[arg(long, allow_hyphen_values = true, value_name = "TIME")]
+    pub created_from: Option<String>,
+    /// The rows created before this time
+    #[arg(long, allow_hyphen_values = true, value_name = "TIME")]
+    pub created_to: Option<String>,
+    /// The configured table to verify [default: the one table]
+    ///
+    /// Schema-qualified (schema.table); needed with several tables or a pattern
+    #[arg(long, value_name = "TABLE")]
+    pub from_table: Option<String>,
+    /// Hand the rows the stream lacks to `pgoutbox replay`
+    ///
+    /// Through the running pgoutbox when one streams into the stream
+    #[arg(long)]
+    pub replay_missing: bool,
+    /// Print the findings as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReplayArgs {
+    /// The rows with these ids (comma-separated)
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["created_from", "created_to", "dead_letters"], value_name = "IDS")]
+    pub ids: Vec<String>,
+    /// The rows created at or after this time (a timestamptz)
+    ///
+    /// E.g. '2026-11-25 07:00+00', or -infinity
+    #[arg(long, conflicts_with = "dead_letters", allow_hyphen_values = true, value_name = "TIME")]
+    pub created_from: Option<String>,
+    /// The rows created before this time
+    #[arg(long, conflicts_with = "dead_letters", allow_hyphen_values = true, value_name = "TIME")]
+    pub created_to: Option<String>,
+    /// The rows named by the stream's dead letters (fixed in the table since)
+    ///
+    /// They go out again on their own subjects, at the stream's end
+    #[arg(long)]
+    pub dead_letters: bool,
+    /// Count what would be published; publish nothing
+    #[arg(long)]
+    pub dry_run: bool,
+    /// At most this many rows a second [default: as fast as acks come]
+    #[arg(long, value_name = "ROWS")]
+    pub rate: Option<std::num::NonZeroU32>,
+    /// Go on with the replay of this id (printed when a replay starts)
+    ///
+    /// Storing nothing it stored already
+    #[arg(long, value_name = "ID")]
+    pub replay_id: Option<String>,
+    /// The configured table whose rows are replayed [default: the one table]
+    ///
+    /// Schema-qualified (schema.table); needed with several tables, one table per replay
+    #[arg(long, value_name = "TABLE")]
+    pub from_table: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of a table
+    #[arg(long, conflicts_with = "watch")]
+    pub json: bool,
+    /// Refresh in place every second, with the lag's trend and rows/s, until Ctrl-C
+    #[arg(long)]
+    pub watch: bool,
+    /// Lag above this many bytes is a warning (exit 1)
+    #[arg(long, env = "PGOUTBOX_MAX_LAG_BYTES", default_value_t = 1 << 30, value_name = "BYTES")]
+    pub max_lag_bytes: i64,
+    /// Where the running pgoutbox serves /metrics, read for its stalls
+    ///
+    /// Read for the age of its last confirmation and whether it is stalled [default: the
+    /// address the slot's holder advertises in its application_name, else 127.0.0.1:9717]
+    #[arg(long, env = "PGOUTBOX_HTTP_ADDR", value_name = "ADDR")]
+    pub http_addr: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub slot: SlotArgs,
+    /// Also stream events emitted with pg_logical_emit_message and this prefix
+    ///
+    /// `pg_logical_emit_message(true, '<prefix>', '<json>')`, interleaved with the table's
+    /// rows in commit order; messages with other prefixes are ignored; empty turns it off
+    #[arg(help_heading = TABLE, long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "outbox", value_name = "PREFIX", hide_short_help = true)]
+    pub message_prefix: String,
+    /// Address for /metrics, /healthz and /readyz [default: 127.0.0.1:9717]
+    ///
+    /// If that default is taken, e.g. by a standby on the same host, HTTP is skipped with a
+    /// warning
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_HTTP_ADDR", value_name = "ADDR")]
+    pub http_addr: Option<std::net::SocketAddr>,
+    /// First publish the table's rows the stream lacks (no slot yet, or a new stream)
+    ///
+    /// Every row of the outbox table the stream lacks, in order, when there is no slot yet
+    /// or the stream is new and empty; then new ones, without a gap or a repeat. Does
+    /// nothing once the slot exists and the stream holds messages
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_BACKFILL")]
+    pub backfill: bool,
+    /// After the slot was lost: create it again, first publishing what the stream lacks
+    ///
+    /// When the slot was dropped or lost: every row of the outbox table the stream lacks
+    /// (those committed while no slot existed), in order, before streaming from the new
+    /// slot; see docs/operations.md, slot lost. Does nothing while the slot exists
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_RECOVER", conflicts_with = "backfill")]
+    pub recover: bool,
+    /// With --recover: how far back the table is compared with the stream
+    ///
+    /// Rows are looked for in the table from this long before the row of the stream's last
+    /// message (clock differences; without track_commit_timestamp, the longest a
+    /// transaction stays open)
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_RECOVER_MARGIN", default_value = "10m", value_parser = crate::settings::units::parse_duration_or_zero, value_name = "DURATION", hide_short_help = true)]
+    pub recover_margin: std::time::Duration,
+    /// Delete outbox rows this long after they were published (e.g. 7d)
+    ///
+    /// E.g. 24h, 7d; in batches of 1,000, from every outbox table; needs the created-at
+    /// column and DELETE on each [default: keep all]
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_RETENTION", value_parser = crate::settings::units::parse_duration, value_name = "DURATION")]
+    pub retention: Option<std::time::Duration>,
+    /// Report a stall when acks stop coming for this long
+    ///
+    /// /readyz 503, pgoutbox_stalled 1, a warning: when messages wait for acks and neither
+    /// an ack came nor anything was confirmed for this long
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_STALL_TIMEOUT", default_value = "60s", value_parser = crate::settings::units::parse_duration, value_name = "DURATION", hide_short_help = true)]
+    pub stall_timeout: std::time::Duration,
+    /// Confirm a position only once JetStream acknowledged it this long ago
+    ///
+    /// A position is confirmed to Postgres once JetStream acknowledged everything up to it
+    /// this long ago. Set it to as long as the stream may still lose an acknowledged write
+    /// (an R1 stream's sync interval, 2m by nats-server's default), so that a restart reads
+    /// again from the WAL what a server that lost power forgot. 0s: the stream syncs every
+    /// write (sync_interval: always) or is replicated. Costs the WAL of that long, re-read
+    /// at start
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_DURABILITY_HORIZON", default_value = "0s", value_parser = crate::settings::units::parse_duration_or_zero, value_name = "DURATION", hide_short_help = true)]
+    pub durability_horizon: std::time::Duration,
+    /// Stop reading WAL while this many payload bytes await their acks
+    ///
+    /// E.g. 32MiB, 1GB; besides the cap of 4,096 messages: bounds memory when rows are
+    /// large. One message is always let through, whatever its size
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_MAX_IN_FLIGHT_BYTES", default_value = "32MiB", value_parser = crate::settings::units::parse_byte_size, value_name = "BYTES", hide_short_help = true)]
+    pub max_in_flight_bytes: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    #[command(flatten)]
+    pub slot: SlotArgs,
+    /// As a superuser: stream each new table a --table pattern matches from its first row
+    ///
+    /// Creates the event trigger that adds each new table a --table pattern matches to the
+    /// publication in the transaction that creates it, so a new tenant's rows are streamed
+    /// from the first (see docs/operations.md, Tenant tables)
+    #[arg(help_heading = TABLE, long)]
+    pub tenant_trigger: bool,
+}
+
+/// The slot and stream flags of `run` and `setup`, which create them.
+#[derive(Debug, Args)]
+#[command(next_display_order = OWN)]
+pub struct SlotArgs {
+    /// PostgreSQL 17+: make the slot a failover slot, kept on standbys
+    ///
+    /// Synchronised to standbys that set sync_replication_slots, so streaming goes on from
+    /// a promoted standby; turned on for an existing slot (see docs/operations.md,
+    /// failover)
+    #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_FAILOVER", hide_short_help = true)]
+    pub failover: bool,
+    /// PostgreSQL 16+: keep the slot on the standby the URL names, decode there
+    ///
+    /// The database URL names a physical standby on purpose; keep the slot there and decode
+    /// on it (needs hot_standby_feedback and the publication, made on the primary; see
+    /// docs/operations.md, streaming from a standby)
+    #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_FROM_STANDBY", conflicts_with = "failover", hide_short_help = true)]
+    pub from_standby: bool,
+    /// Create a new slot though the stream shows pgoutbox ran before
+    ///
+    /// The old slot was dropped or lost: events committed in between are not recovered
+    /// (--recover publishes them from the table).
+    #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_RECREATE_SLOT", hide_short_help = true)]
+    pub recreate_slot: bool,
+    /// Replicas of the stream when pgoutbox creates it
+    ///
+    /// An existing stream is never changed
+    #[arg(help_heading = NATS, long, env = "PGOUTBOX_STREAM_REPLICAS", default_value_t = 1, value_name = "N")]
+    pub stream_replicas: usize,
+}
