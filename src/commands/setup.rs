@@ -153,6 +153,25 @@ pub async fn warn_if_public_may_emit(client: &tokio_postgres::Client) {
     }
 }
 
+/// One line on what the stream can lose of what it acknowledged (`status` says it too): a
+/// warning for a stream that loses writes at any crash (memory storage, async persistence),
+/// information for one replica without `--durability-horizon`, which loses them only when
+/// its host loses power and is what a first try runs (issue 46).
+async fn say_what_the_stream_can_lose(config: &Config, publisher: &Publisher) {
+    use async_nats::jetstream::stream::{PersistenceMode, StorageType};
+    let Ok(Some(info)) = publisher.stream_info().await else { return };
+    let horizon = config.pipeline.durability_horizon;
+    let said = crate::nats::durability::durability(&info.config, horizon);
+    let stream = &config.stream;
+    if info.config.storage == StorageType::Memory
+        || info.config.persist_mode == Some(PersistenceMode::Async)
+    {
+        warn!(%stream, "the stream can lose acknowledged events: {said}");
+    } else if info.config.num_replicas <= 1 && horizon.is_zero() {
+        info!(%stream, "{said}");
+    }
+}
+
 /// Creates the stream and the slot when missing, after claiming the stream for this
 /// source (`crate::nats::claim`). A missing slot is created only when this source never wrote the
 /// stream, or when the operator asked for it: a slot that vanished means events may have
@@ -182,6 +201,7 @@ pub async fn ensure_stream_and_slot(
         .ensure_stream(&config.stream_subjects(), config.stream_replicas, config.stream_features())
         .await
         .with_context(|| format!("preparing stream {}", config.stream))?;
+    say_what_the_stream_can_lose(config, publisher).await;
     let source = identify_source(config).await?;
     let name = &config.slot;
     let state = admin::slot_state(client, name).await?;

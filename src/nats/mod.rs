@@ -5,6 +5,7 @@ pub mod api_error;
 pub mod claim;
 pub mod connect;
 pub mod credentials;
+pub mod durability;
 pub mod handshake;
 pub mod low_water;
 pub mod outbound;

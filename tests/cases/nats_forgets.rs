@@ -138,3 +138,31 @@ async fn without_a_horizon_a_forgotten_tail_is_named_and_counted() {
     assert_eq!(report["stream"]["persistence"], "file", "{report:#}");
     assert_eq!(report["pgoutbox"]["stream_lost_events"], lost, "{report:#}");
 }
+
+/// `setup` says what the stream can lose: a warning for a stream that loses acknowledged
+/// writes at any restart of its server (memory storage), naming the setting that keeps
+/// them; a default one-replica stream gets no warning (it loses them only with its host's
+/// power, and status says so: `quiet_cli`).
+#[tokio::test(flavor = "multi_thread")]
+async fn setup_warns_of_a_stream_that_loses_acknowledged_events_at_any_restart() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    jetstream(&nats.url())
+        .await
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "OUTBOX".into(),
+            subjects: vec!["outbox.*.*".into(), "outbox.dead_letter".into()],
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .expect("a stream in memory");
+    let out = command(&pg, &nats).env_remove("RUST_LOG").arg("setup").output().expect("setup");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let line = stderr.lines().find(|l| l.contains("the stream can lose acknowledged events"));
+    let line = line.unwrap_or_else(|| panic!("no warning:\n{stderr}"));
+    assert!(line.contains("WARN") && line.contains("memory storage"), "{line}");
+    assert!(line.contains("file storage"), "the fix is named: {line}");
+}
