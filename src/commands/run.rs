@@ -230,6 +230,15 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
             shutdown.clone(),
         ));
     }
+    if !args.verify_every.is_zero() {
+        tasks.spawn(crate::service::delivery_check::run_every(
+            crate::service::delivery_check::Scope::of(config),
+            publisher.clone(),
+            args.verify_every,
+            memory.published_up_to.clone(),
+            shutdown.clone(),
+        ));
+    }
     let target = Target {
         config,
         pipeline: PipelineConfig {

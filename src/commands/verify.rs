@@ -16,10 +16,9 @@ use anyhow::Context;
 use serde_json::json;
 
 use crate::domain::delivery::{Findings, OrderCheck, SHOWN};
-use crate::domain::outbox::{MessageId, RowMapping};
-use crate::domain::seed::payload_digest;
 use crate::nats::publisher::{Publisher, ReadFrom};
-use crate::postgres::table_snapshot::{Selection, TableSnapshot};
+use crate::postgres::table_snapshot::Selection;
+use crate::service::delivery_check::{self, Checked};
 use crate::settings::cli::{ReplayArgs, VerifyArgs};
 use crate::settings::config::Config;
 
@@ -36,53 +35,23 @@ pub async fn run(config: &Config, args: &VerifyArgs) -> anyhow::Result<ExitCode>
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT)
         .with_schedules(config.schedules().cloned().collect());
-    // Every exact table, so that a message without `Pgoutbox-Table` (older versions) is the
-    // first table's, as the seed reads it; then this one, when a pattern names it.
-    let mut tables: Vec<(String, String)> = config
-        .pipeline
-        .tables
-        .iter()
-        .filter(|e| e.pattern.is_none())
-        .map(|e| (e.table.to_string(), e.roles.payload.clone()))
-        .collect();
-    let name = entry.table.to_string();
-    if !tables.iter().any(|(table, _)| *table == name) {
-        tables.push((name.clone(), entry.roles.payload.clone()));
-    }
-    let mut order = OrderCheck::default();
-    let (held, last) = publisher
-        .held_rows(ReadFrom::Start, &tables, Some(&mut order))
-        .await
-        .with_context(|| format!("reading stream {}", config.stream))?;
-
     let selection = match (&args.created_from, &args.created_to) {
         (None, None) => Selection::Since(None),
         (from, to) => Selection::Created { from: from.clone(), to: to.clone() },
     };
-    let session = TableSnapshot::session(&config.database, &config.pg_tls, None).await?;
-    let snapshot = TableSnapshot::read_set(session, &[(&entry.table, &entry.roles)]).await?;
-    let mapping = RowMapping::of_entry(snapshot.relation(), &entry)?;
-    let qualifier = match entry.message_id {
-        MessageId::Qualified => format!("{name}:"),
-        MessageId::Row => String::new(),
-    };
-    let mut findings = Findings::default();
-    let (mut rows, _reader) = snapshot.read(&selection);
-    while let Some(batch) = rows.recv().await {
-        for tuple in batch.context("reading the table")? {
-            let Some(id) = mapping.row_id(&tuple) else { continue };
-            let event = mapping.map(&tuple).ok().map(|event| payload_digest(&event.payload));
-            let payload = mapping.payload_text(&tuple).map(|text| payload_digest(text.as_bytes()));
-            let found = held.holds(&name, &id, event, payload);
-            let copies = event.map_or(0, |event| held.copies(&name, &id, event));
-            let own = id.strip_prefix(qualifier.as_str()).unwrap_or(&id);
-            findings.row(own, found, copies, args.replay_missing);
-        }
-    }
-    snapshot.close().await;
-
-    let clean = findings.missing == 0 && findings.duplicated == 0 && order.violations == 0;
-    report(config, args, &name, (&findings, &order, last));
+    let checked = delivery_check::check(
+        &delivery_check::Scope::of(config),
+        &publisher,
+        &entry,
+        &selection,
+        ReadFrom::Start,
+        true,
+    )
+    .await
+    .with_context(|| format!("verifying {}", entry.table))?;
+    let Checked { table: name, findings, order, last } = &checked;
+    let clean = checked.clean();
+    report(config, args, name, (findings, order, *last));
     if args.replay_missing && findings.missing > 0 {
         let replay = ReplayArgs {
             ids: findings.missing_ids.clone(),

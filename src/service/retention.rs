@@ -52,7 +52,7 @@ impl PublishedUpTo {
         self.0.fetch_max(pg_micros, Ordering::Relaxed);
     }
 
-    fn get(&self) -> Option<i64> {
+    pub fn get(&self) -> Option<i64> {
         Some(self.0.load(Ordering::Relaxed)).filter(|t| *t > 0)
     }
 }

@@ -131,6 +131,22 @@ fn describe() {
              (each named in a warning with what to run); the other tables stream on.",
         ),
         (
+            names::VERIFY_MISSING_ROWS,
+            "Rows created in the last --verify-every period that the stream lacks, by table.",
+        ),
+        (
+            names::VERIFY_DUPLICATED_ROWS,
+            "Rows created in the last --verify-every period that the stream holds twice.",
+        ),
+        (
+            names::VERIFY_OUT_OF_ORDER,
+            "Messages of the last --verify-every period out of commit order.",
+        ),
+        (
+            names::VERIFY_CHECKED_TO,
+            "The end of the last period --verify-every found clean, in epoch seconds.",
+        ),
+        (
             names::SEED_ROWS,
             "Rows a seed from the table reads (--recover, --backfill); 0: none runs.",
         ),

@@ -101,3 +101,43 @@ async fn replay_missing_brings_a_deleted_message_back_through_the_running_pgoutb
     assert_eq!(code, Some(0), "after the replay:\n{out}{err}\n{}", app.log());
     assert!(out.contains("200 rows, 0 missing"), "{out}");
 }
+
+/// `run --verify-every`: the check inside `run`. 100 rows created two minutes ago are
+/// stored; with pgoutbox stopped, one message is deleted (a server that forgot it). The
+/// next pgoutbox, checking every second, finds it among the rows its first check looks back
+/// on: the gauge says 1 missing for the table, and one warning names the row's id.
+#[tokio::test(flavor = "multi_thread")]
+async fn run_checks_the_stream_on_a_schedule_and_counts_what_it_lacks() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    crate::support::wait_until_streaming(&pg, &app).await;
+    pg.psql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at) \
+         SELECT 'order', n::text, 'created', jsonb_build_object('n', n), \
+         now() - interval '2 minutes' FROM generate_series(0, 99) AS n",
+    );
+    stored(&nats, 100).await;
+    stop_and_wait_released(&pg, app).await;
+    let js = jetstream(&nats.url()).await;
+    let gone = read_all(&js, "OUTBOX").await[40].header("Nats-Msg-Id").map(str::to_owned);
+    let gone = gone.expect("the message's id");
+    let stream = js.get_stream("OUTBOX").await.expect("the stream");
+    stream.delete_message(41).await.expect("delete the 41st message");
+
+    let app = Pgoutbox::run(&pg, &nats, &["--verify-every", "1s"]);
+    crate::support::wait_until_streaming(&pg, &app).await;
+    // A commit published now: the rows two minutes older are settled.
+    pg.psql(&numbered_rows(100, 101, 1));
+    let what = format!("the scheduled check finds the deleted row\n{}", app.log());
+    eventually(Duration::from_secs(30), &what, || async {
+        let missing = "pgoutbox_verify_missing_rows{table=\"public.outbox\"} ";
+        (crate::support::metric(app.http_port(), missing) == Some(1.0)).then_some(())
+    })
+    .await;
+    let log = app.log();
+    let line = log.lines().find(|l| l.contains("verify: the stream does not hold every row"));
+    let line = line.unwrap_or_else(|| panic!("no warning:\n{log}"));
+    assert!(line.contains("missing=1") && line.contains(&gone), "{line}");
+}

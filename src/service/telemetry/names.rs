@@ -21,6 +21,13 @@ pub const STREAM_LOST_EVENTS: &str = "pgoutbox_stream_lost_events_total";
 /// Tables a `--table` pattern matches that pgoutbox cannot stream (out of the publication,
 /// and pgoutbox may not add them): each also has a warning naming it and what to run.
 pub const TABLES_NOT_STREAMED: &str = "pgoutbox_tables_not_streamed";
+/// What the last `run --verify-every` check found, by table (`service::delivery_check`):
+/// rows created in its period the stream lacks, holds twice, and messages out of order;
+/// and the end of the period it checked, in epoch seconds.
+pub const VERIFY_MISSING_ROWS: &str = "pgoutbox_verify_missing_rows";
+pub const VERIFY_DUPLICATED_ROWS: &str = "pgoutbox_verify_duplicated_rows";
+pub const VERIFY_OUT_OF_ORDER: &str = "pgoutbox_verify_out_of_order_messages";
+pub const VERIFY_CHECKED_TO: &str = "pgoutbox_verify_checked_to_timestamp_seconds";
 /// `pg_logical_emit_message(false, ...)` messages with the outbox prefix: not published,
 /// since they are sent even when their transaction rolls back.
 pub const NON_TRANSACTIONAL_MESSAGES: &str = "pgoutbox_non_transactional_messages_total";

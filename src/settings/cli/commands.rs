@@ -144,6 +144,15 @@ pub struct RunArgs {
     /// at start
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_DURABILITY_HORIZON", default_value = "0s", value_parser = crate::settings::units::parse_duration_or_zero, value_name = "DURATION", hide_short_help = true)]
     pub durability_horizon: std::time::Duration,
+    /// Check the rows created each period against the stream, as verify does
+    ///
+    /// Every this long, the rows of each named table created since the last check (and at
+    /// least a minute before the newest commit published) are compared with the stream: what
+    /// it lacks, holds twice or holds out of commit order goes to /metrics
+    /// (pgoutbox_verify_*) and to one warning with the ids to replay. Costs a read of those
+    /// rows and of their messages each period (about 12 us a row). 0s: off
+    #[arg(help_heading = OPS, long, env = "PGOUTBOX_VERIFY_EVERY", default_value = "0s", value_parser = crate::settings::units::parse_duration_or_zero, value_name = "DURATION", hide_short_help = true)]
+    pub verify_every: std::time::Duration,
     /// Stop reading WAL while this many payload bytes await their acks
     ///
     /// E.g. 32MiB, 1GB; besides the cap of 4,096 messages: bounds memory when rows are
