@@ -2,7 +2,8 @@
 //! JetStream, and every order in which the server executes what was written to it is played,
 //! with attempts given up (an ack that never came), processes killed, writes of abandoned
 //! connections landing late or never, the server forgetting the last message id on a
-//! restart, and the duplicate window expiring.
+//! restart, the duplicate window expiring, and a server that loses power and forgets what it
+//! acknowledged since its last sync (`forgetting`: the durability horizon's case).
 //!
 //! The JetStream model applies a publish's checks in the orders nats-server does
 //! (`processJetStreamMsg`): 2.9 checks the duplicate window first, then
@@ -26,10 +27,13 @@ use super::*;
 use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
 
 mod cases;
+mod faults;
+mod forgetting;
 mod jetstream;
 mod promises;
 mod search;
 
+use faults::Faults;
 use jetstream::{Checks, JetStream, Message, Write, Written};
 use promises::Broken;
 
@@ -54,31 +58,6 @@ struct Attempt {
 enum Decoded {
     Row(usize),
     Commit(u64),
-}
-
-/// The budget of faults a run may inject.
-#[derive(Debug, Clone, Copy, Hash)]
-struct Faults {
-    give_ups: u8,
-    crashes: u8,
-    server_restarts: u8,
-    /// The whole duplicate window ends at once.
-    window_expiries: u8,
-    /// The oldest entry of the duplicate window ends (entries expire one at a time).
-    oldest_expiries: u8,
-    /// Another writer stores a message in the stream, unguarded.
-    foreign_writes: u8,
-}
-
-impl Faults {
-    const NONE: Faults = Faults {
-        give_ups: 0,
-        crashes: 0,
-        server_restarts: 0,
-        window_expiries: 0,
-        oldest_expiries: 0,
-        foreign_writes: 0,
-    };
 }
 
 #[derive(Debug, Clone)]
@@ -111,6 +90,13 @@ struct World {
     legacy: Option<Legacy>,
     /// Leave the sequence out of every guard but the anchor's: the protocol before issue 28.
     ids_only: bool,
+    /// How many of the stream's messages the server has synced to disk.
+    synced: usize,
+    /// With a durability horizon, this attempt's confirmable positions not yet released,
+    /// each with the stream's length when the newest acknowledgement it rests on came.
+    horizon: Option<VecDeque<(u64, usize)>>,
+    /// The stream's length at this attempt's start (its tail) or its last acknowledgement.
+    acked_len: usize,
 }
 
 /// The publish protocol up to 2026-11, transcribed to show that the model check catches
@@ -137,6 +123,10 @@ enum Step {
     WindowExpires,
     ExpireOldest,
     ForeignWrite,
+    /// The server syncs what it stored (time passes: the sync interval).
+    Sync,
+    /// The server loses power and restarts with what it had synced.
+    Forget,
 }
 
 impl Step {
@@ -208,6 +198,9 @@ impl World {
             answered_staged: false,
             legacy: None,
             ids_only: false,
+            synced: 0,
+            horizon: None,
+            acked_len: 0,
         };
         world.start_attempt();
         world
@@ -280,6 +273,10 @@ impl World {
                 events.push(Decoded::Commit(end_lsn(transaction)));
             }
         }
+        if let Some(held) = self.horizon.as_mut() {
+            held.clear(); // each attempt's horizon starts at the slot's position
+        }
+        self.acked_len = self.jetstream.stored.len();
         self.connections.push(Connection::default());
         self.attempt = Attempt {
             connection: self.connections.len() - 1,
@@ -351,6 +348,9 @@ impl World {
         if self.faults.foreign_writes > 0 {
             steps.push(Step::ForeignWrite);
         }
+        if self.faults.forgets > 0 && self.synced < self.jetstream.stored.len() {
+            steps.extend([Step::Sync, Step::Forget]);
+        }
         steps
     }
 
@@ -379,6 +379,7 @@ impl World {
                 let (answer, found_staged) =
                     self.current().to_client.pop_front().ok_or("no answer")?;
                 self.answered_staged |= found_staged;
+                self.acked_len = self.jetstream.stored.len();
                 let sent =
                     self.attempt.in_flight.pop_front().ok_or("an answer with nothing sent")?;
                 let row = sent.row().ok_or("a message of no row in flight")?;
@@ -469,12 +470,20 @@ impl World {
                 self.foreign += 1;
                 self.jetstream.store(message, format!("foreign-{}", self.foreign));
             }
+            Step::Sync => self.synced = self.jetstream.stored.len(),
+            Step::Forget => {
+                self.faults.forgets -= 1;
+                self.forget();
+            }
         }
         self.check_stream()
     }
 
-    /// What the pipeline reports to Postgres, checked against the stream.
+    /// What the pipeline reports to Postgres, checked against the stream: with a horizon,
+    /// only what rests on synced acknowledgements (`forgetting`).
     fn confirm(&mut self) {
-        self.slot_confirmed = self.slot_confirmed.max(self.attempt.protocol.confirmed());
+        let confirmable = self.attempt.protocol.confirmed();
+        let released = self.through_horizon(confirmable);
+        self.slot_confirmed = self.slot_confirmed.max(released);
     }
 }

@@ -143,6 +143,7 @@ proptest! {
             window_expiries,
             oldest_expiries,
             foreign_writes,
+            forgets: 0,
         };
         let world = World::new(transaction_of, window_size, checks, faults);
         prop_assert_eq!(play(world, &choices), Ok(()));

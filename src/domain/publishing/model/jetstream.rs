@@ -91,8 +91,9 @@ pub(super) struct Write {
 #[derive(Debug, Clone)]
 pub(super) struct JetStream {
     pub(super) checks: Checks,
-    /// The messages stored, in sequence order (sequence = index + 1).
+    /// The messages stored, in sequence order (sequence = index + 1), and their ids.
     pub(super) stored: Vec<Message>,
+    ids: Vec<String>,
     pub(super) last_id: Option<String>,
     /// The duplicate window, oldest entry first: message id and sequence, 0 when only
     /// staged. Entries expire oldest first.
@@ -101,7 +102,7 @@ pub(super) struct JetStream {
 
 impl JetStream {
     pub(super) fn new(checks: Checks) -> JetStream {
-        JetStream { checks, stored: Vec::new(), last_id: None, window: Vec::new() }
+        JetStream { checks, stored: Vec::new(), ids: Vec::new(), last_id: None, window: Vec::new() }
     }
 
     /// Executes one publish; `true` with the answer when it staged its id anew.
@@ -151,6 +152,7 @@ impl JetStream {
 
     pub(super) fn store(&mut self, message: Message, id: String) -> Answer {
         self.stored.push(message);
+        self.ids.push(id.clone());
         let sequence = self.stored.len() as u64;
         self.window.retain(|(held, _)| *held != id);
         self.window.push((id.clone(), sequence));
@@ -163,6 +165,15 @@ impl JetStream {
         if let Some(i) = self.window.iter().position(|&(_, s)| !staged_only || s == 0) {
             self.window.remove(i);
         }
+    }
+
+    /// A power loss: the server restarts with its first `synced` messages, and rebuilds its
+    /// duplicate window and last id from them (nothing staged survives).
+    pub(super) fn forget_after(&mut self, synced: usize) {
+        self.stored.truncate(synced);
+        self.ids.truncate(synced);
+        self.window.retain(|&(_, sequence)| sequence != 0 && sequence <= synced as u64);
+        self.last_id = self.ids.last().cloned();
     }
 
     pub(super) fn holds_staged(&self) -> bool {
