@@ -19,8 +19,10 @@ mod controls;
 mod dead_letter;
 mod emitted;
 mod headers;
+mod partition;
 mod pattern;
 mod roles;
+mod subject;
 mod template;
 
 pub use cloudevents::{CloudEvents, ContentMode};
@@ -35,8 +37,10 @@ pub use dead_letter::{
 pub use emitted::{EMITTED_LABEL, log_preview};
 pub use headers::Headers;
 use headers::{header_safe_table, header_value, optional_headers};
+pub use partition::partition;
 pub use pattern::{InvalidPattern, TablePattern};
 pub use roles::{ColumnRoles, InvalidTableName, MessageId, TableEntry, TableName};
+use subject::SubjectPart;
 pub use template::{MAX_SUBJECT_BYTES, SubjectTemplate, TemplateError, subjects_overlap};
 use template::{Part, check_subject_token};
 
@@ -77,14 +81,6 @@ pub struct MappingError {
     pub column: String,
     pub role: &'static str,
     hint: &'static str,
-}
-
-#[derive(Clone)]
-enum SubjectPart {
-    Literal(String),
-    Column(usize),
-    /// `{$schema}` or `{$table}` (the placeholder, without braces) and the table's value.
-    Named(&'static str, String),
 }
 
 /// Column positions for one version of the outbox table.
@@ -141,29 +137,7 @@ impl RowMapping {
         };
         let id = require(&roles.id, "id")?;
         let payload = require(&roles.payload, "payload")?;
-        let mut subject = Vec::new();
-        let mut unusable = None;
-        for part in &template.parts {
-            subject.push(match part {
-                Part::Literal(l) => SubjectPart::Literal(l.clone()),
-                Part::Column(c)
-                    if c == template::SCHEMA_PLACEHOLDER || c == template::TABLE_PLACEHOLDER =>
-                {
-                    let (name, placeholder) = match c == template::SCHEMA_PLACEHOLDER {
-                        true => (&relation.namespace, template::SCHEMA_PLACEHOLDER),
-                        false => (&relation.name, template::TABLE_PLACEHOLDER),
-                    };
-                    // Every row of the table would have a bad subject: each becomes a
-                    // dead letter saying why, the other tables stream on.
-                    if let Err(why) = check_subject_token(name) {
-                        let shown = dead_letter::shorten(name, SHOWN_VALUE_BYTES);
-                        unusable = Some(format!("{{{c}}} = {shown:?} {why}"));
-                    }
-                    SubjectPart::Named(placeholder, name.clone())
-                }
-                Part::Column(c) => SubjectPart::Column(require(c, "subject placeholder")?),
-            });
-        }
+        let (subject, unusable) = subject::resolve(template, relation, roles, require)?;
         let header_columns = optional_headers(roles)
             .filter_map(|(header, column)| Some((header, find(column)?)))
             .collect();
@@ -246,19 +220,10 @@ impl RowMapping {
     /// tenant or row): the subject template (`tenants.{$schema}.{event_type}`), or for a
     /// `held` row the subjects it is held on (`schedules.OUTBOX.{$id}.{$position}`).
     pub fn subject_template(&self, held: bool) -> String {
-        use std::fmt::Write;
         if let Some((_, schedule)) = self.schedule.as_ref().filter(|_| held) {
             return format!("{}.{{$id}}.{{$position}}", schedule.subject_prefix);
         }
-        let mut template = String::with_capacity(64);
-        for part in &self.subject {
-            let _ = match part {
-                SubjectPart::Literal(l) => template.write_str(l),
-                SubjectPart::Named(placeholder, _) => write!(template, "{{{placeholder}}}"),
-                SubjectPart::Column(i) => write!(template, "{{{}}}", self.name(*i)),
-            };
-        }
-        template
+        self.template_text()
     }
 
     /// The same mapping, its dead letters sent to `subject`.
@@ -336,30 +301,7 @@ impl RowMapping {
             )));
         }
         let id = format!("{}{}{text}", self.id_prefix, self.id_qualifier);
-        let mut subject = String::with_capacity(64);
-        for part in &self.subject {
-            match part {
-                SubjectPart::Literal(l) | SubjectPart::Named(_, l) => subject.push_str(l),
-                SubjectPart::Column(i) => {
-                    let token = self.text(tuple, *i)?;
-                    check_subject_token(token).map_err(|why| {
-                        // The value is shown cut short: the reason must stay readable and
-                        // fit a header, however long the value.
-                        let shown = dead_letter::shorten(token, SHOWN_VALUE_BYTES);
-                        Rejection(format!("column {} = {shown:?} {why}", self.name(*i)))
-                    })?;
-                    subject.push_str(token);
-                }
-            }
-        }
-        if subject.len() > MAX_SUBJECT_BYTES {
-            return Err(Rejection(format!(
-                "the subject is {} bytes: longer than the {MAX_SUBJECT_BYTES} that fit the \
-                 NATS control line (nats-server's max_control_line, 4 KiB by default, refuses \
-                 the publish and closes the connection)",
-                subject.len()
-            )));
-        }
+        let mut subject = self.subject_of(tuple)?;
         let mut headers = Headers::with_capacity(256);
         headers.insert(MESSAGE_ID_HEADER, header_value(&id, || self.name(self.id))?);
         if !self.origin.1.is_empty() {

@@ -252,6 +252,16 @@ pub struct CommonArgs {
     /// Column sent as Outbox-Aggregate-Id (optional column)
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_AGGREGATE_ID_COLUMN", default_value = "aggregate_id", value_name = "COLUMN", hide_short_help = true)]
     pub aggregate_id_column: String,
+    /// How many partitions {$partition} in --subject-template spreads aggregates over
+    ///
+    /// {$partition} becomes the partition of the row's aggregate id column, 0 to N-1:
+    /// FNV-1a 32 of its text modulo N, exactly what nats-server's mapping
+    /// {{partition(N, token)}} gives for the same token, so consumers partitioned by the
+    /// server (consumer groups, 2.11+) and by subject agree. A NULL aggregate id makes the
+    /// row a dead letter. Required by {$partition}, refused without it (see
+    /// docs/operations.md, Partitions for parallel consumers)
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_PARTITIONS", value_name = "N", hide_short_help = true)]
+    pub partitions: Option<u32>,
     /// Column sent as Outbox-Event-Type (optional column)
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_EVENT_TYPE_COLUMN", default_value = "event_type", value_name = "COLUMN", hide_short_help = true)]
     pub event_type_column: String,

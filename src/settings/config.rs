@@ -347,6 +347,9 @@ impl Config {
         let mut columns =
             vec![("id column", roles.id.as_str()), ("payload column", roles.payload.as_str())];
         columns.extend(entry.template.columns().map(|c| ("subject placeholder", c)));
+        if entry.template.partitioned() {
+            columns.push(("aggregate id column, which {$partition} reads", &roles.aggregate_id));
+        }
         if let Some(ttl) = &roles.ttl {
             columns.push(("TTL column", ttl));
         }
@@ -380,6 +383,7 @@ fn table_entry(
     message_id: MessageId,
 ) -> anyhow::Result<TableEntry> {
     let template: SubjectTemplate = args.subject_template.parse().context("--subject-template")?;
+    let template = partitions::partitioned(template, args.partitions)?;
     check_subject("--dead-letter-subject", &args.dead_letter_subject)?;
     let roles = ColumnRoles {
         id: args.id_column.clone(),
@@ -487,6 +491,7 @@ fn check_subject(flag: &str, subject: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+mod partitions;
 mod tables;
 #[cfg(test)]
 mod tests;

@@ -49,6 +49,7 @@ pub struct FileSettings {
     schedule_column: Option<String>,
     schedule_subject_prefix: Option<String>,
     allow_nats_header: Option<Vec<String>>,
+    partitions: Option<u32>,
     /// `[[table]]` entries.
     #[serde(default)]
     table: Vec<TableSettings>,
@@ -73,6 +74,7 @@ struct TableSettings {
     ttl_column: Option<String>,
     schedule_column: Option<String>,
     allow_nats_header: Option<Vec<String>>,
+    partitions: Option<u32>,
 }
 
 impl FileSettings {
@@ -185,6 +187,7 @@ struct TableKeys<'a> {
     schedule_column: &'a Option<String>,
     cloudevents: &'a Option<CloudEventsMode>,
     allow_nats_header: &'a Option<Vec<String>>,
+    partitions: &'a Option<u32>,
 }
 
 impl<'a> TableKeys<'a> {
@@ -204,6 +207,7 @@ impl<'a> TableKeys<'a> {
             schedule_column: &f.schedule_column,
             cloudevents: &f.cloudevents,
             allow_nats_header: &f.allow_nats_header,
+            partitions: &f.partitions,
         }
     }
 
@@ -223,6 +227,7 @@ impl<'a> TableKeys<'a> {
             schedule_column: &t.schedule_column,
             cloudevents: &t.cloudevents,
             allow_nats_header: &t.allow_nats_header,
+            partitions: &t.partitions,
         }
     }
 
@@ -248,6 +253,7 @@ impl<'a> TableKeys<'a> {
         let schedule = self.schedule_column.clone().map(Some);
         take(&mut a.schedule_column, &schedule, given("schedule_column"));
         take(&mut a.allow_nats_header, self.allow_nats_header, given("allow_nats_header"));
+        take(&mut a.partitions, &self.partitions.map(Some), given("partitions"));
     }
 }
 

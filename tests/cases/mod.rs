@@ -30,6 +30,7 @@ mod ops_http;
 mod order_under_lost_publish;
 mod outbox_table_drift;
 mod partitioned_outbox;
+mod partitions;
 mod poison_rows;
 mod postgres_black_hole;
 mod postgres_tls;

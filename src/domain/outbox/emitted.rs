@@ -15,6 +15,7 @@ use bytes::Bytes;
 use serde_json::value::RawValue;
 
 use super::cloudevents::Envelope;
+use super::template::PARTITION_PLACEHOLDER;
 use super::{
     ColumnRoles, EMITTED_HEADER, Part, Rejection, RowMapping, SubjectPart, SubjectTemplate,
     header_safe_table,
@@ -65,6 +66,12 @@ impl RowMapping {
             .iter()
             .map(|part| match part {
                 Part::Literal(l) => SubjectPart::Literal(l.clone()),
+                // The aggregate id the event names, as a table row's: `aggregate_id` (or
+                // the --aggregate-id-column's name) in the object.
+                Part::Column(c) if c == PARTITION_PLACEHOLDER => SubjectPart::Partition(
+                    position(&roles.aggregate_id),
+                    template.partitions().unwrap_or(0),
+                ),
                 Part::Column(c) if c.starts_with('$') => SubjectPart::Literal(String::new()),
                 Part::Column(c) => SubjectPart::Column(position(c)),
             })

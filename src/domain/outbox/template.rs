@@ -3,7 +3,8 @@
 //!
 //! `{$schema}` and `{$table}` stand for the row's table (a `$` cannot start an unquoted
 //! column name): with a table pattern, `tenants.{$schema}.{event_type}` gives each tenant
-//! its own subjects.
+//! its own subjects. `{$partition}` stands for the partition of the row's aggregate id
+//! among `--partitions` (see `partition.rs`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,13 +19,18 @@ pub(super) enum Part {
 pub const SCHEMA_PLACEHOLDER: &str = "$schema";
 /// The placeholder of the row's table's name.
 pub const TABLE_PLACEHOLDER: &str = "$table";
+/// The placeholder of the partition of the row's aggregate id.
+pub const PARTITION_PLACEHOLDER: &str = "$partition";
 
 /// A subject such as `outbox.{aggregate_type}.{event_type}`: placeholders name columns, or
-/// the row's table (`{$schema}`, `{$table}`).
+/// the row's table (`{$schema}`, `{$table}`), or the partition of its aggregate id
+/// (`{$partition}`, among [`SubjectTemplate::partitions`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubjectTemplate {
     pub(super) parts: Vec<Part>,
     source: String,
+    /// `--partitions`: set by the settings, which refuse `{$partition}` without it.
+    partitions: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -50,9 +56,12 @@ impl FromStr for SubjectTemplate {
             if column.is_empty() || column.contains('{') {
                 return Err(fail("a placeholder must be a column name, as in {event_type}"));
             }
-            if column.starts_with('$') && ![SCHEMA_PLACEHOLDER, TABLE_PLACEHOLDER].contains(&column)
-            {
-                return Err(fail("the placeholders of the table are {$schema} and {$table}"));
+            let named = [SCHEMA_PLACEHOLDER, TABLE_PLACEHOLDER, PARTITION_PLACEHOLDER];
+            if column.starts_with('$') && !named.contains(&column) {
+                return Err(fail(
+                    "the placeholders that start with `$` are {$schema}, {$table} and \
+                     {$partition}",
+                ));
             }
             parts.push(Part::Column(column.to_owned()));
             rest = &rest[open + close + 1..];
@@ -63,7 +72,7 @@ impl FromStr for SubjectTemplate {
         if !rest.is_empty() {
             parts.push(Part::Literal(rest.to_owned()));
         }
-        let template = SubjectTemplate { parts, source: template.to_owned() };
+        let template = SubjectTemplate { parts, source: template.to_owned(), partitions: None };
         // Every token must be valid once each placeholder holds a valid token.
         let sample = template.wildcard();
         // Any whitespace or control character, not only ' ' and '\t': NATS splits a protocol
@@ -111,10 +120,28 @@ impl SubjectTemplate {
     /// Whether the template names the row's table (`{$schema}`, `{$table}`): only a row
     /// decoded from a table has one.
     pub fn names_table(&self) -> bool {
-        self.parts.iter().any(|p| matches!(p, Part::Column(c) if c.starts_with('$')))
+        self.parts.iter().any(
+            |p| matches!(p, Part::Column(c) if c == SCHEMA_PLACEHOLDER || c == TABLE_PLACEHOLDER),
+        )
     }
 
-    /// The columns the template reads (not `{$schema}` nor `{$table}`).
+    /// Whether the template holds `{$partition}`.
+    pub fn partitioned(&self) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Column(c) if c == PARTITION_PLACEHOLDER))
+    }
+
+    /// How many partitions `{$partition}` spreads aggregates over (`--partitions`).
+    pub fn partitions(&self) -> Option<u32> {
+        self.partitions
+    }
+
+    /// The same template, `{$partition}` taking values in `0..partitions`.
+    pub fn with_partitions(mut self, partitions: u32) -> Self {
+        self.partitions = Some(partitions);
+        self
+    }
+
+    /// The columns the template reads (not `{$schema}`, `{$table}` nor `{$partition}`).
     pub fn columns(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter_map(|p| match p {
             Part::Column(c) if !c.starts_with('$') => Some(c.as_str()),

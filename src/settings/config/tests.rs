@@ -262,3 +262,27 @@ fn a_schedule_prefix_overlapping_the_events_or_the_dead_letters_is_refused() {
     }
     assert!(with("schedules.OUTBOX").is_ok());
 }
+
+#[test]
+fn partitions_and_their_placeholder_come_together_or_are_refused_in_one_line() {
+    let env = [("DATABASE_URL", "postgres://u@h:1/db")];
+    let template = ["--subject-template", "orders.{$partition}.{event_type}"];
+    let c = config(&[&template[..], &["--partitions", "8"]].concat(), &env).unwrap();
+    assert_eq!(c.entry().template.partitions(), Some(8));
+    assert_eq!(c.entry().template.wildcard(), "orders.*.*");
+    let columns = Config::required_columns(c.entry());
+    assert!(
+        columns
+            .iter()
+            .any(|(role, column)| role.contains("{$partition}") && *column == "aggregate_id")
+    );
+    for (args, why) in [
+        (&[&template[..], &["--partitions", "0"]].concat(), "--partitions 0"),
+        (&template.to_vec(), "--partitions is not set"),
+        (&vec!["--partitions", "4"], "has no {$partition}"),
+    ] {
+        let Err(err) = config(args, &env) else { panic!("{args:?} was taken") };
+        let err = format!("{err:#}");
+        assert!(err.contains(why) && !err.contains('\n'), "{args:?}: {err}");
+    }
+}

@@ -82,3 +82,13 @@ fn table_flag_with_table_entries_is_refused() {
     let (top, tables) = merge(args(&["--table", "x"]), &file, &explicit).unwrap();
     assert_eq!((top.table, tables.len(), top.stream.as_str()), (vec!["x".into()], 0, "E"));
 }
+
+#[test]
+fn partitions_are_a_table_key_and_a_top_level_default() {
+    let text = "partitions = 4\n\n[[table]]\ntable = \"a.outbox\"\n\n\
+                [[table]]\ntable = \"b.outbox\"\npartitions = 16\n";
+    let file = FileSettings::parse(text).expect("parses");
+    let Ok((top, tables)) = merge(args(&[]), &file, &|_| false) else { panic!("merged") };
+    assert_eq!(top.partitions, Some(4));
+    assert_eq!((tables[0].partitions, tables[1].partitions), (Some(4), Some(16)));
+}
