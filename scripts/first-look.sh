@@ -67,11 +67,13 @@ step="asking cargo for its target directory"
 target_dir=$(cargo metadata --format-version 1 --no-deps |
   sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 [ -n "$target_dir" ] || fail "cargo metadata names no target_directory"
-bin="$target_dir/release/pgoutbox"
-tail_bin="$target_dir/release/examples/tail"
-step="building pgoutbox (cargo build --release)"
-echo "building pgoutbox in release mode into $target_dir: about 3 minutes on 2 cores the first time, seconds after"
-cargo build --release --bin pgoutbox --example tail
+# The test profile (debug): `scripts/test.sh` then reuses every compiled dependency instead
+# of building the tree a second time in release mode; a first look needs no release speed.
+bin="$target_dir/debug/pgoutbox"
+tail_bin="$target_dir/debug/examples/tail"
+step="building pgoutbox (cargo build)"
+echo "building pgoutbox into $target_dir: about 2 minutes on 2 cores the first time, seconds after"
+cargo build --bin pgoutbox --example tail
 [ -x "$bin" ] || fail "the build made no $bin"
 [ -x "$tail_bin" ] || fail "the build made no $tail_bin"
 

@@ -10,6 +10,7 @@ mod container_route;
 mod crash_anywhere;
 mod dedup_window_expired;
 mod deploy_assets;
+mod doc_snippets;
 mod duplicate_ids;
 mod emitted_messages;
 mod failover;
