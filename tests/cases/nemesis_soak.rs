@@ -3,9 +3,13 @@
 //! back, while a seeded schedule injects one fault at a time: pgoutbox killed with -9,
 //! nats-server paused or restarted, Postgres restarted (fast and immediate), the slot
 //! dropped and recovered with `--recover`, rows replayed into the live stream (half of the
-//! time while pgoutbox is down). Then everything heals, and the checker reads the whole
-//! stream (`support::soak::check`). Ignored by default: `scripts/soak.sh --minutes N --seed
-//! S` runs it; the seed is printed first and with every failure, so a failure replays.
+//! time while pgoutbox is down). Beside it, tenants are created under a `tenant_*.outbox`
+//! pattern (rows in the creating transaction, for the adoption to move), written, dropped
+//! once streamed, and, on a nats-server with message schedules, some of their rows held for
+//! a few seconds (`support::soak::tenants`). Then everything heals, and the checkers read
+//! the whole stream (`support::soak::check`, `support::soak::tenants::check`). Ignored by
+//! default: `scripts/soak.sh --minutes N --seed S` runs it; the seed is printed first and
+//! with every failure, so a failure replays.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,6 +20,7 @@ use tokio::sync::Mutex;
 
 use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::soak::check::{Replayed, Verdict, check};
+use crate::support::soak::tenants::{self, TenantWriter, check_tenants};
 use crate::support::soak::writer::{OUTBOX, Writer};
 use crate::support::soak::{Fault, Gate, Rng, Settings, SlotDrop};
 use crate::support::stream::{create_outbox_stream, jetstream, read_all};
@@ -31,20 +36,38 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
     let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
     let nats = Nats::start();
     pg.psql(OUTBOX);
-    create_outbox_stream(&jetstream(&nats.url()).await, settings.duplicate_window).await;
     let logs = std::env::temp_dir().join(format!("pgoutbox-soak-{}", settings.seed));
     let _ = std::fs::remove_dir_all(&logs);
     std::fs::create_dir_all(&logs).expect("a directory for the soak's logs");
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let (release, js) = (nats.release(), jetstream(&nats.url()).await);
+    let schedules = settings.tenants && settings.schedules && release >= (2, 12);
+    let base = match settings.tenants {
+        true => {
+            let config = logs.join("pgoutbox.toml");
+            std::fs::write(&config, tenants::config_file(schedules)).expect("the soak's config");
+            tenants::create_stream(&js, settings.duplicate_window, schedules).await;
+            vec!["--config".to_owned(), config.display().to_string()]
+        }
+        false => {
+            create_outbox_stream(&js, settings.duplicate_window).await;
+            Vec::new()
+        }
+    };
+    eprintln!("{}", tenants::said(&settings, schedules, release));
+    let app = Pgoutbox::run(&pg, &nats, &strs(&base));
     wait_until_streaming(&pg, &app).await;
 
     let gate = Arc::new(Mutex::new(Gate::default()));
     let t0 = Instant::now();
     let writer = Writer::start(pg.port(), rng.fork(1), settings.truncate, gate.clone(), t0);
+    let tenant_writer = settings
+        .tenants
+        .then(|| TenantWriter::start(pg.port(), rng.fork(3), schedules, gate.clone(), t0));
     let mut nemesis = Nemesis {
         pg,
         nats,
         app,
+        base,
         rng: rng.fork(2),
         gate,
         t0,
@@ -69,6 +92,7 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
     }
     nemesis.check_alive().await;
     let ledger = writer.finish();
+    let tenant_ledger = tenant_writer.map(TenantWriter::finish);
     nemesis.say(&format!(
         "writer stopped: {} events committed, {} maybe, {} transactions ({} empty, {} rolled \
          back, {} failed), {} truncates ({} unknown), {} connections",
@@ -82,17 +106,36 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         ledger.truncates_unknown,
         ledger.reconnects
     ));
+    if let Some(tenants) = &tenant_ledger {
+        nemesis.say(&format!(
+            "tenants' writer stopped: {} tenants created, {} dropped, {} rows committed",
+            tenants.created,
+            tenants.dropped.len(),
+            tenants.committed.len()
+        ));
+        nemesis.wait_adopted().await;
+    }
     nemesis.wait_confirmed_past_the_end().await;
-    let messages = read_all(&jetstream(&nemesis.nats.url()).await, "OUTBOX").await;
+    let js = jetstream(&nemesis.nats.url()).await;
+    if let Some(tenants) = tenant_ledger.as_ref().filter(|_| schedules) {
+        let held = tenants::wait_delivered(&js, tenants).await;
+        nemesis.say(&format!("scheduled rows: {held} still held"));
+    }
+    let messages = read_all(&js, "OUTBOX").await;
     nemesis.save_log();
     let drops = nemesis.gate.lock().await.drops.clone();
     let mut verdict = check(&messages, &ledger, &nemesis.replays, &nemesis.timeline, &drops);
+    let tenants_summary = tenant_ledger.as_ref().map_or(String::new(), |tenants| {
+        let figures = check_tenants(&messages, tenants, &mut verdict);
+        figures.summary(tenants, tenants::adoptions(&nemesis.logs))
+    });
     verdict.absorb(std::mem::take(&mut nemesis.trouble));
     let faults: Vec<String> =
         nemesis.faults.iter().map(|(f, n)| format!("{}={n}", f.name())).collect();
     let summary = format!(
         "soak seed {seed}: {minutes:.1} min, {events} events committed ({maybe} maybe), {truncates} \
-         truncates; faults: {faults}; replays: {replays}\n{verdict}{notes}logs: {logs}\nreplay with: {line}",
+         truncates; faults: {faults}; replays: {replays}\n{tenants_summary}{verdict}{notes}logs: \
+         {logs}\nreplay with: {line}",
         seed = settings.seed,
         minutes = nemesis.t0.elapsed().as_secs_f64() / 60.0,
         events = ledger.committed.len(),
@@ -114,6 +157,8 @@ struct Nemesis {
     pg: Postgres,
     nats: Nats,
     app: Pgoutbox,
+    /// Given to every `pgoutbox run` and replay: the tenants' `--config`, when they write.
+    base: Vec<String>,
     rng: Rng,
     gate: Arc<Mutex<Gate>>,
     t0: Instant,
@@ -191,7 +236,8 @@ impl Nemesis {
     fn start_app(&mut self, args: &[&str]) {
         self.save_log();
         self.runs += 1;
-        self.app = Pgoutbox::run(&self.pg, &self.nats, args);
+        let args: Vec<&str> = strs(&self.base).into_iter().chain(args.iter().copied()).collect();
+        self.app = Pgoutbox::run(&self.pg, &self.nats, &args);
     }
 
     fn kill_app(&mut self) {
@@ -322,7 +368,10 @@ impl Nemesis {
             self.kill_app();
         }
         let mut cmd = command(&self.pg, &self.nats);
-        cmd.args(["replay", "--ids", ids]);
+        cmd.args(&self.base).args(["replay", "--ids", ids]);
+        if !self.base.is_empty() {
+            cmd.args(["--from-table", "public.outbox"]);
+        }
         let mut replay = Pgoutbox::spawn(cmd);
         let ended = self.within(Duration::from_secs(90), |_| !replay.is_running()).await;
         let log = replay.log();
@@ -368,6 +417,30 @@ impl Nemesis {
             self.trouble.add("stalled", format!("confirmed {confirmed:?}, end {end:X}: {tail}"));
         }
     }
+
+    /// Waits (60 s at most: the liveness check adopts every 10 s) until every tenant's
+    /// table is in the publication: a tenant created just before the writer stopped may not
+    /// be adopted yet, and its rows would be in no WAL the slot decodes.
+    async fn wait_adopted(&mut self) {
+        let unpublished = "SELECT count(*) FROM pg_tables t WHERE t.schemaname LIKE 'tenant\\_%' \
+             AND t.tablename = 'outbox' AND NOT EXISTS (SELECT FROM pg_publication_tables p \
+             WHERE p.pubname = 'pgoutbox' AND p.schemaname = t.schemaname \
+             AND p.tablename = t.tablename)";
+        let adopted = self
+            .within(Duration::from_secs(60), |n| n.pg.try_psql(unpublished).as_deref() == Ok("0"))
+            .await;
+        self.say(&format!("every tenant's table in the publication: {adopted}"));
+        if !adopted {
+            let left = self.pg.try_psql(unpublished).unwrap_or_else(|err| err);
+            let tail = tail(&self.app.log(), 4);
+            self.trouble.add("tenant not adopted", format!("{left} tables after 60 s: {tail}"));
+        }
+    }
+}
+
+/// `args` borrowed as `&str`s.
+fn strs(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
 
 /// The first few notes.

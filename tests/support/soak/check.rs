@@ -1,11 +1,13 @@
-//! The soak's checker: the whole stream held against what the writer committed and what
-//! the nemesis replayed. Every committed event exactly once (as its message or as its dead
-//! letter), maybe-events at most once, each replayed row once per replay, live events in
-//! commit order; events a truncate removed while the slot was dropped may be missing.
+//! The soak's checker: the whole stream (but the tenants' messages, `tenants::check`'s) held
+//! against what the writer committed and what the nemesis replayed. Every committed event
+//! exactly once (as its message or as its dead letter), maybe-events at most once, each
+//! replayed row once per replay, live events in commit order; events a truncate removed
+//! while the slot was dropped may be missing.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::SlotDrop;
+use super::tenants::check::is_tenants;
 use super::writer::{Event, Ledger};
 use crate::support::stream::Stored;
 
@@ -143,7 +145,7 @@ pub fn check(
             let through = messages
                 .iter()
                 .take_while(|m| m.stored_at_nanos < drop.at_nanos)
-                .filter(|m| m.header("Pgoutbox-Replay").is_none())
+                .filter(|m| m.header("Pgoutbox-Replay").is_none() && !is_tenants(m))
                 .filter_map(|m| event_of(m).map(|(n, _)| n))
                 .max()
                 .unwrap_or(0);
@@ -152,7 +154,8 @@ pub fn check(
         .collect();
     let gone_with_a_drop =
         |e: &Event| held_at_drop.iter().any(|&(through, epoch)| e.n > through && e.epoch < epoch);
-    let mut verdict = Verdict { stored: messages.len(), ..Verdict::default() };
+    let stored = messages.iter().filter(|m| !is_tenants(m)).count();
+    let mut verdict = Verdict { stored, ..Verdict::default() };
     let committed: HashMap<u64, &Event> = ledger.committed.iter().map(|e| (e.n, e)).collect();
     let maybe: HashMap<u64, &Event> = ledger.maybe.iter().map(|e| (e.n, e)).collect();
     // The highest id used before each epoch: an id at or below it is a reused one.
@@ -170,6 +173,9 @@ pub fn check(
     let mut highest: Option<(u64, usize)> = None;
     for (seq, message) in messages.iter().enumerate() {
         let seq = seq + 1;
+        if is_tenants(message) {
+            continue;
+        }
         let Some((n, dead)) = event_of(message) else {
             verdict.add("unreadable", format!("stream seq {seq}: subject {}", message.subject));
             continue;

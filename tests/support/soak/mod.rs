@@ -1,8 +1,9 @@
 //! The pieces of the nemesis soak (`cases::nemesis_soak`, `scripts/soak.sh`): its seeded
-//! random numbers and settings, the writer that records what it committed, and the checker
-//! that holds the stream against that record.
+//! random numbers and settings, the writers that record what they committed (the outbox's,
+//! and the tenants'), and the checkers that hold the stream against those records.
 
 pub mod check;
+pub mod tenants;
 pub mod writer;
 
 use std::collections::BTreeSet;
@@ -48,8 +49,9 @@ impl Rng {
     }
 }
 
-/// What the soak does: each fault kind, and the writer's truncate, can be turned off by
-/// name in `PGOUTBOX_SOAK_OFF` (comma-separated), to isolate the one that fails.
+/// What the soak does: each fault kind, the writer's truncate, the tenants and their
+/// scheduled rows can be turned off by name in `PGOUTBOX_SOAK_OFF` (comma-separated), to
+/// isolate the one that fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Fault {
     /// kill -9 pgoutbox, start it again.
@@ -100,13 +102,22 @@ pub struct Settings {
     pub duration: Duration,
     pub faults: Vec<Fault>,
     pub truncate: bool,
+    /// The tenants' writer (`tenants`): tenant schemas created, written, adopted and
+    /// dropped beside the outbox, under the `tenant_*.outbox` pattern.
+    pub tenants: bool,
+    /// Some tenant rows held for a few seconds (`schedules`), when the tenants write and
+    /// the nats-server has message schedules (2.12+): the soak says which at the start.
+    pub schedules: bool,
     /// The stream's duplicate window (`PGOUTBOX_SOAK_DUPLICATE_WINDOW`, seconds).
     pub duplicate_window: Duration,
 }
 
 impl Settings {
+    /// What else `PGOUTBOX_SOAK_OFF` may turn off, besides the fault kinds.
+    pub const OFF: [&str; 3] = ["truncate", "tenants", "schedules"];
+
     /// `PGOUTBOX_SOAK_MINUTES` (default 3, fractions allowed), `PGOUTBOX_SOAK_SEED`
-    /// (default: from the clock), `PGOUTBOX_SOAK_OFF` (fault names and `truncate`),
+    /// (default: from the clock), `PGOUTBOX_SOAK_OFF` (fault names, [`Settings::OFF`]),
     /// `PGOUTBOX_SOAK_DUPLICATE_WINDOW` (default 5 s, as in issue 28's F4).
     pub fn from_env() -> Settings {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
@@ -127,7 +138,7 @@ impl Settings {
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
             .collect();
-        let known: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).chain(["truncate"]).collect();
+        let known: Vec<&str> = Fault::ALL.iter().map(|f| f.name()).chain(Settings::OFF).collect();
         for name in &off {
             assert!(
                 known.contains(&name.as_str()),
@@ -142,6 +153,8 @@ impl Settings {
             duration: Duration::from_secs_f64(minutes * 60.0),
             faults: Fault::ALL.into_iter().filter(|f| !off.contains(f.name())).collect(),
             truncate: !off.contains("truncate"),
+            tenants: !off.contains("tenants"),
+            schedules: !off.contains("schedules"),
             duplicate_window: Duration::from_secs(window),
         }
     }
@@ -153,6 +166,8 @@ impl Settings {
             .filter(|f| !self.faults.contains(f))
             .map(|f| f.name())
             .chain((!self.truncate).then_some("truncate"))
+            .chain((!self.tenants).then_some("tenants"))
+            .chain((!self.schedules).then_some("schedules"))
             .collect();
         let minutes = self.duration.as_secs_f64() / 60.0;
         let mut line = format!("scripts/soak.sh --minutes {minutes} --seed {}", self.seed);
@@ -163,8 +178,10 @@ impl Settings {
     }
 }
 
-/// What the writer and the nemesis share: the writer truncates only while holding it; the
-/// nemesis holds it while it picks and replays rows, and to mark the slot dropped.
+/// What the writers and the nemesis share: the writer truncates only while holding it, the
+/// tenants' writer drops a tenant only while holding it (and never while the slot is
+/// dropped); the nemesis holds it while it picks and replays rows, and to mark the slot
+/// dropped.
 #[derive(Debug, Default)]
 pub struct Gate {
     /// From just before the slot is dropped until the recovery's seed finished.

@@ -193,7 +193,7 @@ fn truncate_gap(rng: &mut Rng) -> Duration {
     }
 }
 
-async fn connect(port: u16) -> Option<Client> {
+pub(super) async fn connect(port: u16) -> Option<Client> {
     let config =
         format!("host=127.0.0.1 port={port} user=postgres dbname=postgres connect_timeout=5");
     let (client, connection) = tokio_postgres::connect(&config, NoTls).await.ok()?;
