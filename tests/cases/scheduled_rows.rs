@@ -59,6 +59,21 @@ fn due_nanos(pg: &Postgres, n: usize) -> i128 {
     (seconds * 1e9) as i128
 }
 
+/// Postgres with an outbox that has `deliver_at`, and nats-server with the scheduled stream
+/// made; `None` on a server before 2.12.
+async fn servers_with_schedules() -> Option<(Postgres, Nats, jetstream::Context)> {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    if nats.release() < (2, 12) {
+        return None;
+    }
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("ALTER TABLE outbox ADD COLUMN deliver_at timestamptz;");
+    let js = jetstream(&nats.url()).await;
+    create_scheduled_outbox_stream(&js).await;
+    Some((pg, nats, js))
+}
+
 fn start(pg: &Postgres, nats: &Nats) -> Pgoutbox {
     Pgoutbox::run(pg, nats, &[SCHEDULE])
 }
@@ -181,15 +196,8 @@ async fn a_value_that_is_not_a_time_is_a_dead_letter_and_a_stream_without_schedu
 /// tests; a kill with a delivery last and rows unconfirmed is too rare here to rely on.)
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_among_deliveries_loses_and_doubles_nothing() {
-    let pg = Postgres::start();
-    let nats = Nats::start();
-    if nats.release() < (2, 12) {
-        return; // the refusal is the first test's
-    }
-    pg.psql(include_str!("../../sql/outbox.sql"));
-    pg.psql("ALTER TABLE outbox ADD COLUMN deliver_at timestamptz;");
-    let js = jetstream(&nats.url()).await;
-    create_scheduled_outbox_stream(&js).await;
+    // On a server before 2.12 the refusal is the first test's.
+    let Some((pg, nats, js)) = servers_with_schedules().await else { return };
     let first = start(&pg, &nats);
     wait_until_streaming(&pg, &first).await;
     drop(first);
@@ -248,15 +256,8 @@ async fn kill_9_among_deliveries_loses_and_doubles_nothing() {
 /// every attempt failed with "no stream leader?": the next row was never stored.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_behind_a_burst_of_deliveries_from_a_far_server_goes_on() {
-    let pg = Postgres::start();
-    let nats = Nats::start();
-    if nats.release() < (2, 12) {
-        return; // the refusal is the first test's
-    }
-    pg.psql(include_str!("../../sql/outbox.sql"));
-    pg.psql("ALTER TABLE outbox ADD COLUMN deliver_at timestamptz;");
-    let js = jetstream(&nats.url()).await;
-    create_scheduled_outbox_stream(&js).await;
+    // On a server before 2.12 the refusal is the first test's.
+    let Some((pg, nats, js)) = servers_with_schedules().await else { return };
     let proxy = FaultProxy::start(nats.port()).await;
     let via_proxy = || {
         let mut cmd = command(&pg, &nats);
