@@ -19,7 +19,6 @@ use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
 use crate::postgres::admin::SetupError;
 use crate::postgres::table_snapshot::{Selection, TableSnapshot};
 use crate::postgres::tls::PgTls;
-use crate::postgres::wire::PG_EPOCH_OFFSET_MICROS;
 use crate::service::retention::PublishedUpTo;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::names;
@@ -160,8 +159,8 @@ pub async fn run_every(
             () = tokio::time::sleep(every) => {}
             () = shutdown.requested() => return,
         }
-        let Some(newest) = published_up_to.get() else { continue };
-        let to = (newest + PG_EPOCH_OFFSET_MICROS) as f64 / 1e6 - SETTLED.as_secs_f64();
+        let Some(newest) = published_up_to.unix_seconds() else { continue };
+        let to = newest - SETTLED.as_secs_f64();
         let from = checked_to.unwrap_or(to - FIRST_LOOK.max(every).as_secs_f64());
         if to <= from {
             continue;

@@ -52,8 +52,10 @@ impl PublishedUpTo {
         self.0.fetch_max(pg_micros, Ordering::Relaxed);
     }
 
-    pub fn get(&self) -> Option<i64> {
-        Some(self.0.load(Ordering::Relaxed)).filter(|t| *t > 0)
+    /// The newest published commit, in seconds since the Unix epoch.
+    pub fn unix_seconds(&self) -> Option<f64> {
+        let micros = Some(self.0.load(Ordering::Relaxed)).filter(|t| *t > 0)?;
+        Some((micros + PG_EPOCH_OFFSET_MICROS) as f64 / 1e6)
     }
 }
 
@@ -216,8 +218,8 @@ pub async fn run(
             () = tokio::time::sleep(every) => {}
             () = shutdown.requested() => return,
         }
-        let Some(published_at) = published.get() else { continue };
-        let cutoff_unix = (published_at + PG_EPOCH_OFFSET_MICROS) as f64 / 1e6 - keep.as_secs_f64();
+        let Some(published_at) = published.unix_seconds() else { continue };
+        let cutoff_unix = published_at - keep.as_secs_f64();
         if client.is_none() {
             match admin::connect(&database, &tls).await {
                 Ok(c) => client = Some(c),
@@ -349,10 +351,11 @@ mod tests {
     #[test]
     fn published_time_only_moves_forward() {
         let p = PublishedUpTo::default();
-        assert_eq!(p.get(), None);
-        p.advance(10);
-        p.advance(5);
-        assert_eq!(p.get(), Some(10));
+        assert_eq!(p.unix_seconds(), None);
+        p.advance(10_000_000);
+        p.advance(5_000_000);
+        let unix = (10_000_000 + PG_EPOCH_OFFSET_MICROS) as f64 / 1e6;
+        assert_eq!(p.unix_seconds(), Some(unix), "10 s after Postgres's epoch, in Unix seconds");
     }
 
     fn table(name: &str) -> TableName {
