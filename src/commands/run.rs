@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use super::setup::{ensure_stream_and_slot, prepare_database};
 use crate::domain::outbox::{EMITTED_LABEL, TableEntry, letter_row_in};
-use crate::domain::retry::{Backoff, Next, RepeatedError, RetryPolicy};
+use crate::domain::retry::{Attempt, Backoff, Next, RepeatedError, RetryPolicy};
 use crate::domain::stall::Progress;
 use crate::nats::handshake::Dialer;
 use crate::nats::publisher::Publisher;
@@ -298,7 +298,9 @@ async fn attempts(
             Ok(None) => return Ok(()),
             Err(err) => err,
         };
-        let Next::RetryAfter(delay) = policy.after(err.failure(), started.elapsed()) else {
+        let acknowledged = memory.progress.read().acks > acked_before;
+        let attempt = Attempt { ran_for: started.elapsed(), acknowledged };
+        let Next::RetryAfter(delay) = policy.after(err.failure(), attempt) else {
             return Err(err.into());
         };
         // A scheduled row the server delivered into the stream overtook the attempt's next
@@ -308,7 +310,7 @@ async fn attempts(
         let overtaken = matches!(&err, PipelineError::Nats(failure)
             if failure.kind == NatsFailureKind::OutOfOrder)
             && target.config.schedules().next().is_some()
-            && memory.progress.read().acks > acked_before;
+            && acknowledged;
         if overtaken {
             info!(%err, "the stream took a message pgoutbox did not write (a scheduled row \
                 delivered?); streaming on behind it");
@@ -330,7 +332,7 @@ async fn attempts(
                 readiness.set_retrying_after(err.to_string());
             }
             _ => {
-                if memory.progress.read().acks > acked_before {
+                if acknowledged {
                     repeats = RepeatedError::default(); // it recovered in between
                 }
                 match &err {

@@ -19,6 +19,14 @@ pub enum Failure {
     Fatal,
 }
 
+/// How a failed attempt went.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt {
+    pub ran_for: Duration,
+    /// JetStream acknowledged at least one message during it.
+    pub acknowledged: bool,
+}
+
 /// What to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Next {
@@ -28,7 +36,7 @@ pub enum Next {
 
 /// Backoff per failure kind: NATS retries are capped low, because a cluster that has just
 /// elected a leader should not wait out a long backoff; an attempt that ran long enough to
-/// be healthy earns a fresh backoff.
+/// be healthy, or got anything acknowledged, earns a fresh backoff.
 #[derive(Default)]
 pub struct RetryPolicy {
     backoff: Backoff,
@@ -42,9 +50,11 @@ impl RetryPolicy {
     /// How often a standby checks whether the slot became free.
     pub const STANDBY_POLL: Duration = Duration::from_secs(1);
 
-    /// The decision after an attempt that ran for `ran_for` and failed with `failure`.
-    pub fn after(&mut self, failure: Failure, ran_for: Duration) -> Next {
-        if ran_for >= Self::HEALTHY_RUN {
+    /// The decision after `attempt` failed with `failure`.
+    pub fn after(&mut self, failure: Failure, attempt: Attempt) -> Next {
+        // Only attempts that failed without getting anywhere back off further: short
+        // attempts that each publish (every delivered scheduled row ends one) are progress.
+        if attempt.ran_for >= Self::HEALTHY_RUN || attempt.acknowledged {
             self.backoff.reset();
         }
         match failure {
@@ -125,7 +135,8 @@ mod tests {
 
     #[test]
     fn the_policy_backs_off_per_failure_and_forgives_a_healthy_run() {
-        let short = Duration::from_secs(1);
+        let short = Attempt { ran_for: Duration::from_secs(1), acknowledged: false };
+        let healthy = Attempt { ran_for: RetryPolicy::HEALTHY_RUN, acknowledged: false };
         let mut policy = RetryPolicy::default();
         assert_eq!(policy.after(Failure::Fatal, short), Next::Stop);
         assert_eq!(
@@ -141,7 +152,28 @@ mod tests {
         let ms = |ms| Next::RetryAfter(Duration::from_millis(ms));
         assert_eq!(postgres, [ms(200), ms(400), ms(800), ms(1600)]);
         assert_eq!(policy.after(Failure::Nats, short), ms(500), "NATS retries are capped");
-        assert_eq!(policy.after(Failure::Postgres, RetryPolicy::HEALTHY_RUN), ms(200));
+        assert_eq!(policy.after(Failure::Postgres, healthy), ms(200));
+    }
+
+    #[test]
+    fn a_short_attempt_that_published_earns_a_fresh_backoff() {
+        // Measured in the soak on nats-server 2.15: each delivered scheduled row ends an
+        // attempt after a second or so; counted as failures they grew the wait to 30 s.
+        let failed = Attempt { ran_for: Duration::from_secs(1), acknowledged: false };
+        let published = Attempt { ran_for: Duration::from_secs(1), acknowledged: true };
+        let mut policy = RetryPolicy::default();
+        for _ in 0..8 {
+            policy.after(Failure::Postgres, failed);
+        }
+        assert_eq!(
+            policy.after(Failure::Postgres, published),
+            Next::RetryAfter(Duration::from_millis(200))
+        );
+        assert_eq!(
+            policy.after(Failure::Postgres, failed),
+            Next::RetryAfter(Duration::from_millis(400)),
+            "a failure without progress backs off again from the start"
+        );
     }
 
     #[test]
