@@ -30,11 +30,11 @@ use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 use tracing::{info, warn};
 
-use crate::domain::outbox::{TableName, TablePattern};
+use crate::domain::outbox::{ColumnRoles, TableName, TablePattern};
 use crate::postgres::outbox_table::TableDrift;
 use crate::postgres::pgoutput::{ADOPTION_ID, FrameWriter};
 use crate::postgres::replay_table::{self, FRAME_BYTES};
-use crate::postgres::table_snapshot::{relation_of, text_rows};
+use crate::postgres::table_snapshot::{insert_order, relation_of, text_rows};
 use crate::postgres::tenant_tables;
 
 /// How long adoption waits for the transactions writing to the table.
@@ -51,13 +51,13 @@ pub struct Handover {
 }
 
 /// Adds `table` to the publication and hands the rows already in it to the pipeline, in
-/// one transaction, ordered by `order_by` (the created-at column, when the table has it),
-/// then by their place in the table. `Ok(None)`: the table was in the publication already
+/// one transaction, ordered by the created-at column of `roles` (when the table has it),
+/// then by transaction, then as each transaction inserted them ([`insert_order`]). `Ok(None)`: the table was in the publication already
 /// (another setup, or the trigger, was first); else how many rows were handed over.
 pub async fn adopt(
     client: &mut Client,
     table: &TableName,
-    order_by: Option<&str>,
+    roles: &ColumnRoles,
     to: &Handover,
 ) -> Result<Option<u64>, tokio_postgres::Error> {
     let tx = client.transaction().await?;
@@ -68,9 +68,10 @@ pub async fn adopt(
     let quoted = table.quoted();
     let relation = relation_of(&tx, table).await?;
     let columns: Vec<String> = relation.columns.iter().map(|c| quote_ident(&c.name)).collect();
-    let order = match order_by.filter(|name| relation.columns.iter().any(|c| c.name == *name)) {
-        Some(column) => format!("{}, ctid", quote_ident(column)),
-        None => "ctid".to_owned(),
+    let in_transaction = insert_order(&relation, &roles.id);
+    let order = match relation.columns.iter().any(|c| c.name == roles.created_at) {
+        true => format!("{}, xmin::text::bigint, {in_transaction}", quote_ident(&roles.created_at)),
+        false => format!("xmin::text::bigint, {in_transaction}"),
     };
     tx.batch_execute(&format!(
         "DECLARE pgoutbox_adopted NO SCROLL CURSOR FOR SELECT {} FROM {quoted} ORDER BY {order}",
@@ -164,7 +165,7 @@ impl Adoptions<'_> {
         &mut self,
         client: &mut Client,
         pattern: &TablePattern,
-        order_by: &str,
+        roles: &ColumnRoles,
         until: Instant,
     ) -> Result<Option<TableDrift>, tokio_postgres::Error> {
         let matched = tenant_tables::matched(client, pattern, &self.to.publication).await?;
@@ -177,7 +178,7 @@ impl Adoptions<'_> {
             if Instant::now() >= until {
                 break;
             }
-            match adopt(client, table, Some(order_by), self.to).await {
+            match adopt(client, table, roles, self.to).await {
                 Ok(rows) => {
                     self.warned.remove(&missed.oid);
                     info!(%table, %pattern, publication = %self.to.publication,

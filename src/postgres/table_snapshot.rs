@@ -83,6 +83,8 @@ struct SnapshotTable {
     key: String,
     /// The id column, quoted.
     id: String,
+    /// A transaction's rows in insert order ([`insert_order`]).
+    insert_order: String,
     /// The created-at column, quoted.
     created_at: String,
     table: String,
@@ -282,10 +284,12 @@ impl SnapshotTable {
                 return Err(SetupError::SeedOrder { table: table.to_string() });
             }
         };
+        let insert_order = insert_order(&relation, &roles.id);
         Ok(SnapshotTable {
             relation,
             key: format!("{key}::float8"),
             id: escape_identifier(&roles.id),
+            insert_order,
             created_at,
             table: table.quoted(),
         })
@@ -356,6 +360,23 @@ pub async fn relation_of(
     })
 }
 
+/// The SQL that orders one transaction's rows of `relation` as the transaction inserted
+/// them, which is the order pgoutput decodes them in: by statement (`cmin`, the command id
+/// each row keeps after the commit), then, within a multi-row statement, by the id when it
+/// is an integer (a sequence hands one session ascending values), then by partition and
+/// place in the table. The place alone is not insert order: a later, smaller row goes back
+/// into an earlier page that had room left.
+pub fn insert_order(relation: &Relation, id: &str) -> String {
+    const INTEGERS: [u32; 3] = [20, 21, 23]; // int8, int2, int4
+    let integral = relation.columns.iter().any(|c| c.name == id && INTEGERS.contains(&c.type_oid));
+    let id = if integral {
+        format!("{}::bigint", escape_identifier(id))
+    } else {
+        "NULL::bigint".to_owned()
+    };
+    format!("cmin::text::bigint, {id}, tableoid, ctid")
+}
+
 /// The query of [`TableSnapshot::read_all`]: each row's table index first, then its columns.
 ///
 /// One table: its columns as they are, ordered as the single-table read orders them.
@@ -363,16 +384,18 @@ pub async fn relation_of(
 /// text (`format('%s', …)`, what pgoutput and a plain `SELECT` send, where a `::text`
 /// cast would print `true` for `t`, strip a `char(n)`'s padding), padded with NULLs to the
 /// widest table, ordered by the order key, then the transaction (a transaction's rows stay
-/// together), then the table in configured order, then the row's place in its table.
+/// together), then the order the transaction inserted them in ([`insert_order`]; one
+/// statement writes one table, so the configured order of tables only breaks ties the
+/// table itself cannot).
 fn tagged_query(tables: &[SnapshotTable], selection: &Selection) -> String {
     if let [table] = tables {
         return format!(
-            "SELECT 0, {} FROM {}{} ORDER BY {} NULLS FIRST, xmin::text::bigint, tableoid, \
-             ctid, {}::text",
+            "SELECT 0, {} FROM {}{} ORDER BY {} NULLS FIRST, xmin::text::bigint, {}, {}::text",
             table.columns().join(", "),
             table.table,
             table.filter(selection),
             table.key,
+            table.insert_order,
             table.id,
         );
     }
@@ -396,9 +419,9 @@ fn tagged_query(tables: &[SnapshotTable], selection: &Selection) -> String {
                 .collect();
             format!(
                 "SELECT {entry} AS pgoutbox_entry, {} AS pgoutbox_key, xmin::text::bigint AS \
-                 pgoutbox_xid, tableoid AS pgoutbox_oid, ctid AS pgoutbox_ctid, {}::text AS \
-                 pgoutbox_id, {} FROM {}{}",
+                 pgoutbox_xid, ROW({}) AS pgoutbox_insert, {}::text AS pgoutbox_id, {} FROM {}{}",
                 table.key,
+                table.insert_order,
                 table.id,
                 values.join(", "),
                 table.table,
@@ -409,7 +432,7 @@ fn tagged_query(tables: &[SnapshotTable], selection: &Selection) -> String {
     let columns: Vec<String> = (0..widest).map(|i| format!("pgoutbox_c{i}")).collect();
     format!(
         "SELECT pgoutbox_entry, {} FROM ({}) AS pgoutbox_rows ORDER BY pgoutbox_key NULLS \
-         FIRST, pgoutbox_xid, pgoutbox_entry, pgoutbox_oid, pgoutbox_ctid, pgoutbox_id",
+         FIRST, pgoutbox_xid, pgoutbox_insert, pgoutbox_entry, pgoutbox_id",
         columns.join(", "),
         branches.join(" UNION ALL "),
     )

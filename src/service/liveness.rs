@@ -34,7 +34,7 @@ use tokio::task::AbortHandle;
 use tokio_postgres::Client;
 use tracing::{debug, warn};
 
-use crate::domain::outbox::{TableEntry, TablePattern};
+use crate::domain::outbox::{ColumnRoles, TableEntry, TablePattern};
 use crate::postgres::admin::TableName;
 use crate::postgres::adoption::{Adoptions, Handover};
 use crate::postgres::outbox_table::{self, StreamedTable, TableDrift};
@@ -65,9 +65,8 @@ pub enum Verdict {
 #[derive(Debug, Clone)]
 pub struct Watched {
     pub tables: Vec<TableName>,
-    /// Each pattern, with the created-at column its adopted tables' rows are read in the
-    /// order of.
-    pub patterns: Vec<(TablePattern, String)>,
+    /// Each pattern, with the columns its adopted tables' rows are read in the order of.
+    pub patterns: Vec<(TablePattern, ColumnRoles)>,
     /// The OIDs of the tables the patterns matched at the attempt's start: one of these
     /// out of the publication was taken out on purpose, and stops pgoutbox like an exact
     /// table would; only a table new since is adopted.
@@ -86,7 +85,7 @@ impl Watched {
             tables: exact.map(|e| e.table.clone()).collect(),
             patterns: entries
                 .iter()
-                .filter_map(|e| Some((e.pattern.clone()?, e.roles.created_at.clone())))
+                .filter_map(|e| Some((e.pattern.clone()?, e.roles.clone())))
                 .collect(),
             matched: streamed.iter().filter(of_pattern).map(|t| t.table.oid).collect(),
             adoption,
@@ -235,8 +234,8 @@ impl Check {
             warned: &mut self.warned,
             not_streamed: 0,
         };
-        for (pattern, created_at) in &self.watched.patterns {
-            let adopted = adoptions.round(&mut connected, pattern, created_at, until);
+        for (pattern, roles) in &self.watched.patterns {
+            let adopted = adoptions.round(&mut connected, pattern, roles, until);
             if let Some(drift) = adopted.await? {
                 return Ok(Some(Verdict::Drift(drift)));
             }

@@ -50,6 +50,7 @@ mod rotating_password;
 mod scheduled_rows;
 mod schema_change_mid_stream;
 mod seed_from_table;
+mod seed_in_insert_order;
 mod several_tables;
 mod short_wal_sender_timeout;
 mod sigterm_drains_then_exits_zero;

@@ -292,8 +292,7 @@ async fn adopt_new_tables(
     let mut adoptions = Adoptions { to: &to, streamed: &[], warned: &mut warned, not_streamed: 0 };
     for entry in pipeline.tables.iter() {
         let Some(pattern) = &entry.pattern else { continue };
-        let created_at = &entry.roles.created_at;
-        let adopted = adoptions.round(&mut client, pattern, created_at, until);
+        let adopted = adoptions.round(&mut client, pattern, &entry.roles, until);
         if let Some(drift) = adopted.await.map_err(|e| retry(&e))? {
             return Err(drift.into());
         }

@@ -435,31 +435,22 @@ async fn transact(
         tx.batch_execute(&create_sql(tenant)).await.map_err(|_| Failure::Before)?;
     }
     let mut inserted = Vec::new();
-    for (tenant, rows) in plan.iter().filter(|(_, rows)| !rows.is_empty()) {
-        let s: Vec<i64> = rows.iter().map(|r| r.0).collect();
-        let delay: Vec<i32> = rows.iter().map(|r| r.1).collect();
-        let returned = tx
-            .query(
-                &format!(
-                    "INSERT INTO tenant_{tenant}.outbox \
-                     (aggregate_type, aggregate_id, event_type, payload, deliver_at) \
-                     SELECT 'order', s::text, 'created', jsonb_build_object('s', s), \
-                       CASE WHEN d > 0 THEN now() + d * interval '1 millisecond' END \
-                     FROM unnest($1::bigint[], $2::int[]) WITH ORDINALITY AS u(s, d, o) \
-                     ORDER BY o \
-                     RETURNING aggregate_id, \
-                       (extract(epoch FROM deliver_at) * 1000000000)::bigint"
-                ),
-                &[&s, &delay],
-            )
-            .await
-            .map_err(|_| Failure::Before)?;
-        for row in returned {
-            let s: String = row.get(0);
-            let due: Option<i64> = row.get(1);
-            let s = s.parse().expect("aggregate_id is the row's s");
+    // One statement per row, as applications write events: a tenant's table has a uuid id,
+    // and a seed orders one statement's rows by their place in the table, which is not
+    // always the statement's order (docs/operations.md, seeding: order).
+    for (tenant, rows) in plan {
+        let insert = format!(
+            "INSERT INTO tenant_{tenant}.outbox \
+             (aggregate_type, aggregate_id, event_type, payload, deliver_at) \
+             VALUES ('order', $1::bigint::text, 'created', jsonb_build_object('s', $1::bigint), \
+               CASE WHEN $2::int > 0 THEN now() + $2::int * interval '1 millisecond' END) \
+             RETURNING (extract(epoch FROM deliver_at) * 1000000000)::bigint"
+        );
+        for &(s, delay) in rows {
+            let returned = tx.query_one(&insert, &[&s, &delay]).await;
+            let due: Option<i64> = returned.map_err(|_| Failure::Before)?.get(0);
             let due_nanos = due.map(i128::from);
-            inserted.push(TenantRow { tenant: *tenant, s, at: 0.0, due_nanos });
+            inserted.push(TenantRow { tenant: *tenant, s: s as u64, at: 0.0, due_nanos });
         }
     }
     if rollback {
