@@ -306,7 +306,8 @@ async fn route(
                     config.slot
                 );
             };
-            Ok(Route::Handover { live: slot.active })
+            let live = slot.active || handover::streamed_from(client, &config.slot).await?;
+            Ok(Route::Handover { live })
         }
     }
 }

@@ -389,7 +389,11 @@ impl Nemesis {
         }
         if let Some(id) = id {
             let unfinished = !succeeded;
-            self.replays.push(Replayed { id, events, unfinished, while_down });
+            let left_in_slot_at = log.contains("which no pgoutbox streams from now").then(|| {
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+                now.map_or(0, |d| d.as_nanos() as i128)
+            });
+            self.replays.push(Replayed { id, events, unfinished, while_down, left_in_slot_at });
         }
         if while_down {
             let down = self.rng.millis(0, 8_000);

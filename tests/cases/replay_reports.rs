@@ -70,3 +70,41 @@ async fn a_replay_confirmed_but_not_published_exits_non_zero_saying_so() {
     assert!(said.contains("5 rows were handed to pgoutbox and only 0 are in the stream"), "{said}");
     assert_eq!(count(&js, "OUTBOX").await, 5, "nothing was published");
 }
+
+/// A replay that finds the slot inactive while pgoutbox is between two attempts (here: a
+/// restart just after the replay began) is the running pgoutbox's: it waits until its rows
+/// are stored and says so. It used to decide by that one instant, hand the rows over and
+/// exit 0 as "published when pgoutbox runs"; a slot dropped next took them along (issue
+/// 45's soak, seed 8).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_while_pgoutbox_restarts_waits_until_its_rows_are_stored() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let js = jetstream(&nats.url()).await;
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 5, 5));
+    eventually(Duration::from_secs(30), "5 rows stored", || async {
+        (count(&js, "OUTBOX").await == 5).then_some(())
+    })
+    .await;
+    drop(app);
+    eventually(Duration::from_secs(30), "the slot free", || async {
+        let active =
+            pg.psql("SELECT active FROM pg_replication_slots WHERE slot_name = 'pgoutbox'");
+        (active == "f").then_some(())
+    })
+    .await;
+
+    let mut replay = command(&pg, &nats);
+    replay.args(["replay", "--created-from", "-infinity"]);
+    let mut replay = Pgoutbox::spawn(replay);
+    let _restarted = Pgoutbox::run(&pg, &nats, &[]);
+    let status = replay.wait_exit(Duration::from_secs(60));
+    let said = replay.log();
+    assert!(status.success(), "{said}");
+    let waited = said.contains("handed to the pgoutbox streaming into this stream");
+    assert!(waited, "the replay did not wait for its rows: {said}");
+    assert_eq!(count(&js, "OUTBOX").await, 10, "{said}");
+}

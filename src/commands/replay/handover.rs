@@ -42,6 +42,11 @@ const AHEAD: u64 = 20_000;
 /// How long the slot may have no pgoutbox streaming from it before the replay gives up
 /// waiting (a restart takes seconds).
 const INACTIVE_LIMIT: Duration = Duration::from_secs(60);
+/// How long an inactive slot is watched for a pgoutbox between two attempts to come back
+/// before the rows are handed over to wait in it: longer than a reconnect's backoff after
+/// anything was published (200 ms doubling) and a NATS retry (500 ms at most).
+const BETWEEN_ATTEMPTS: Duration = Duration::from_secs(10);
+const ACTIVE_POLL: Duration = Duration::from_millis(100);
 /// How often the slot's confirmed position is read while waiting: the end of a replay waits
 /// for its last rows, and the query is a cheap catalog read.
 const POLL: Duration = Duration::from_millis(10);
@@ -95,6 +100,25 @@ impl Slot<'_> {
             tokio::time::sleep(POLL).await;
         }
         Ok(())
+    }
+}
+
+/// Whether a pgoutbox streams from `slot` now or within [`BETWEEN_ATTEMPTS`]: a running
+/// pgoutbox leaves its slot inactive between two attempts (a reconnect, a collision), and
+/// rows handed to it then are a running pgoutbox's to publish, to wait for.
+pub(super) async fn streamed_from(client: &Client, slot: &str) -> anyhow::Result<bool> {
+    let deadline = Instant::now() + BETWEEN_ATTEMPTS;
+    loop {
+        let active = client
+            .query_opt("SELECT active FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+            .await?
+            .map(|row| row.try_get::<_, bool>(0))
+            .transpose()?;
+        match active {
+            Some(true) => return Ok(true),
+            Some(false) if Instant::now() < deadline => tokio::time::sleep(ACTIVE_POLL).await,
+            _ => return Ok(false),
+        }
     }
 }
 
@@ -217,9 +241,11 @@ pub(super) async fn hand_over(
     tally.stored = handed_rows;
     if !wait {
         eprintln!(
-            "replay {id}: {handed_rows} rows handed over to slot {}, which no pgoutbox streams \
-             from now: pgoutbox publishes them when it runs (pgoutbox status shows them)",
-            config.slot
+            "replay {id}: {handed_rows} rows handed over to slot {slot}, which no pgoutbox \
+             streams from now: pgoutbox publishes them when it runs from that slot (pgoutbox \
+             status shows them). They wait in the slot only: if it is dropped first, run this \
+             replay again with --replay-id {id} once pgoutbox runs",
+            slot = config.slot
         );
         return Ok(tally);
     }

@@ -20,8 +20,12 @@ pub struct Replayed {
     pub events: Vec<u64>,
     /// It did not finish (killed after a timeout, or failed): each row at most once.
     pub unfinished: bool,
-    /// pgoutbox was down when it ran, so it published by itself.
+    /// pgoutbox was down when it ran.
     pub while_down: bool,
+    /// When it ended (Unix nanoseconds), if it said its rows wait in a slot no pgoutbox
+    /// streamed from: a slot drop after that takes them along, as it takes any WAL
+    /// (docs/operations.md, replay), and the replay said to run it again then.
+    pub left_in_slot_at: Option<i128>,
 }
 
 /// The violations found, by kind, each with what happened.
@@ -255,8 +259,12 @@ pub fn check(
         let seen = by_replay.get(replay.id.as_str()).unwrap_or(&empty);
         let asked: HashSet<u64> = replay.events.iter().copied().collect();
         let down = if replay.while_down { " (pgoutbox down)" } else { "" };
+        let dropped_after = |at: i128| drops.iter().any(|drop| drop.at_nanos > at);
         for n in &asked {
             match seen.get(n).copied().unwrap_or(0) {
+                0 if replay.left_in_slot_at.is_some_and(dropped_after) => {
+                    verdict.lost_with_slot += 1;
+                }
                 0 if !replay.unfinished => verdict.add(
                     "replay lost",
                     format!("replay {}{down}: event {n} not stored", replay.id),
