@@ -13,7 +13,7 @@ use crate::domain::retry::{Attempt, Backoff, Next, RepeatedError, RetryPolicy};
 use crate::domain::stall::Progress;
 use crate::nats::handshake::Dialer;
 use crate::nats::publisher::Publisher;
-use crate::postgres::admin;
+use crate::postgres::{acknowledged, admin};
 use crate::service::error::{NatsFailureKind, PipelineError};
 use crate::service::pipeline::{Ended, Memory};
 use crate::service::seed::SeedKind;
@@ -230,6 +230,14 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
             shutdown.clone(),
         ));
     }
+    tasks.spawn(crate::service::acknowledgements::record_every(
+        config.database.clone(),
+        config.pg_tls.clone(),
+        (acknowledged::table_beside(&config.pipeline.replay_table), config.slot.clone()),
+        publisher.clone(),
+        memory.acknowledged.clone(),
+        shutdown.clone(),
+    ));
     if !args.verify_every.is_zero() {
         tasks.spawn(crate::service::delivery_check::run_every(
             crate::service::delivery_check::Scope::of(config),

@@ -7,6 +7,7 @@ use crate::domain::source::Source;
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
+use crate::postgres::acknowledged;
 use crate::postgres::admin::{self, WalStatus};
 use crate::postgres::adoption;
 use crate::postgres::replay_table::{self as replays, public_may_emit_warning};
@@ -50,7 +51,8 @@ pub async fn prepare_database(
             admin::check_prerequisites(&client, &entry.table, &columns).await?;
         }
     }
-    if admin::in_recovery(&client).await? {
+    let in_recovery = admin::in_recovery(&client).await?;
+    if in_recovery {
         if !from_standby {
             anyhow::bail!(
                 "Postgres is in recovery (a standby): set up against the primary, once this \
@@ -97,7 +99,22 @@ pub async fn prepare_database(
             ensure_replay_table(config, &client).await;
         }
     }
+    if !in_recovery {
+        ensure_acknowledged_table(config, &client).await;
+    }
     Ok(client)
+}
+
+/// The record of what JetStream acknowledged (`postgres::acknowledged`): without it, a
+/// restart of both pgoutbox and nats-server cannot tell a stream that lost events.
+async fn ensure_acknowledged_table(config: &Config, client: &tokio_postgres::Client) {
+    let table = acknowledged::table_beside(&config.pipeline.replay_table);
+    if let Err(err) = acknowledged::ensure(client, &table).await {
+        warn!(%table, reason = %admin::server_said(&err),
+            "cannot keep a record of what JetStream acknowledged: a restart of both pgoutbox \
+             and nats-server will not see a stream that lost events; run setup as a role that \
+             may create tables in that schema");
+    }
 }
 
 /// `setup --tenant-trigger`: the event trigger that publishes a new table of a pattern in

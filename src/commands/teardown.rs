@@ -6,6 +6,7 @@
 //! the other tables and the stream; refused for a table a `--table` pattern matches, which
 //! pgoutbox would adopt again.
 
+use crate::postgres::acknowledged;
 use crate::postgres::admin::{self, TableName};
 use crate::settings::config::Config;
 
@@ -33,13 +34,18 @@ pub async fn run(config: &Config, yes: bool, only_table: Option<&str>) -> anyhow
         client.batch_execute(&sql).await.map_err(|err| {
             anyhow::anyhow!(
                 "dropping event trigger {trigger} (from setup --tenant-trigger) failed: {err}; \
-                 run teardown as a superuser"
+                 run teardown as the role that ran setup --tenant-trigger, which owns it"
             )
         })?;
         println!("dropped event trigger {trigger}");
     }
     admin::teardown(&client, &config.slot, &config.publication).await?;
     println!("dropped slot {} and publication {}", config.slot, config.publication);
+    // What the slot's streaming had acknowledged: a new slot of that name starts afresh.
+    let record = acknowledged::table_beside(&config.pipeline.replay_table);
+    if acknowledged::writable(&client, &record).await? {
+        acknowledged::forget(&client, &record, &config.slot).await?;
+    }
     // A seed killed halfway leaves its temporary slot; nothing else would drop it.
     if let Ok(seed) = crate::service::seed::seed_slot(&config.slot)
         && admin::slot_state(&client, &seed).await?.is_some()

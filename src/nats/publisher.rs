@@ -170,6 +170,11 @@ impl Publisher {
         Publisher { js, client, stream: stream.to_owned(), ack_timeout, schedules: Vec::new() }
     }
 
+    /// The stream's name.
+    pub fn stream(&self) -> &str {
+        &self.stream
+    }
+
     /// The same publisher, knowing the subjects that hold pgoutbox's scheduled rows: the
     /// tail is read past the messages the server delivered from them.
     pub fn with_schedules(mut self, schedules: Vec<ScheduleColumn>) -> Self {

@@ -7,6 +7,7 @@
 //! (`tenant_tables`), published by an event trigger or adopted (`adoption`) without
 //! pgoutbox ever writing to them.
 
+pub(crate) mod acknowledged;
 pub(crate) mod admin;
 pub(crate) mod adoption;
 mod backend;

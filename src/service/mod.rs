@@ -1,6 +1,7 @@
 //! The running service: the pipeline (the one loop, and the only place an LSN is
 //! confirmed), its errors, retention, the liveness check, telemetry and shutdown.
 
+pub mod acknowledgements;
 pub mod delivery_check;
 pub mod error;
 pub mod liveness;

@@ -54,8 +54,30 @@ async fn a_stream_that_forgot_its_tail_is_refilled_from_the_wal() {
     assert!(lost >= 1.0 && lost <= (1_000 - left) as f64, "{lost} counted: {line}");
 }
 
+/// Waits until Postgres holds the record that JetStream acknowledged sequence `n` (what
+/// a process started after a restart of both knows of the acknowledgements).
+async fn recorded(pg: &Postgres, n: u64) {
+    let sql = "SELECT stream_sequence FROM public.pgoutbox_acknowledged WHERE slot = 'pgoutbox'";
+    eventually(Duration::from_secs(10), "the acknowledgements recorded", || async {
+        (pg.try_psql(sql).ok()? == n.to_string()).then_some(())
+    })
+    .await;
+}
+
+/// The one line naming what the stream lost, once it is in the log.
+async fn loss_line(app: &Pgoutbox) -> String {
+    eventually(Duration::from_secs(30), "the loss named", || async {
+        let log = app.log();
+        let line = log.lines().find(|l| l.contains("the stream lost acknowledged events"));
+        line.map(str::to_owned)
+    })
+    .await
+}
+
 /// Both processes killed, the server's tail lost, both started again: the slot, held back
-/// by the horizon, brings back table rows and emitted events alike.
+/// by the horizon, brings back table rows and emitted events alike, and the new process,
+/// which saw none of the acknowledgements, says what was lost and published again from
+/// the record in Postgres.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_forgotten_tail_of_rows_and_emitted_events_comes_back_after_kill_9() {
     let pg = Postgres::start();
@@ -76,9 +98,11 @@ async fn a_forgotten_tail_of_rows_and_emitted_events_comes_back_after_kill_9() {
         .collect();
     pg.psql(&events);
     stored(&nats, 1_000, "1,000 events stored").await;
+    recorded(&pg, 1_000).await;
     app.kill9();
     nats.lose_unsynced_tail("OUTBOX", 0.6);
-    assert!(now_holds(&nats).await < 1_000, "the cut block lost nothing");
+    let left = now_holds(&nats).await;
+    assert!(left < 1_000, "the cut block lost nothing");
 
     let app = Pgoutbox::run(&pg, &nats, &HORIZON);
     wait_until_streaming(&pg, &app).await;
@@ -86,6 +110,42 @@ async fn a_forgotten_tail_of_rows_and_emitted_events_comes_back_after_kill_9() {
     stored(&nats, 1_100, "1,100 events stored after the loss").await;
     let stored = read_all(&jetstream(&nats.url()).await, "OUTBOX").await;
     assert_once_in_order(&stored, 1_100, &app.log());
+    let line = loss_line(&app).await;
+    assert!(line.contains("published again") && line.contains("sequence 1000"), "{line}");
+    assert!(line.contains(&format!("{} lost", 1_000 - left)), "{line}");
+}
+
+/// Without a horizon, after a restart of both: the slot confirmed past the lost events, and
+/// the new process names them from the record in Postgres, as an error with the fix.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_a_horizon_a_restart_of_both_still_names_the_loss() {
+    let pg = Postgres::start();
+    let mut nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let mut app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 1_000, 10));
+    stored(&nats, 1_000, "1,000 rows stored").await;
+    eventually(Duration::from_secs(10), "the slot confirmed every row", || async {
+        let lag = "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() \
+                   FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
+        (pg.psql(lag) == "t").then_some(())
+    })
+    .await;
+    recorded(&pg, 1_000).await;
+    app.kill9();
+    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    let left = now_holds(&nats).await;
+
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let line = loss_line(&app).await;
+    let lost = 1_000 - left;
+    for says in [format!("sequence {left}"), "sequence 1000".to_owned(), format!("{lost} lost")] {
+        assert!(line.contains(&says), "no {says:?} in {line}");
+    }
+    assert!(line.contains("ERROR") && line.contains("--durability-horizon"), "{line}");
+    let counted = metric(app.http_port(), "pgoutbox_stream_lost_events_total ");
+    assert_eq!(counted, Some(lost as f64));
 }
 
 /// Without a horizon the slot confirmed past what the server forgot: the loss cannot be

@@ -5,17 +5,19 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use crate::domain::horizon::Forgotten;
+use crate::domain::horizon::{Forgotten, Stored};
 use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::handshake::Dialer;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::Publisher;
+use crate::postgres::acknowledged;
 use crate::postgres::admin::{self, WalStatus};
 use crate::postgres::adoption::Adoptions;
 use crate::postgres::outbox_table::StreamedTable;
 use crate::postgres::tenant_tables;
 use crate::postgres::{ConnectionError, ReplicationConnection, outbox_table};
+use crate::service::acknowledgements::stream_identity;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::{Liveness, Watched};
 use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
@@ -212,7 +214,14 @@ impl Target<'_> {
             .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
             .map(u64::from)
             .unwrap_or(0);
-        let stored = memory.stored.take();
+        let stored = match memory.stored.take() {
+            Some(stored) => Some(stored),
+            None if !memory.recorded_read => {
+                memory.recorded_read = true;
+                recorded_acknowledgement(&mut conn, publisher, config).await
+            }
+            None => None,
+        };
         let tail_position = tail.origin.position;
         if let Some(forgotten) =
             stored.and_then(|s| Forgotten::judge(s, tail.last_sequence, tail_position, start))
@@ -356,4 +365,22 @@ async fn leader_probe<T, E: std::fmt::Display>(
             Err(failure(&format!("no answer in {waited} s ({silence})")))
         }
     }
+}
+
+/// What the previous process recorded as acknowledged (`postgres::acknowledged`), read at
+/// the first attempt: the memory a start after a restart of both pgoutbox and nats-server
+/// has. `None` when there is no record, or it is of another stream.
+async fn recorded_acknowledgement(
+    conn: &mut ReplicationConnection,
+    publisher: &Publisher,
+    config: &Config,
+) -> Option<Stored> {
+    let table = acknowledged::table_beside(&config.pipeline.replay_table);
+    let exists = conn.simple_query(&acknowledged::exists_sql(&table)).await.ok()?;
+    if exists.first()?.first()?.as_deref() != Some("t") {
+        return None;
+    }
+    let rows = conn.simple_query(&acknowledged::read_sql(&table, &config.slot)).await.ok()?;
+    let stream = stream_identity(publisher, &config.stream).await?;
+    acknowledged::parse_recorded(&rows, &stream)
 }

@@ -35,6 +35,11 @@ pub struct Memory {
     /// The last message JetStream acknowledged as stored: a stream found shorter at the
     /// next attempt forgot what it acknowledged (`domain::horizon::Forgotten`).
     pub stored: Option<crate::domain::horizon::Stored>,
+    /// The same, shared with the task that records it in Postgres for the next process
+    /// (`service::acknowledgements`).
+    pub acknowledged: crate::service::acknowledgements::LastAcknowledged,
+    /// The previous process's record of it was read (at the first attempt that got so far).
+    pub recorded_read: bool,
     /// Shared with `--retention`: the commit time of the newest confirmed transaction.
     pub published_up_to: PublishedUpTo,
     /// Shared with `--retention`: rows whose dead letter lacks the payload stay in the table.
@@ -74,6 +79,8 @@ impl Memory {
             published: 0,
             dead_letters: 0,
             stored: None,
+            acknowledged: Default::default(),
+            recorded_read: false,
             published_up_to: PublishedUpTo::default(),
             kept_rows: KeptRows::default(),
             seed_wanted: None,

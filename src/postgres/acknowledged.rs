@@ -1,0 +1,151 @@
+//! What JetStream acknowledged, recorded in Postgres: a process that starts after a restart
+//! of both pgoutbox and nats-server (a power loss of the host they share) has no memory of
+//! the acknowledgements, and only a record kept where the loss did not reach tells it the
+//! stream came back shorter (issue 46). One row per slot in `pgoutbox_acknowledged`, in the
+//! replay table's schema: the stream (and when it was created: a stream deleted and made
+//! again is another one), its last sequence acknowledged and that message's position.
+//! Written at most once a second, so it trails the acknowledgements by up to a second: a
+//! loss of the newest second alone is not seen after a cold restart.
+//!
+//! pgoutbox writes only a table its own role owns: a trigger on it would run as pgoutbox.
+
+use std::time::Duration;
+
+use postgres_protocol::escape::escape_literal;
+use tokio_postgres::Client;
+use tokio_postgres::types::PgLsn;
+
+use super::admin::TableName;
+use crate::domain::horizon::Stored;
+use crate::domain::progress::Position;
+
+/// How often the record is brought up to date, at most.
+pub const EVERY: Duration = Duration::from_secs(1);
+
+/// The table beside the replay table.
+pub fn table_beside(replay_table: &TableName) -> TableName {
+    TableName { schema: replay_table.schema.clone(), name: "pgoutbox_acknowledged".to_owned() }
+}
+
+/// Makes the table when it is missing (`setup`); one made by the operator (`sql/grants.sql`)
+/// is left as it is.
+pub async fn ensure(client: &Client, table: &TableName) -> Result<(), tokio_postgres::Error> {
+    let exists: bool = client.query_one(&exists_sql(table), &[]).await?.try_get(0)?;
+    if exists {
+        return Ok(());
+    }
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {} (slot text PRIMARY KEY, stream text NOT NULL, \
+         stream_created text NOT NULL, stream_sequence bigint NOT NULL, commit_lsn pg_lsn NOT \
+         NULL, index bigint NOT NULL, at timestamptz NOT NULL DEFAULT now())",
+            table.quoted()
+        ))
+        .await
+}
+
+/// The stream a record is about: its name and its creation time as JetStream reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamIdentity {
+    pub name: String,
+    pub created: String,
+}
+
+/// Whether pgoutbox may write `table`: it exists and pgoutbox's role owns it.
+pub async fn writable(client: &Client, table: &TableName) -> Result<bool, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT coalesce((SELECT relowner = (SELECT oid FROM pg_roles WHERE rolname = \
+             current_user) FROM pg_class WHERE oid = to_regclass($1)), false)",
+            &[&table.quoted()],
+        )
+        .await?;
+    row.try_get(0)
+}
+
+/// Records `stored` for `slot` in `stream`.
+pub async fn record(
+    client: &Client,
+    table: &TableName,
+    slot: &str,
+    stream: &StreamIdentity,
+    stored: Stored,
+) -> Result<(), tokio_postgres::Error> {
+    let sql = format!(
+        "INSERT INTO {} AS a (slot, stream, stream_created, stream_sequence, commit_lsn, index) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (slot) DO UPDATE SET stream = \
+         excluded.stream, stream_created = excluded.stream_created, stream_sequence = \
+         excluded.stream_sequence, commit_lsn = excluded.commit_lsn, index = excluded.index, \
+         at = now()",
+        table.quoted()
+    );
+    let sequence = i64::try_from(stored.sequence).unwrap_or(i64::MAX);
+    let lsn = PgLsn::from(stored.position.commit_lsn);
+    let index = i64::from(stored.position.index);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+        [&slot, &stream.name, &stream.created, &sequence, &lsn, &index];
+    client.execute(&sql, &params).await.map(drop)
+}
+
+/// Drops `slot`'s record (`teardown`).
+pub async fn forget(
+    client: &Client,
+    table: &TableName,
+    slot: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let sql = format!("DELETE FROM {} WHERE slot = $1", table.quoted());
+    client.execute(&sql, &[&slot]).await.map(drop)
+}
+
+/// The query asking whether the table exists; then [`read_sql`]. Both run on the
+/// replication connection, which answers simple queries only.
+pub fn exists_sql(table: &TableName) -> String {
+    format!("SELECT to_regclass({}) IS NOT NULL", escape_literal(&table.quoted()))
+}
+
+/// The query reading `slot`'s record, as one text row (`parse_recorded` reads it).
+pub fn read_sql(table: &TableName, slot: &str) -> String {
+    format!(
+        "SELECT stream, stream_created, stream_sequence::text, commit_lsn::text, index::text \
+         FROM {} WHERE slot = {}",
+        table.quoted(),
+        escape_literal(slot),
+    )
+}
+
+/// The last message recorded as acknowledged in `stream`, from [`read_sql`]'s rows; none
+/// when the record is of another stream, or of one of that name made again since.
+pub fn parse_recorded(rows: &[Vec<Option<String>>], stream: &StreamIdentity) -> Option<Stored> {
+    let row = rows.first()?;
+    let text = |i: usize| row.get(i).cloned().flatten();
+    let recorded = StreamIdentity { name: text(0)?, created: text(1)? };
+    if recorded != *stream {
+        return None;
+    }
+    let sequence = text(2)?.parse().ok()?;
+    let commit_lsn = u64::from(text(3)?.parse::<PgLsn>().ok()?);
+    let index = text(4)?.parse().ok()?;
+    Some(Stored { sequence, position: Position { commit_lsn, index } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(values: [&str; 5]) -> Vec<Vec<Option<String>>> {
+        vec![values.iter().map(|v| Some((*v).to_owned())).collect()]
+    }
+
+    #[test]
+    fn a_record_counts_only_for_the_stream_it_names() {
+        let stream = StreamIdentity { name: "OUTBOX".into(), created: "17".into() };
+        let rows = row(["OUTBOX", "17", "1000", "0/16B3748", "3"]);
+        let stored =
+            Stored { sequence: 1_000, position: Position { commit_lsn: 0x16B_3748, index: 3 } };
+        assert_eq!(parse_recorded(&rows, &stream), Some(stored));
+        let remade = StreamIdentity { created: "18".into(), ..stream.clone() };
+        assert_eq!(parse_recorded(&rows, &remade), None, "a stream made again is another");
+        assert_eq!(parse_recorded(&row(["OUTBOX", "17", "x", "0/1", "0"]), &stream), None);
+        assert_eq!(parse_recorded(&[], &stream), None);
+    }
+}
