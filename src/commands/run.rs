@@ -170,6 +170,9 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         args.stall_timeout,
     ));
     let mut memory = Memory::new(progress, nats_disconnects);
+    // A stream seeded from the table is rebuilt: the record of what it acknowledged before
+    // is not compared with it.
+    memory.recorded_read = seeding.is_some();
     memory.seed_wanted = seeding;
     memory.tracer = tracer;
     if let Some(keep) = args.retention {

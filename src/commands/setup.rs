@@ -3,6 +3,9 @@
 use anyhow::Context;
 use tracing::{info, warn};
 
+use tokio_postgres::types::PgLsn;
+
+use crate::domain::horizon::Forgotten;
 use crate::domain::source::Source;
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::publisher::Publisher;
@@ -12,8 +15,10 @@ use crate::postgres::admin::{self, WalStatus};
 use crate::postgres::adoption;
 use crate::postgres::replay_table::{self as replays, public_may_emit_warning};
 use crate::postgres::tenant_tables;
+use crate::service::acknowledgements::stream_identity;
 use crate::service::error::PipelineError;
 use crate::service::seed::{SeedKind, seed_slot};
+use crate::service::telemetry::names;
 use crate::settings::cli::{SetupArgs, SlotArgs};
 use crate::settings::config::Config;
 
@@ -237,6 +242,12 @@ pub async fn ensure_stream_and_slot(
     let seed_slot = seed_slot(name)?;
     let unfinished_seed = admin::slot_state(client, &seed_slot).await?.is_some();
     let mut seeding = None;
+    let forgotten = match (&state, seed) {
+        (Some(state), Some(SeedKind::Recover)) if !state.active => {
+            forgotten_past_the_slot(config, client, publisher, state).await?
+        }
+        _ => None,
+    };
     match state {
         Some(state) if state.wal_status == Some(WalStatus::Lost) && seed.is_some() => {
             warn!(slot = %name, "dropping the lost slot; the stream is seeded from the table");
@@ -251,6 +262,16 @@ pub async fn ensure_stream_and_slot(
             warn!(slot = %name, "dropping the lost slot and creating it again, as asked");
             admin::teardown_slot(client, name).await?;
             create_slot(client, name, args.failover).await?;
+        }
+        // The stream forgot acknowledged events the slot confirmed past (its server lost
+        // power): only the table brings them back, as after a lost slot.
+        Some(_) if let Some(forgotten) = &forgotten => {
+            metrics::counter!(names::STREAM_LOST_EVENTS).increment(forgotten.lost());
+            warn!(slot = %name, stream = %config.stream, "{forgotten}. --recover: the slot is \
+                dropped and the stream seeded from the table, as after a lost slot (the \
+                table's rows come back; emitted events cannot)");
+            admin::teardown_slot(client, name).await?;
+            seeding = seed;
         }
         Some(state) if state.plugin.as_deref() != Some("pgoutput") => {
             anyhow::bail!(
@@ -381,4 +402,28 @@ async fn create_slot(
         info!(slot = %name, failover, "replication slot created");
     }
     Ok(())
+}
+
+/// What the stream forgot of what JetStream acknowledged, by the record in Postgres
+/// (`postgres::acknowledged`), when the slot confirmed past it: the WAL cannot bring it back.
+async fn forgotten_past_the_slot(
+    config: &Config,
+    client: &tokio_postgres::Client,
+    publisher: &Publisher,
+    slot: &admin::SlotState,
+) -> anyhow::Result<Option<Forgotten>> {
+    let Some(stream) = stream_identity(publisher, &config.stream).await else { return Ok(None) };
+    let table = acknowledged::table_beside(&config.pipeline.replay_table);
+    let Some(stored) = acknowledged::recorded(client, &table, &config.slot, &stream).await? else {
+        return Ok(None);
+    };
+    let confirmed = slot.confirmed_flush_lsn.as_deref().and_then(|l| l.parse::<PgLsn>().ok());
+    let tail = publisher.tail().await?;
+    let judged = Forgotten::judge(
+        stored,
+        tail.last_sequence,
+        tail.origin.position,
+        confirmed.map_or(0, u64::from),
+    );
+    Ok(judged.filter(|forgotten| !forgotten.refilled()))
 }

@@ -150,7 +150,8 @@ impl fmt::Display for Forgotten {
             false => write!(
                 f,
                 "the slot confirmed {} past them, so the WAL cannot bring them back: rows of \
-                 the outbox table come back with `pgoutbox replay --created-from <time>`; set \
+                 the outbox table come back with `pgoutbox run --recover` (stopped first), \
+                 which seeds them from the table, or `pgoutbox verify --replay-missing`; set \
                  --durability-horizon to the server's sync interval so that the slot keeps \
                  them",
                 lsn(self.slot)

@@ -87,6 +87,24 @@ pub async fn record(
     client.execute(&sql, &params).await.map(drop)
 }
 
+/// `slot`'s record in `stream`, read on an ordinary connection (see [`parse_recorded`]);
+/// none without the table.
+pub async fn recorded(
+    client: &Client,
+    table: &TableName,
+    slot: &str,
+    stream: &StreamIdentity,
+) -> Result<Option<Stored>, tokio_postgres::Error> {
+    let exists: bool = client.query_one(&exists_sql(table), &[]).await?.try_get(0)?;
+    if !exists {
+        return Ok(None);
+    }
+    let rows = client.query(&read_sql(table, slot), &[]).await?;
+    let rows: Vec<Vec<Option<String>>> =
+        rows.iter().map(|row| (0..5).map(|i| row.get::<_, Option<String>>(i)).collect()).collect();
+    Ok(parse_recorded(&rows, stream))
+}
+
 /// Drops `slot`'s record (`teardown`).
 pub async fn forget(
     client: &Client,

@@ -226,3 +226,39 @@ async fn setup_warns_of_a_stream_that_loses_acknowledged_events_at_any_restart()
     assert!(line.contains("WARN") && line.contains("memory storage"), "{line}");
     assert!(line.contains("file storage"), "the fix is named: {line}");
 }
+
+/// The issue's fourth case: no horizon, both killed, the tail lost, pgoutbox started again
+/// with `--recover`. The slot exists but confirmed past what the stream forgot, so the
+/// table brings it back: the slot is dropped and the stream seeded from the table, and all
+/// 1,100 rows end up once, in commit order, with one line saying what was lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn recover_refills_from_the_table_what_the_slot_confirmed_past() {
+    let pg = Postgres::start();
+    let mut nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let mut app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 1_000, 10));
+    stored(&nats, 1_000, "1,000 rows stored").await;
+    eventually(Duration::from_secs(10), "the slot confirmed every row", || async {
+        let lag = "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() \
+                   FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
+        (pg.psql(lag) == "t").then_some(())
+    })
+    .await;
+    recorded(&pg, 1_000).await;
+    app.kill9();
+    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    let left = now_holds(&nats).await;
+    assert!(left < 1_000, "the cut block lost nothing");
+
+    let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(1_000, 1_100, 10));
+    stored(&nats, 1_100, "1,100 rows stored after the loss").await;
+    let stored = read_all(&jetstream(&nats.url()).await, "OUTBOX").await;
+    assert_once_in_order(&stored, 1_100, &app.log());
+    let line = loss_line(&app).await;
+    assert!(line.contains(&format!("{} lost", 1_000 - left)), "{line}");
+    assert!(line.contains("seeded from the table"), "{line}");
+}

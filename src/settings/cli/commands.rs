@@ -108,11 +108,13 @@ pub struct RunArgs {
     /// nothing once the slot exists and the stream holds messages
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_BACKFILL")]
     pub backfill: bool,
-    /// After the slot was lost: create it again, first publishing what the stream lacks
+    /// After the slot or the stream lost events: publish what the stream lacks from the table
     ///
     /// When the slot was dropped or lost: every row of the outbox table the stream lacks
     /// (those committed while no slot existed), in order, before streaming from the new
-    /// slot; see docs/operations.md, slot lost. Does nothing while the slot exists
+    /// slot; see docs/operations.md, slot lost. When the stream forgot events its slot
+    /// confirmed past (its server lost power; known from the record pgoutbox keeps in
+    /// Postgres): the slot is made again the same way. Otherwise does nothing
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_RECOVER", conflicts_with = "backfill")]
     pub recover: bool,
     /// With --recover: how far back the table is compared with the stream
