@@ -18,3 +18,4 @@ pub mod stall;
 pub mod throttle;
 pub mod throughput;
 pub mod trace_context;
+pub mod transaction;

@@ -19,10 +19,11 @@ use bytes::Bytes;
 use tracing::debug;
 
 use crate::domain::horizon::Horizon;
-use crate::domain::outbox::RowMapping;
+use crate::domain::outbox::{Rejection, RowMapping};
 use crate::domain::progress::{Position, Timing};
 use crate::domain::publishing::{Publishing, Start, TailNotInWal};
 use crate::domain::source::Source;
+use crate::domain::transaction::InTransaction;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher};
 use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
@@ -67,11 +68,28 @@ struct SentRow {
     mapping: Arc<RowMapping>,
     tuple: Vec<ColumnValue>,
     position: Position,
+    /// Its place in its transaction; `None` for a seed's rows, whose transactions the
+    /// table does not tell apart.
+    in_transaction: Option<InTransaction>,
+}
+
+/// A row decoded and not yet handed to NATS: whether it is its transaction's last is known
+/// at the next row or at the Commit, which follow it in the same read.
+struct HeldRow {
+    mapping: Arc<RowMapping>,
+    tuple: Vec<ColumnValue>,
+    position: Position,
+    /// Why it cannot be published as it is, when that was known before mapping it.
+    rejected: Option<Rejection>,
 }
 
 struct Transaction {
     commit_lsn: u64,
     next_index: u32,
+    /// Rows of ours decoded so far: each is one message of the transaction in the stream.
+    rows: u32,
+    /// The newest of them, held until the next one or the Commit.
+    held: Option<HeldRow>,
 }
 
 pub struct Pipeline<'a> {
@@ -364,14 +382,23 @@ impl<'a> Pipeline<'a> {
                 if self.transaction.is_some() {
                     return Err(PipelineError::Protocol("Begin inside a transaction"));
                 }
-                self.transaction = Some(Transaction { commit_lsn: begin.final_lsn, next_index: 0 });
+                self.transaction = Some(Transaction {
+                    commit_lsn: begin.final_lsn,
+                    next_index: 0,
+                    rows: 0,
+                    held: None,
+                });
                 if let Some(traces) = &mut self.traces {
                     traces.begin();
                 }
             }
             LogicalMessage::Commit(commit) => {
-                if self.transaction.take().is_none() {
+                let Some(transaction) = self.transaction.take() else {
                     return Err(PipelineError::Protocol("Commit outside a transaction"));
+                };
+                if let Some(last) = transaction.held {
+                    let rows = transaction.rows;
+                    self.publish_row(last, Some(InTransaction::Last { rows })).await?;
                 }
                 let timing = Timing { committed: commit.commit_time, received: pg_now_micros() };
                 let committed = self.protocol.on_commit(commit.end_lsn, timing);

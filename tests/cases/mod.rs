@@ -68,3 +68,4 @@ mod tenants_without_trust;
 mod traces;
 mod verify;
 mod version_matrix;
+mod whole_transactions;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_nats::jetstream::context::PublishError;
 use tracing::warn;
 
-use super::{Pipeline, SentRow};
+use super::{HeldRow, Pipeline, SentRow};
 use crate::domain::outbox::{
     DeadLetter, OutboxEvent, Rejection, RowMapping, SCHEDULE_HEADER, held_at,
 };
@@ -17,6 +17,7 @@ use crate::domain::publishing::{
 };
 use crate::domain::seed::REPLAY_HEADER;
 use crate::domain::source::SOURCE_HEADER;
+use crate::domain::transaction::{self, InTransaction};
 use crate::nats::publisher::{POSITION_HEADER, refused_for_itself};
 use crate::nats::wire::HeaderBlock;
 use crate::postgres::pgoutput::ColumnValue;
@@ -34,8 +35,10 @@ pub(super) enum Sending<'a> {
 }
 
 impl Pipeline<'_> {
-    /// Publishes one row at `position`, or its dead letter when it cannot be published as it
-    /// is (`rejected` says why when that is known before mapping it).
+    /// One row at `position`, to be published, or its dead letter when it cannot be
+    /// published as it is (`rejected` says why when that is known before mapping it). In a
+    /// transaction it is held, and the row held before it goes out, not the last of it; a
+    /// seed's row goes out at once.
     pub(super) async fn on_row(
         &mut self,
         mapping: Arc<RowMapping>,
@@ -43,6 +46,24 @@ impl Pipeline<'_> {
         position: Position,
         rejected: Option<Rejection>,
     ) -> Result<(), PipelineError> {
+        let row = HeldRow { mapping, tuple, position, rejected };
+        let Some(transaction) = self.transaction.as_mut() else {
+            return self.publish_row(row, None).await;
+        };
+        transaction.rows += 1;
+        match transaction.held.replace(row) {
+            Some(before) => self.publish_row(before, Some(InTransaction::NotLast)).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Publishes one row, or its dead letter, saying its place in its transaction.
+    pub(super) async fn publish_row(
+        &mut self,
+        row: HeldRow,
+        in_transaction: Option<InTransaction>,
+    ) -> Result<(), PipelineError> {
+        let HeldRow { mapping, tuple, position, rejected } = row;
         let row_id = mapping.row_id(&tuple);
         match self.protocol.on_row(position, row_id.as_deref()) {
             Ok(RowStep::Publish) => {}
@@ -53,8 +74,12 @@ impl Pipeline<'_> {
         let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
             Some(refused) => Some(refused),
             None => match mapping.map(&tuple) {
-                Ok(event) => match self.dispatch(event, position, counters, Sending::Row(&mapping))
-                {
+                Ok(event) => match self.dispatch(
+                    event,
+                    (position, in_transaction),
+                    counters,
+                    Sending::Row(&mapping),
+                ) {
                     Ok(()) => {
                         self.memory.published += 1;
                         None
@@ -70,7 +95,7 @@ impl Pipeline<'_> {
                 Err(reason) => Some(reason),
             },
         };
-        let row = SentRow { mapping, tuple, position };
+        let row = SentRow { mapping, tuple, position, in_transaction };
         if let Some(reason) = reason {
             self.publish_dead_letter(&row, &reason).await?;
         }
@@ -89,8 +114,8 @@ impl Pipeline<'_> {
         row: &SentRow,
         reason: &Rejection,
     ) -> Result<(), PipelineError> {
-        let SentRow { mapping, tuple, position } = row;
-        let position = *position;
+        let SentRow { mapping, tuple, position, in_transaction } = row;
+        let (position, in_transaction) = (*position, *in_transaction);
         let subject = match mapping.dead_letter_subject() {
             "" => &self.config.defaults.dead_letter_subject,
             own => own,
@@ -110,7 +135,8 @@ impl Pipeline<'_> {
             subject = %event.subject, "row sent to the dead-letter subject");
         let counters = self.counters.of(mapping.counted_as());
         let sending = Sending::DeadLetter(&reason);
-        if let Err(err) = self.dispatch(event, position, Arc::clone(&counters), sending) {
+        let at = (position, in_transaction);
+        if let Err(err) = self.dispatch(event, at, Arc::clone(&counters), sending) {
             self.unsent_row = true;
             return Err(match refused_for_itself(&err) {
                 Some(why) => PipelineError::DeadLetter(why),
@@ -151,12 +177,13 @@ impl Pipeline<'_> {
     /// it, and keeps it in flight. pgoutbox's own headers come first: nats-server up to 2.10
     /// reads the first occurrence of a header name anywhere in the block, so a row's header
     /// written before them could shadow a guard.
-    /// `counters`: those of the row's table, which count the message at its ack; `sending`:
-    /// what the message is, which its span (with traces on) is named by.
+    /// `at`: the row's position and its place in its transaction; `counters`: those of the
+    /// row's table, which count the message at its ack; `sending`: what the message is,
+    /// which its span (with traces on) is named by.
     pub(super) fn dispatch(
         &mut self,
         event: OutboxEvent,
-        position: Position,
+        (position, in_transaction): (Position, Option<InTransaction>),
         counters: Arc<TableCounters>,
         sending: Sending<'_>,
     ) -> Result<(), PublishError> {
@@ -187,6 +214,12 @@ impl Pipeline<'_> {
                 Some(previous) => block.add(EXPECTED_LAST_MSG_ID_HEADER, previous),
             }
             block.add_display(POSITION_HEADER, position);
+            if let Some(in_transaction) = in_transaction {
+                block.add(transaction::LAST_HEADER, in_transaction.last());
+                if let Some(rows) = in_transaction.rows() {
+                    block.add_display(transaction::ROWS_HEADER, rows);
+                }
+            }
             block.add(SOURCE_HEADER, source);
             if let Some(prelude) = seed.filter(|_| position.commit_lsn == 0) {
                 for (name, value) in &prelude.marks {

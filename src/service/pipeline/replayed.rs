@@ -101,8 +101,9 @@ impl Replays {
 
     /// The replay id of the row at `position`, while it is being published.
     pub(super) fn id_at(&self, position: Position) -> Option<&str> {
-        let newest = self.awaiting.back().filter(|row| row.position == position)?;
-        Some(&newest.replay_id)
+        // Among the newest: a row goes out when the row after it is decoded (or its Commit).
+        let row = self.awaiting.iter().rev().take(2).find(|row| row.position == position)?;
+        Some(&row.replay_id)
     }
 
     /// Whether the message at `position` is a replayed row: a duplicate answer then means
@@ -291,10 +292,13 @@ impl<'a> Pipeline<'a> {
         Err((why, entry))
     }
 
-    /// A replay's end counts once every message sent before it is acknowledged: all its
-    /// rows are in the stream then (rows left in `awaiting` were skipped, no ack comes).
+    /// A replay's end counts once every message sent before it is acknowledged and none is
+    /// held (its last row goes out at the Commit): all its rows are in the stream then
+    /// (rows left in `awaiting` were skipped, no ack comes).
     pub(super) fn replay_ended(&mut self) {
+        let held = self.transaction.as_ref().is_some_and(|t| t.held.is_some());
         if self.protocol.in_flight() == 0
+            && !held
             && let Some(total) = self.replays.end.take()
         {
             self.replays.awaiting.clear();
