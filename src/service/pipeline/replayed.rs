@@ -377,11 +377,13 @@ mod tests {
     }
 
     #[test]
-    fn only_the_row_being_sent_is_marked_with_its_replay() {
+    fn only_the_rows_being_sent_are_marked_with_their_replay() {
+        // The newest, and the one before it: a row goes out when the next is decoded.
         let mut replays = Replays::default();
-        replays.awaiting.extend([awaiting(0), awaiting(1)]);
+        replays.awaiting.extend([awaiting(0), awaiting(1), awaiting(2)]);
+        assert_eq!(replays.id_at(at(2)), Some("r1"));
         assert_eq!(replays.id_at(at(1)), Some("r1"));
         assert_eq!(replays.id_at(at(0)), None);
-        assert_eq!(replays.id_at(at(2)), None);
+        assert_eq!(replays.id_at(at(3)), None);
     }
 }
