@@ -26,6 +26,33 @@ async fn now_holds(nats: &Nats) -> u64 {
     count(&jetstream(&nats.url()).await, "OUTBOX").await
 }
 
+/// Waits until the slot confirmed everything written so far: the WAL no longer holds it.
+async fn slot_confirmed_everything(pg: &Postgres) {
+    eventually(Duration::from_secs(10), "the slot confirmed every row", || async {
+        let lag = "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() \
+                   FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
+        (pg.psql(lag) == "t").then_some(())
+    })
+    .await;
+}
+
+/// Without a horizon: 1,000 rows stored, confirmed and recorded; then pgoutbox killed with
+/// -9 and the server's unsynced tail lost, as when the host they share loses power.
+/// Returns how many messages the stream still holds.
+async fn both_lose_their_tail(pg: &Postgres, nats: &mut Nats) -> u64 {
+    let mut app = Pgoutbox::run(pg, nats, &[]);
+    wait_until_streaming(pg, &app).await;
+    pg.psql(&numbered_rows(0, 1_000, 10));
+    stored(nats, 1_000, "1,000 rows stored").await;
+    slot_confirmed_everything(pg).await;
+    recorded(pg, 1_000).await;
+    app.kill9();
+    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    let left = now_holds(nats).await;
+    assert!(left < 1_000, "the cut block lost nothing");
+    left
+}
+
 /// 1,000 rows stored; the server loses its unsynced tail while pgoutbox runs; 100 more:
 /// all 1,100 once and in order, and the log names what was lost and refilled.
 #[tokio::test(flavor = "multi_thread")]
@@ -122,20 +149,7 @@ async fn without_a_horizon_a_restart_of_both_still_names_the_loss() {
     let pg = Postgres::start();
     let mut nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let mut app = Pgoutbox::run(&pg, &nats, &[]);
-    wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(0, 1_000, 10));
-    stored(&nats, 1_000, "1,000 rows stored").await;
-    eventually(Duration::from_secs(10), "the slot confirmed every row", || async {
-        let lag = "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() \
-                   FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
-        (pg.psql(lag) == "t").then_some(())
-    })
-    .await;
-    recorded(&pg, 1_000).await;
-    app.kill9();
-    nats.lose_unsynced_tail("OUTBOX", 0.6);
-    let left = now_holds(&nats).await;
+    let left = both_lose_their_tail(&pg, &mut nats).await;
 
     let app = Pgoutbox::run(&pg, &nats, &[]);
     let line = loss_line(&app).await;
@@ -161,12 +175,7 @@ async fn without_a_horizon_a_forgotten_tail_is_named_and_counted() {
     pg.psql(&numbered_rows(0, 1_000, 10));
     stored(&nats, 1_000, "1,000 rows stored").await;
     // Everything confirmed: the slot moved past the rows.
-    eventually(Duration::from_secs(10), "the slot confirmed every row", || async {
-        let lag = "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() \
-                   FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
-        (pg.psql(lag) == "t").then_some(())
-    })
-    .await;
+    slot_confirmed_everything(&pg).await;
     nats.lose_unsynced_tail("OUTBOX", 0.6);
     let left = now_holds(&nats).await;
     pg.psql(&numbered_rows(1_000, 1_001, 1));
@@ -236,21 +245,7 @@ async fn recover_refills_from_the_table_what_the_slot_confirmed_past() {
     let pg = Postgres::start();
     let mut nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let mut app = Pgoutbox::run(&pg, &nats, &[]);
-    wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(0, 1_000, 10));
-    stored(&nats, 1_000, "1,000 rows stored").await;
-    eventually(Duration::from_secs(10), "the slot confirmed every row", || async {
-        let lag = "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() \
-                   FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
-        (pg.psql(lag) == "t").then_some(())
-    })
-    .await;
-    recorded(&pg, 1_000).await;
-    app.kill9();
-    nats.lose_unsynced_tail("OUTBOX", 0.6);
-    let left = now_holds(&nats).await;
-    assert!(left < 1_000, "the cut block lost nothing");
+    let left = both_lose_their_tail(&pg, &mut nats).await;
 
     let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
     wait_until_streaming(&pg, &app).await;

@@ -32,28 +32,32 @@ impl Drop for KillOnDrop {
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_replay_confirmed_but_not_published_exits_non_zero_saying_so() {
-    let pg = Postgres::start();
-    let nats = Nats::start();
-    pg.psql(include_str!("../../sql/outbox.sql"));
-    let js = jetstream(&nats.url()).await;
-    {
-        // pgoutbox claims the stream and makes its slot, then stops.
-        let app = Pgoutbox::run(&pg, &nats, &[]);
-        wait_until_streaming(&pg, &app).await;
-        pg.psql(&numbered_rows(0, 5, 5));
-        eventually(Duration::from_secs(30), "5 rows stored", || async {
-            (count(&js, "OUTBOX").await == 5).then_some(())
-        })
-        .await;
-    }
+/// pgoutbox claims the stream, makes its slot and stores 5 rows, then stops: the slot is
+/// left inactive.
+async fn five_rows_then_stopped(pg: &Postgres, nats: &Nats, js: &async_nats::jetstream::Context) {
+    let app = Pgoutbox::run(pg, nats, &[]);
+    wait_until_streaming(pg, &app).await;
+    pg.psql(&numbered_rows(0, 5, 5));
+    eventually(Duration::from_secs(30), "5 rows stored", || async {
+        (count(js, "OUTBOX").await == 5).then_some(())
+    })
+    .await;
+    drop(app);
     eventually(Duration::from_secs(30), "the slot free", || async {
         let active =
             pg.psql("SELECT active FROM pg_replication_slots WHERE slot_name = 'pgoutbox'");
         (active == "f").then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_confirmed_but_not_published_exits_non_zero_saying_so() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let js = jetstream(&nats.url()).await;
+    five_rows_then_stopped(&pg, &nats, &js).await;
     let _reader = confirm_without_publishing(&pg, "pgoutbox");
     eventually(Duration::from_secs(30), "pg_recvlogical streaming", || async {
         let active =
@@ -82,20 +86,7 @@ async fn a_replay_while_pgoutbox_restarts_waits_until_its_rows_are_stored() {
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let js = jetstream(&nats.url()).await;
-    let app = Pgoutbox::run(&pg, &nats, &[]);
-    wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(0, 5, 5));
-    eventually(Duration::from_secs(30), "5 rows stored", || async {
-        (count(&js, "OUTBOX").await == 5).then_some(())
-    })
-    .await;
-    drop(app);
-    eventually(Duration::from_secs(30), "the slot free", || async {
-        let active =
-            pg.psql("SELECT active FROM pg_replication_slots WHERE slot_name = 'pgoutbox'");
-        (active == "f").then_some(())
-    })
-    .await;
+    five_rows_then_stopped(&pg, &nats, &js).await;
 
     let mut replay = command(&pg, &nats);
     replay.args(["replay", "--created-from", "-infinity"]);

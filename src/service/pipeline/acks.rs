@@ -88,7 +88,6 @@ impl Pipeline<'_> {
                 if let Ok(stored) = &ack {
                     let (sequence, position) = (stored.sequence, done.position);
                     self.memory.stored = Some(Stored { sequence, position });
-                    self.memory.acknowledged.set(Stored { sequence, position });
                 }
             }
         }

@@ -27,10 +27,14 @@ impl Pipeline<'_> {
         }
     }
 
-    /// Tells the stall detector where things stand (`waiting`: something awaits an ack).
+    /// Tells the stall detector where things stand (`waiting`: something awaits an ack),
+    /// and the task that records it in Postgres what JetStream acknowledged last.
     pub(super) fn record_progress(&mut self, waiting: bool) {
         let acks = std::mem::take(&mut self.acks_unrecorded);
         self.memory.progress.record(self.protocol.confirmed(), acks, waiting);
+        if let Some(stored) = self.memory.stored {
+            self.memory.acknowledged.set(stored);
+        }
     }
 
     pub(super) fn update_gauges(&mut self) {

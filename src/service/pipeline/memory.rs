@@ -36,7 +36,7 @@ pub struct Memory {
     /// next attempt forgot what it acknowledged (`domain::horizon::Forgotten`).
     pub stored: Option<crate::domain::horizon::Stored>,
     /// The same, shared with the task that records it in Postgres for the next process
-    /// (`service::acknowledgements`).
+    /// (`service::acknowledgements`): copied at each tick (100 ms), not at each ack.
     pub acknowledged: crate::service::acknowledgements::LastAcknowledged,
     /// The previous process's record of it was read (at the first attempt that got so far).
     pub recorded_read: bool,
