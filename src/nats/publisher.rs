@@ -29,8 +29,9 @@ pub const POSITION_HEADER: &str = "Pgoutbox-Position";
 
 /// Room left in every message for the headers the pipeline adds to it after the row was
 /// mapped (`Pgoutbox-Position: <lsn>:<index>` and `Pgoutbox-Source: <system id>/<timeline>/
-/// <database>/<slot>`, whose names Postgres caps at 63 bytes: about 250 bytes at most; with
-/// traces on, a dead letter's `traceparent` line, 70 bytes, and no `tracestate`), so a
+/// <database>/<slot>`, whose names Postgres caps at 63 bytes: about 250 bytes at most; the
+/// transaction marks, 75 bytes at most; with traces on, a dead letter's `traceparent` line,
+/// 70 bytes, and no `tracestate`), so a
 /// dead letter built to `message_limit` minus this, less the guard's own line
 /// (`Guard::header_bytes`: it repeats the previous message's id), still fits.
 pub const ADDED_HEADERS_ROOM: usize = 512;
