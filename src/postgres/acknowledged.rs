@@ -121,13 +121,17 @@ pub fn exists_sql(table: &TableName) -> String {
     format!("SELECT to_regclass({}) IS NOT NULL", escape_literal(&table.quoted()))
 }
 
-/// The query reading `slot`'s record, as one text row (`parse_recorded` reads it).
+/// The query reading `slot`'s record, as one text row (`parse_recorded` reads it): only
+/// from a table pgoutbox's role owns, since a record another role made up could make
+/// `--recover` drop the slot.
 pub fn read_sql(table: &TableName, slot: &str) -> String {
+    let quoted = table.quoted();
     format!(
         "SELECT stream, stream_created, stream_sequence::text, commit_lsn::text, index::text \
-         FROM {} WHERE slot = {}",
-        table.quoted(),
+         FROM {quoted} WHERE slot = {} AND (SELECT relowner FROM pg_class WHERE oid = {}::regclass) \
+         = (SELECT oid FROM pg_roles WHERE rolname = current_user)",
         escape_literal(slot),
+        escape_literal(&quoted),
     )
 }
 

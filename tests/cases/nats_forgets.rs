@@ -257,3 +257,37 @@ async fn recover_refills_from_the_table_what_the_slot_confirmed_past() {
     assert!(line.contains(&format!("{} lost", 1_000 - left)), "{line}");
     assert!(line.contains("seeded from the table"), "{line}");
 }
+
+/// The record counts only from a table pgoutbox's role owns: one made by another role, with
+/// a record saying the stream lost events, makes no loss and `--recover` keeps the slot
+/// (such a record could otherwise make it drop the slot).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_in_a_table_of_another_role_is_not_believed() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 10, 10));
+    stored(&nats, 10, "10 rows stored").await;
+    drop(app);
+    let js = jetstream(&nats.url()).await;
+    let mut stream = js.get_stream("OUTBOX").await.expect("the stream");
+    let created = stream.info().await.expect("its info").created.unix_timestamp_nanos();
+    pg.psql(&format!(
+        "CREATE ROLE mallory; DROP TABLE public.pgoutbox_acknowledged; \
+         CREATE TABLE public.pgoutbox_acknowledged (slot text PRIMARY KEY, stream text, \
+           stream_created text, stream_sequence bigint, commit_lsn pg_lsn, index bigint, \
+           at timestamptz DEFAULT now()); \
+         INSERT INTO public.pgoutbox_acknowledged VALUES \
+           ('pgoutbox', 'OUTBOX', '{created}', 1000000, 'FFFF/0', 0); \
+         ALTER TABLE public.pgoutbox_acknowledged OWNER TO mallory;"
+    ));
+    let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(10, 11, 1));
+    stored(&nats, 11, "the next row stored").await;
+    let log = app.log();
+    assert!(!log.contains("the stream lost acknowledged events"), "{log}");
+    assert!(log.contains("the slot exists: nothing to seed"), "{log}");
+}
