@@ -101,6 +101,20 @@ async fn loss_line(app: &Pgoutbox) -> String {
     .await
 }
 
+/// Asserts that `line` names a loss of 1,000 acknowledged messages down to `left` that the
+/// slot confirmed past (an error naming the horizon), and that `app` counted it. Returns
+/// how many were lost.
+fn assert_named_beyond_the_slot(line: &str, left: u64, app: &Pgoutbox) -> u64 {
+    let lost = 1_000 - left;
+    for says in [format!("sequence {left}"), "sequence 1000".to_owned(), format!("{lost} lost")] {
+        assert!(line.contains(&says), "no {says:?} in {line}");
+    }
+    assert!(line.contains("ERROR") && line.contains("--durability-horizon"), "{line}");
+    let counted = metric(app.http_port(), "pgoutbox_stream_lost_events_total ");
+    assert_eq!(counted, Some(lost as f64));
+    lost
+}
+
 /// Both processes killed, the server's tail lost, both started again: the slot, held back
 /// by the horizon, brings back table rows and emitted events alike, and the new process,
 /// which saw none of the acknowledgements, says what was lost and published again from
@@ -153,13 +167,7 @@ async fn without_a_horizon_a_restart_of_both_still_names_the_loss() {
 
     let app = Pgoutbox::run(&pg, &nats, &[]);
     let line = loss_line(&app).await;
-    let lost = 1_000 - left;
-    for says in [format!("sequence {left}"), "sequence 1000".to_owned(), format!("{lost} lost")] {
-        assert!(line.contains(&says), "no {says:?} in {line}");
-    }
-    assert!(line.contains("ERROR") && line.contains("--durability-horizon"), "{line}");
-    let counted = metric(app.http_port(), "pgoutbox_stream_lost_events_total ");
-    assert_eq!(counted, Some(lost as f64));
+    assert_named_beyond_the_slot(&line, left, &app);
 }
 
 /// Without a horizon the slot confirmed past what the server forgot: the loss cannot be
@@ -180,20 +188,8 @@ async fn without_a_horizon_a_forgotten_tail_is_named_and_counted() {
     let left = now_holds(&nats).await;
     pg.psql(&numbered_rows(1_000, 1_001, 1));
     stored(&nats, left + 1, "the next row stored").await;
-    let log = eventually(Duration::from_secs(10), "the loss named", || async {
-        let log = app.log();
-        log.contains("the stream lost acknowledged events").then_some(log)
-    })
-    .await;
-    let line = log.lines().find(|l| l.contains("the stream lost acknowledged events"));
-    let line = line.unwrap_or_default();
-    let lost = 1_000 - left;
-    for says in [format!("sequence {left}"), "sequence 1000".to_owned(), format!("{lost} lost")] {
-        assert!(line.contains(&says), "no {says:?} in {line}");
-    }
-    assert!(line.contains("ERROR") && line.contains("--durability-horizon"), "{line}");
-    let counted = metric(app.http_port(), "pgoutbox_stream_lost_events_total ");
-    assert_eq!(counted, Some(lost as f64));
+    let line = loss_line(&app).await;
+    let lost = assert_named_beyond_the_slot(&line, left, &app);
     // status says what the stream can lose, and what the running process found.
     let out = command(&pg, &nats)
         .env("PGOUTBOX_HTTP_ADDR", format!("127.0.0.1:{}", app.http_port()))
