@@ -10,11 +10,18 @@
 //! stream's tail shows stored (`domain::source`), and publishes what the server forgot, in
 //! commit order. Emitted events have no table row, so only this brings them back.
 //!
-//! A position becomes releasable once the newest acknowledgement it rests on is older than
-//! the horizon. A keepalive's position, confirmable only when nothing is in flight, rests
-//! on the last acknowledgement before it, so an idle outbox does not pin WAL for longer
-//! than the horizon after its last message. The positions waiting are kept at most one per
-//! [`GRAIN`], so memory stays bounded whatever the rate.
+//! Time alone does not make an acknowledgement durable: a server that restarted (a power
+//! loss) while pgoutbox was paused, or while an attempt was busy elsewhere, lost what it had
+//! not synced, however old pgoutbox's clock says the acknowledgement is. So a position is
+//! released only once the stream was seen, by a request sent at least the horizon after the
+//! acknowledgement the position rests on, still holding that acknowledged message
+//! ([`Horizon::due`] says which message to look for, [`Horizon::vouched`] records the
+//! answer): a server that holds a message it stored a horizon earlier has synced it.
+//!
+//! A keepalive's position, confirmable only when nothing is in flight, rests on the last
+//! acknowledgement before it, so an idle outbox does not pin WAL for longer than the
+//! horizon (and one look at the stream) after its last message. The positions waiting are
+//! kept at most one per [`GRAIN`], so memory stays bounded whatever the rate.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -28,45 +35,93 @@ pub const GRAIN: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub struct Horizon {
     span: Duration,
-    /// Confirmable positions not yet released, oldest first, each with the time of the
-    /// newest acknowledgement it rests on; both only grow along the queue.
-    held: VecDeque<(u64, Instant)>,
+    /// Confirmable positions not yet released, oldest first; all fields only grow along
+    /// the queue.
+    held: VecDeque<Held>,
     released: u64,
+    /// The newest message the stream was seen holding, and when that look was asked for.
+    vouched: Option<(Stored, Instant)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    lsn: u64,
+    /// The newest acknowledgement the position rests on, and when it came.
+    acked_at: Instant,
+    /// `None` before this attempt's first acknowledgement: the position rests on what the
+    /// attempt's start found in the stream, and waits by time alone.
+    stored: Option<Stored>,
 }
 
 impl Horizon {
     /// A horizon of `span` (zero: every confirmable position is released at once) over a
     /// slot confirmed up to `start`.
     pub fn new(span: Duration, start: u64) -> Horizon {
-        Horizon { span, held: VecDeque::new(), released: start }
+        Horizon { span, held: VecDeque::new(), released: start, vouched: None }
     }
 
     /// `confirmable` may be confirmed once the stream no longer may lose the acknowledgement
-    /// of `acked_at` (the newest it rests on).
-    pub fn offer(&mut self, confirmable: u64, acked_at: Instant) {
-        let newest = self.held.back().map_or(self.released, |&(lsn, _)| lsn);
+    /// of `acked_at` (the newest it rests on, of the message `stored`).
+    pub fn offer(&mut self, confirmable: u64, acked_at: Instant, stored: Option<Stored>) {
+        let newest = self.held.back().map_or(self.released, |held| held.lsn);
         if confirmable <= newest {
             return;
         }
         match self.held.back_mut() {
-            Some((lsn, at)) if acked_at.saturating_duration_since(*at) < GRAIN => {
-                *lsn = confirmable;
-                *at = (*at).max(acked_at);
+            Some(held) if acked_at.saturating_duration_since(held.acked_at) < GRAIN => {
+                held.lsn = confirmable;
+                held.acked_at = held.acked_at.max(acked_at);
+                held.stored = newer(held.stored, stored);
             }
             _ => {
-                let at = self.held.back().map_or(acked_at, |&(_, at)| at.max(acked_at));
-                self.held.push_back((confirmable, at));
+                let last = self.held.back().copied();
+                let acked_at = last.map_or(acked_at, |held| held.acked_at.max(acked_at));
+                let stored = newer(last.and_then(|held| held.stored), stored);
+                self.held.push_back(Held { lsn: confirmable, acked_at, stored });
             }
+        }
+    }
+
+    /// The message to look for in the stream, with a request sent from now on, before
+    /// more can be released: the newest one a waiting position rests on that is older than
+    /// the horizon at `now`. `None` when there is nothing to look for.
+    pub fn due(&self, now: Instant) -> Option<Stored> {
+        if self.span.is_zero() {
+            return None;
+        }
+        let ripe = self.held.iter().take_while(|held| now >= held.acked_at + self.span);
+        let newest = ripe.filter(|held| held.stored.is_some()).last()?;
+        let stored = newest.stored?;
+        (!self.covers(stored, newest.acked_at)).then_some(stored)
+    }
+
+    /// Whether what the stream was seen holding vouches for `stored`, acknowledged at
+    /// `acked_at`.
+    fn covers(&self, stored: Stored, acked_at: Instant) -> bool {
+        self.vouched.is_some_and(|(vouched, asked_at)| {
+            vouched.sequence >= stored.sequence && asked_at >= acked_at + self.span
+        })
+    }
+
+    /// A request sent at `asked_at` found `stored` still in the stream.
+    pub fn vouched(&mut self, stored: Stored, asked_at: Instant) {
+        if self.vouched.is_none_or(|(vouched, _)| stored.sequence >= vouched.sequence) {
+            self.vouched = Some((stored, asked_at));
         }
     }
 
     /// The furthest position that may be confirmed at `now`.
     pub fn release(&mut self, now: Instant) -> u64 {
-        while let Some(&(lsn, at)) = self.held.front() {
-            if now.saturating_duration_since(at) < self.span {
+        while let Some(&held) = self.held.front() {
+            let durable = self.span.is_zero()
+                || match held.stored {
+                    None => now >= held.acked_at + self.span,
+                    Some(stored) => self.covers(stored, held.acked_at),
+                };
+            if !durable {
                 break;
             }
-            self.released = lsn;
+            self.released = held.lsn;
             self.held.pop_front();
         }
         self.released
@@ -76,6 +131,14 @@ impl Horizon {
     #[cfg(test)]
     fn waiting(&self) -> usize {
         self.held.len()
+    }
+}
+
+/// The later of two acknowledged messages.
+fn newer(a: Option<Stored>, b: Option<Stored>) -> Option<Stored> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.sequence >= a.sequence { b } else { a }),
+        (a, b) => a.or(b),
     }
 }
 
@@ -184,35 +247,67 @@ mod tests {
         assert!(!empty.refilled() && empty.lost() == 1_000);
     }
 
+    /// The message of sequence `n`.
+    fn message(n: u64) -> Option<Stored> {
+        Some(Stored { sequence: n, position: at(n, 0) })
+    }
+
     #[test]
     fn no_horizon_releases_at_once() {
         let now = Instant::now();
         let mut horizon = Horizon::new(Duration::ZERO, 10);
-        horizon.offer(20, now);
+        horizon.offer(20, now, message(1));
+        assert_eq!(horizon.due(now), None);
         assert_eq!(horizon.release(now), 20);
     }
 
     #[test]
-    fn a_position_waits_until_its_ack_is_older_than_the_horizon() {
+    fn a_position_waits_until_the_stream_is_seen_holding_its_ack_a_horizon_later() {
         let t0 = Instant::now();
+        let secs = |s| t0 + Duration::from_secs(s);
         let span = Duration::from_secs(120);
         let mut horizon = Horizon::new(span, 10);
-        horizon.offer(20, t0);
-        horizon.offer(30, t0 + Duration::from_secs(60));
-        assert_eq!(horizon.release(t0 + Duration::from_secs(119)), 10);
-        assert_eq!(horizon.release(t0 + span), 20);
-        assert_eq!(horizon.release(t0 + Duration::from_secs(179)), 20);
-        assert_eq!(horizon.release(t0 + Duration::from_secs(180)), 30);
+        horizon.offer(20, t0, message(1));
+        horizon.offer(30, secs(60), message(2));
+        assert_eq!(horizon.due(secs(119)), None);
+        assert_eq!(horizon.release(secs(119)), 10);
+        // Old enough, but nobody looked: time alone releases nothing.
+        assert_eq!(horizon.release(secs(500)), 10);
+        assert_eq!(horizon.due(secs(120)), message(1));
+        // A look asked for before the horizon passed vouches for nothing.
+        horizon.vouched(message(1).unwrap(), secs(119));
+        assert_eq!(horizon.release(secs(500)), 10);
+        horizon.vouched(message(1).unwrap(), secs(120));
+        assert_eq!(horizon.release(secs(120)), 20);
+        assert_eq!(horizon.due(secs(179)), None);
+        assert_eq!(horizon.due(secs(180)), message(2));
+        horizon.vouched(message(2).unwrap(), secs(181));
+        assert_eq!(horizon.release(secs(181)), 30);
     }
 
     #[test]
-    fn an_idle_keepalive_after_an_old_ack_is_released_at_once() {
+    fn an_idle_keepalive_after_an_old_ack_is_released_with_the_next_look() {
         let t0 = Instant::now();
         let mut horizon = Horizon::new(Duration::from_secs(120), 10);
-        horizon.offer(20, t0);
+        horizon.offer(20, t0, message(1));
         let later = t0 + Duration::from_secs(600);
-        horizon.offer(900, t0); // a keepalive, nothing acknowledged since t0
+        horizon.offer(900, t0, message(1)); // a keepalive, nothing acknowledged since t0
+        assert_eq!(horizon.due(later), message(1));
+        horizon.vouched(message(1).unwrap(), later);
         assert_eq!(horizon.release(later), 900);
+        horizon.offer(950, t0, message(1)); // the next keepalive needs no other look
+        assert_eq!(horizon.due(later), None);
+        assert_eq!(horizon.release(later), 950);
+    }
+
+    #[test]
+    fn before_the_first_ack_a_position_waits_by_time_alone() {
+        let t0 = Instant::now();
+        let mut horizon = Horizon::new(Duration::from_secs(120), 10);
+        horizon.offer(20, t0, None);
+        assert_eq!(horizon.due(t0 + Duration::from_secs(120)), None);
+        assert_eq!(horizon.release(t0 + Duration::from_secs(119)), 10);
+        assert_eq!(horizon.release(t0 + Duration::from_secs(120)), 20);
     }
 
     #[test]
@@ -220,41 +315,100 @@ mod tests {
         let t0 = Instant::now();
         let mut horizon = Horizon::new(Duration::from_secs(120), 0);
         for i in 1..=1_000u64 {
-            horizon.offer(i, t0 + Duration::from_millis(i));
+            horizon.offer(i, t0 + Duration::from_millis(i), message(i));
         }
         assert!(horizon.waiting() <= 11, "{}", horizon.waiting());
     }
 
+    /// What the property test below does at each step.
+    #[derive(Debug, Clone, Copy)]
+    enum Step {
+        /// A message published and acknowledged.
+        Publish,
+        /// A keepalive: confirmable without a new acknowledgement.
+        Keepalive,
+        /// The message [`Horizon::due`] names looked for in the stream.
+        Look,
+        /// The server loses power and restarts with what it synced.
+        PowerLoss,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => Just(Step::Publish),
+            1 => Just(Step::Keepalive),
+            3 => Just(Step::Look),
+            1 => Just(Step::PowerLoss),
+        ]
+    }
+
     proptest! {
-        /// Whatever the offers, what is released never goes back, is never a position not
-        /// offered, and never one whose acknowledgement is younger than the horizon.
+        /// A server that syncs at least once a horizon and loses power at any moment, and a
+        /// pgoutbox that may be paused for any time between any two steps (the gaps): no
+        /// position is ever released past a message the server lost, before or after the
+        /// loss; what is released never goes back, and once the stream is looked at a
+        /// horizon after the last acknowledgement, everything offered is released.
         #[test]
-        fn nothing_younger_than_the_horizon_is_released(
-            steps in proptest::collection::vec((1u64..50, 0u64..300, 0u64..300), 1..60),
-            span_ms in 0u64..2_000,
+        fn nothing_the_server_forgets_is_released(
+            steps in proptest::collection::vec((step(), 0u64..3_000), 1..80),
+            span_ms in 1u64..2_000,
+            sync_fraction in 1u64..=100,
         ) {
             let t0 = Instant::now();
-            let span = Duration::from_millis(span_ms);
-            let mut horizon = Horizon::new(span, 0);
-            let (mut lsn, mut acked_ms, mut now_ms) = (0u64, 0u64, 0u64);
-            let mut offered: Vec<(u64, u64)> = vec![(0, 0)];
-            let mut released = 0;
-            for (step, ack_step, wait) in steps {
-                lsn += step;
-                acked_ms += ack_step;
-                now_ms = now_ms.max(acked_ms) + wait;
-                horizon.offer(lsn, t0 + Duration::from_millis(acked_ms));
-                offered.push((lsn, acked_ms));
-                let now = horizon.release(t0 + Duration::from_millis(now_ms));
-                prop_assert!(now >= released);
-                released = now;
-                if now == 0 {
-                    continue; // where the slot stood
+            let ms = |n: u64| t0 + Duration::from_millis(n);
+            let sync_every = (span_ms * sync_fraction / 100).max(1);
+            let mut horizon = Horizon::new(Duration::from_millis(span_ms), 0);
+            // The server: each message's sequence (= position) and when it was stored.
+            let mut server: Vec<(u64, u64)> = Vec::new();
+            let (mut now, mut sequence, mut released) = (0u64, 0u64, 0u64);
+            let mut lost_from: Option<u64> = None;
+            let mut last_ack: Option<(u64, u64)> = None;
+            for (step, gap) in steps {
+                now += gap;
+                match step {
+                    // After a loss the chain guard refuses every publish of this attempt.
+                    Step::Publish if lost_from.is_none() => {
+                        sequence += 1;
+                        server.push((sequence, now));
+                        last_ack = Some((sequence, now));
+                        horizon.offer(10 * sequence, ms(now), message(sequence));
+                    }
+                    Step::Publish => {}
+                    Step::Keepalive => {
+                        if let Some((acked, at)) = last_ack {
+                            horizon.offer(10 * sequence + 5, ms(at), message(acked));
+                        }
+                    }
+                    Step::Look => {
+                        if let Some(stored) = horizon.due(ms(now))
+                            && server.iter().any(|&(n, _)| n == stored.sequence)
+                        {
+                            horizon.vouched(stored, ms(now));
+                        }
+                    }
+                    Step::PowerLoss => {
+                        let synced = now / sync_every * sync_every;
+                        if let Some(&(first, _)) = server.iter().find(|&&(_, at)| at > synced) {
+                            let first = 10 * first;
+                            prop_assert!(first > released, "released {released}, lost from {first}");
+                            lost_from = Some(lost_from.map_or(first, |f| f.min(first)));
+                        }
+                        server.retain(|&(_, at)| at <= synced);
+                    }
                 }
-                let (_, acked) = offered.iter().find(|(l, _)| *l == now).copied()
-                    .ok_or_else(|| TestCaseError::fail("released a position never offered"))?;
-                // Coalesced positions take the newest ack of their grain: never younger.
-                prop_assert!(now_ms >= acked + span_ms, "released {} acked {} at {}", now, acked, now_ms);
+                let now_released = horizon.release(ms(now));
+                prop_assert!(now_released >= released);
+                released = now_released;
+                if let Some(first) = lost_from {
+                    prop_assert!(released < first, "released {released} past lost {first}");
+                }
+            }
+            if lost_from.is_none() && let Some((_, at)) = last_ack {
+                let later = at + span_ms;
+                if let Some(stored) = horizon.due(ms(later)) {
+                    horizon.vouched(stored, ms(later));
+                }
+                prop_assert!(horizon.release(ms(later)) >= 10 * sequence);
             }
         }
     }

@@ -38,6 +38,7 @@ use crate::service::traces::Traces;
 use crate::settings::config::PipelineConfig;
 
 mod acks;
+mod durability;
 mod emitted;
 mod gauges;
 mod interruption;
@@ -104,6 +105,9 @@ pub struct Pipeline<'a> {
     horizon: Horizon,
     /// When JetStream last answered: what is confirmable rests on it.
     last_ack_at: Instant,
+    /// The horizon's look at the stream in flight, and when the last one was sent.
+    look: Option<durability::Look>,
+    looked_at: Instant,
     in_flight: Window,
     /// The outbox tables, and the mapping of each relation described.
     tables: TableSet<'a>,
@@ -190,6 +194,8 @@ impl<'a> Pipeline<'a> {
             horizon: Horizon::new(config.durability_horizon, start_lsn),
             // Rows acknowledged in an earlier attempt are read again and wait once more.
             last_ack_at: Instant::now(),
+            look: None,
+            looked_at: Instant::now(),
             in_flight: Window::new(acks),
             tables: TableSet::new(&config.tables, resume.tables),
             emitted: config.message_prefix.as_ref().map(|prefix| {
@@ -308,6 +314,7 @@ impl<'a> Pipeline<'a> {
                     // Also when nothing is in flight: the server's pings are answered there.
                     self.in_flight.pull_acks();
                     self.check_acks()?;
+                    self.look_at_the_stream()?;
                     self.update_gauges();
                     if self.reported_at.elapsed() >= self.conn.status_keepalive() {
                         self.send_status(false).await?;
@@ -466,13 +473,8 @@ impl<'a> Pipeline<'a> {
         err.into()
     }
 
-    /// What may be confirmed now: [`LsnTracker::confirmed`] once the horizon passed it.
-    fn confirmable(&mut self) -> u64 {
-        self.horizon.offer(self.protocol.confirmed(), self.last_ack_at);
-        self.horizon.release(Instant::now())
-    }
-
-    /// Reports [`Pipeline::confirmable`] to Postgres: the only place an LSN is confirmed.
+    /// Reports [`Pipeline::confirmable`] (`durability.rs`) to Postgres: the only place an
+    /// LSN is confirmed.
     async fn send_status(&mut self, reply_requested: bool) -> Result<(), PipelineError> {
         let confirmed = self.confirmable();
         self.conn

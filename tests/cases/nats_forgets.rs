@@ -28,7 +28,7 @@ async fn now_holds(nats: &Nats) -> u64 {
 
 /// Waits until the slot confirmed everything written so far: the WAL no longer holds it.
 async fn slot_confirmed_everything(pg: &Postgres) {
-    eventually(Duration::from_secs(10), "the slot confirmed every row", || async {
+    eventually(Duration::from_secs(20), "the slot confirmed every row", || async {
         let lag = "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() \
                    FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
         (pg.psql(lag) == "t").then_some(())
@@ -79,6 +79,53 @@ async fn a_stream_that_forgot_its_tail_is_refilled_from_the_wal() {
     // Counted as far as pgoutbox had read the acks when the server went down.
     let lost = metric(app.http_port(), "pgoutbox_stream_lost_events_total ").unwrap_or(0.0);
     assert!(lost >= 1.0 && lost <= (1_000 - left) as f64, "{lost} counted: {line}");
+}
+
+/// Behind a horizon the slot still moves: 100 rows stored, the slot not confirmed past
+/// them while the horizon runs, then confirmed past them and past the idle WAL after, once
+/// the stream is seen still holding them.
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_horizon_the_slot_is_confirmed_once_the_stream_still_holds_the_rows() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &["--durability-horizon", "5s"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 100, 10));
+    let written = pg.psql("SELECT pg_current_wal_insert_lsn()");
+    stored(&nats, 100, "100 rows stored").await;
+    let past = format!(
+        "SELECT confirmed_flush_lsn >= '{written}' FROM pg_replication_slots \
+         WHERE slot_name = 'pgoutbox'"
+    );
+    assert_eq!(pg.psql(&past), "f", "confirmed before the horizon passed");
+    slot_confirmed_everything(&pg).await;
+}
+
+/// pgoutbox paused (SIGSTOP) right after 1,000 rows were acknowledged; meanwhile the server
+/// loses power, losing what it stored in its last 4 s (within the 5 s horizon), and comes
+/// back; pgoutbox resumes 6 s later, when its clock says those acknowledgements are older
+/// than the horizon: it must not confirm them on its clock's word, and all 1,100 rows end
+/// in the stream once, in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pgoutbox_paused_across_a_power_loss_confirms_nothing_the_server_forgot() {
+    let pg = Postgres::start();
+    let mut nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &["--durability-horizon", "5s"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 1_000, 10));
+    stored(&nats, 1_000, "1,000 rows stored").await;
+    app.pause();
+    let cut = nats.lose_stored_within("OUTBOX", Duration::from_secs(4));
+    nats.start_again();
+    assert!(cut > 0 && now_holds(&nats).await < 1_000, "the power loss lost nothing");
+    std::thread::sleep(Duration::from_secs(6)); // the pause: longer than the horizon
+    app.resume();
+    pg.psql(&numbered_rows(1_000, 1_100, 10));
+    stored(&nats, 1_100, "1,100 rows stored after the pause").await;
+    let stored = read_all(&jetstream(&nats.url()).await, "OUTBOX").await;
+    assert_once_in_order(&stored, 1_100, &app.log());
 }
 
 /// Waits until Postgres holds the record that JetStream acknowledged sequence `n` (what

@@ -127,6 +127,42 @@ impl Nats {
     /// blocks it finds when started again, which this does.
     pub fn lose_unsynced_tail(&mut self, stream: &str, keep: f64) {
         self.kill();
+        let blocks = self.message_blocks(stream);
+        let (_, newest) = blocks.last().expect("a message block");
+        let len = std::fs::metadata(newest).expect("the block's size").len();
+        cut_block(newest, (len as f64 * keep) as u64);
+        self.start_again();
+    }
+
+    /// A power loss of a server that last synced its store `unsynced` ago (as
+    /// `sync_interval` does): SIGKILL, then every message `stream` stored since cut from its
+    /// blocks at a record's boundary (blocks wholly after it removed) and the other files
+    /// of its `msgs/` directory removed; not started again. Returns how many records were
+    /// cut.
+    pub fn lose_stored_within(&mut self, stream: &str, unsynced: Duration) -> u64 {
+        self.kill();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let synced = now.map_or(0, |d| d.as_nanos()).saturating_sub(unsynced.as_nanos());
+        let mut cut = 0;
+        for (_, block) in self.message_blocks(stream) {
+            let bytes = std::fs::read(&block).expect("read a message block");
+            let records = records(&bytes)
+                .unwrap_or_else(|at| panic!("{block:?}: no message record at byte {at}"));
+            let after: Vec<u64> =
+                records.iter().filter(|r| r.stored_at_nanos > synced).map(|r| r.at).collect();
+            match after.first() {
+                Some(0) => std::fs::remove_file(&block).expect("remove a message block"),
+                Some(&first) => cut_block(&block, first),
+                None => {}
+            }
+            cut += after.len() as u64;
+        }
+        cut
+    }
+
+    /// The stream's message blocks, oldest first; the other files of its `msgs/` directory
+    /// (indexes, state: the server rebuilds them from the blocks) removed.
+    fn message_blocks(&self, stream: &str) -> Vec<(u64, PathBuf)> {
         let accounts = self.dir.path().join("store").join("jetstream");
         let msgs = std::fs::read_dir(&accounts)
             .expect("the JetStream store")
@@ -138,19 +174,16 @@ impl Nats {
         let block_number = |path: &std::path::Path| -> Option<u64> {
             path.file_name()?.to_str()?.strip_suffix(".blk")?.parse().ok()
         };
-        let files: Vec<PathBuf> = std::fs::read_dir(&msgs)
-            .expect("the stream's msgs directory")
-            .filter_map(|entry| Some(entry.ok()?.path()))
-            .collect();
-        let newest = files.iter().filter_map(|f| Some((block_number(f)?, f))).max();
-        let (_, newest) = newest.expect("a message block");
-        let len = std::fs::metadata(newest).expect("the block's size").len();
-        let file = std::fs::OpenOptions::new().write(true).open(newest).expect("open the block");
-        file.set_len((len as f64 * keep) as u64).expect("cut the block");
-        for other in files.iter().filter(|f| block_number(f).is_none()) {
-            let _ = std::fs::remove_file(other);
+        let mut blocks = Vec::new();
+        for file in std::fs::read_dir(&msgs).expect("the stream's msgs directory") {
+            let file = file.expect("a file of msgs/").path();
+            match block_number(&file) {
+                Some(number) => blocks.push((number, file)),
+                None => std::fs::remove_file(&file).expect("remove an index of msgs/"),
+            }
         }
-        self.start_again();
+        blocks.sort();
+        blocks
     }
 
     /// Starts again on the same ports with the same store.
@@ -254,4 +287,38 @@ pub fn server_binary() -> PathBuf {
         .unwrap_or_else(|| {
             panic!("nats-server not found: install it with `apt-get install -y nats-server` or set PGOUTBOX_NATS_SERVER")
         })
+}
+
+/// Cuts a message block to its first `len` bytes.
+fn cut_block(block: &std::path::Path, len: u64) {
+    let file = std::fs::OpenOptions::new().write(true).open(block).expect("open the block");
+    file.set_len(len).expect("cut the block");
+}
+
+/// A record of a message block: where it starts and when the server stored it.
+struct Record {
+    at: u64,
+    stored_at_nanos: u128,
+}
+
+/// The records of an unencrypted, uncompressed message block (nats-server's
+/// `filestore.go`, the same from 2.9 to 2.15): each is a 22-byte header (length with the
+/// has-headers bit 31, sequence, Unix nanoseconds, subject length), the subject, the
+/// headers and body, an 8-byte hash; the length counts all of it. Err(offset) where a
+/// record makes no sense.
+fn records(block: &[u8]) -> Result<Vec<Record>, usize> {
+    let mut records = Vec::new();
+    let mut at = 0;
+    while at < block.len() {
+        let header = block.get(at..at + 22).ok_or(at)?;
+        let len = u32::from_le_bytes(header[0..4].try_into().map_err(|_| at)?) & !(1 << 31);
+        let nanos = i64::from_le_bytes(header[12..20].try_into().map_err(|_| at)?);
+        let len = len as usize;
+        if len < 30 || at + len > block.len() {
+            return Err(at);
+        }
+        records.push(Record { at: at as u64, stored_at_nanos: nanos.max(0) as u128 });
+        at += len;
+    }
+    Ok(records)
 }

@@ -84,6 +84,15 @@ impl Pgoutbox {
         signal(self.child.id(), "TERM");
     }
 
+    /// SIGSTOP: frozen, as in a descheduled VM, until [`Pgoutbox::resume`].
+    pub fn pause(&self) {
+        signal(self.child.id(), "STOP");
+    }
+
+    pub fn resume(&self) {
+        signal(self.child.id(), "CONT");
+    }
+
     /// Kills without warning, as a crash would.
     pub fn kill9(&mut self) {
         signal(self.child.id(), "KILL");

@@ -5,6 +5,7 @@
 use async_nats::jetstream;
 
 use super::{POSITION_HEADER, Publisher, PublisherError, is_no_message, request_error};
+use crate::domain::horizon::Stored;
 use crate::domain::outbox::{EMITTED_HEADER, MESSAGE_ID_HEADER, SCHEDULER_HEADER, TABLE_HEADER};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
@@ -122,6 +123,16 @@ impl Publisher {
             Ok(message) => Ok(Some(origin(&message))),
             Err(err) if is_no_message(&err) => Ok(None),
             Err(err) => Err(request_error(err)),
+        }
+    }
+
+    /// Whether the stream still holds the message it acknowledged as `stored`: the message
+    /// at its sequence, from its position; or, when that one is gone by design (its
+    /// schedule delivered, an age limit), a stream that does not end before it.
+    pub async fn still_holds(&self, stored: Stored) -> Result<bool, PublisherError> {
+        match self.origin_of(stored.sequence).await? {
+            Some(origin) => Ok(origin.position == Some(stored.position)),
+            None => Ok(self.last_sequence().await? >= stored.sequence),
         }
     }
 }

@@ -139,7 +139,8 @@ pub struct RunArgs {
     /// Confirm a position only once JetStream acknowledged it this long ago
     ///
     /// A position is confirmed to Postgres once JetStream acknowledged everything up to it
-    /// this long ago. Set it to as long as the stream may still lose an acknowledged write
+    /// this long ago and the stream, looked at since, still holds the newest of those
+    /// messages (time alone is not trusted: a server may restart while pgoutbox is paused). Set it to as long as the stream may still lose an acknowledged write
     /// (an R1 stream's sync interval, 2m by nats-server's default), so that a restart reads
     /// again from the WAL what a server that lost power forgot. 0s: the stream syncs every
     /// write (sync_interval: always) or is replicated. Costs the WAL of that long, re-read

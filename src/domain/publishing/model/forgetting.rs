@@ -7,9 +7,10 @@
 //! With a durability horizon as long as the sync interval, a position is confirmed only
 //! once the acknowledgements it rests on are older than the horizon, so synced: here, once
 //! the server synced as many messages as the stream held when the position became
-//! confirmable (`domain::horizon` does it by time). Then nothing confirmed is ever forgotten,
-//! and the next attempt publishes again, from the slot, what the server lost. Without the
-//! horizon the check finds the loss.
+//! confirmable (`domain::horizon` does it by looking at the stream a horizon after the
+//! acknowledgement). Then nothing confirmed is ever forgotten, and the next attempt
+//! publishes again, from the slot, what the server lost. Without the horizon the check
+//! finds the loss.
 
 use super::{Step, World};
 

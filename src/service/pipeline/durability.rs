@@ -1,0 +1,81 @@
+//! What may be confirmed, behind the durability horizon (`domain::horizon`), and the looks
+//! at the stream it waits for: a position waits until a request sent a horizon after the
+//! acknowledgement it rests on finds that message still in the stream. One look at a time,
+//! at most one a second, off the loop: its answer is read at the next tick.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::Pipeline;
+use crate::domain::horizon::Stored;
+use crate::nats::publisher::PublisherError;
+use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
+
+/// The least time between two looks: a position waits at most this longer than the horizon.
+const LOOK_GAP: Duration = Duration::from_secs(1);
+
+/// A look in flight.
+pub(super) struct Look {
+    answer: oneshot::Receiver<Answer>,
+}
+
+struct Answer {
+    stored: Stored,
+    asked_at: Instant,
+    holds: Result<bool, PublisherError>,
+}
+
+impl Pipeline<'_> {
+    /// What may be confirmed now: [`LsnTracker::confirmed`] once the horizon passed it.
+    ///
+    /// [`LsnTracker::confirmed`]: crate::domain::progress::LsnTracker::confirmed
+    pub(super) fn confirmable(&mut self) -> u64 {
+        self.horizon.offer(self.protocol.confirmed(), self.last_ack_at, self.memory.stored);
+        self.horizon.release(Instant::now())
+    }
+
+    /// Once a tick: reads the answer of the look in flight, and starts the next one when a
+    /// position waits for it. A stream found without a message it acknowledged lost it
+    /// (a power loss): the attempt ends, and the next one compares the stream with what
+    /// was acknowledged and reads the slot again.
+    pub(super) fn look_at_the_stream(&mut self) -> Result<(), PipelineError> {
+        if let Some(look) = &mut self.look {
+            match look.answer.try_recv() {
+                Err(oneshot::error::TryRecvError::Empty) => return Ok(()),
+                Err(oneshot::error::TryRecvError::Closed) => {}
+                Ok(Answer { stored, asked_at, holds: Ok(true) }) => {
+                    self.horizon.vouched(stored, asked_at)
+                }
+                Ok(Answer { stored, holds: Ok(false), .. }) => {
+                    let detail = format!(
+                        "the stream no longer holds the message it acknowledged at sequence {} \
+                         (position {}): its server lost acknowledged events",
+                        stored.sequence, stored.position
+                    );
+                    return Err(NatsFailure::new(NatsFailureKind::Request, detail).into());
+                }
+                // Asked again at the next look.
+                Ok(Answer { holds: Err(err), .. }) => {
+                    tracing::debug!(error = %err, "looking at the stream for the horizon")
+                }
+            }
+            self.look = None;
+        }
+        let now = Instant::now();
+        if now < self.looked_at + LOOK_GAP {
+            return Ok(());
+        }
+        let Some(stored) = self.horizon.due(now) else { return Ok(()) };
+        self.looked_at = now;
+        let (report, answer) = oneshot::channel();
+        let publisher = self.publisher.clone();
+        tokio::spawn(async move {
+            let asked_at = Instant::now();
+            let holds = publisher.still_holds(stored).await;
+            let _ = report.send(Answer { stored, asked_at, holds });
+        });
+        self.look = Some(Look { answer });
+        Ok(())
+    }
+}
