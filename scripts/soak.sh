@@ -2,15 +2,16 @@
 # The nemesis soak (issue 28): a writer reusing ids after truncates, and tenants created
 # (their first rows adopted), written and dropped under 'tenant_*.outbox', some rows
 # scheduled, while a seeded schedule kills pgoutbox, pauses and restarts nats-server,
-# restarts Postgres, drops the slot and recovers, and replays rows into the live stream;
-# then every event is checked. See docs/guarantees.md, "The soak".
+# restarts Postgres, drops the slot and recovers, replays rows into the live stream, and
+# makes nats-server lose what it stored in its last seconds (a power loss, within the
+# durability horizon pgoutbox then runs with); then every event is checked. See docs/guarantees.md, "The soak".
 #
 #   scripts/soak.sh [--minutes N] [--seed S] [--off KIND,...] [--duplicate-window SECONDS]
 #
 # --minutes   how long faults are injected (default 3; fractions allowed)
 # --seed      the schedule's seed (default: random, printed first: pass it to replay a run)
 # --off       turn off fault kinds: kill, pause, nats-restart, pg-fast, pg-immediate,
-#             recover, replay; the writer's truncate; tenants, or their scheduled rows
+#             recover, replay, tail-loss; the writer's truncate; tenants, or their scheduled rows
 #             (schedules, which run only on nats-server 2.12+ and are skipped before)
 # --duplicate-window  the stream's duplicate window in seconds (default 5)
 # PGOUTBOX_TEST_NATS=2.12 picks a nats-server from scripts/fetch-nats.sh, as for the tests.

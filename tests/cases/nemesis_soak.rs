@@ -3,7 +3,8 @@
 //! back, while a seeded schedule injects one fault at a time: pgoutbox killed with -9,
 //! nats-server paused or restarted, Postgres restarted (fast and immediate), the slot
 //! dropped and recovered with `--recover`, rows replayed into the live stream (half of the
-//! time while pgoutbox is down). Beside it, tenants are created under a `tenant_*.outbox`
+//! time while pgoutbox is down), nats-server losing what it stored in its last seconds (a
+//! power loss, within pgoutbox's durability horizon). Beside it, tenants are created under a `tenant_*.outbox`
 //! pattern (rows in the creating transaction, for the adoption to move), written, dropped
 //! once streamed, and, on a nats-server with message schedules, some of their rows held for
 //! a few seconds (`support::soak::tenants`). Then everything heals, and the checkers read
@@ -22,7 +23,7 @@ use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::soak::check::{Replayed, Verdict, check};
 use crate::support::soak::tenants::{self, TenantWriter, check_tenants};
 use crate::support::soak::writer::{OUTBOX, Writer};
-use crate::support::soak::{Fault, Gate, Rng, Settings, SlotDrop};
+use crate::support::soak::{Fault, Gate, Rng, Settings, SlotDrop, TAIL_LOSS_HORIZON};
 use crate::support::stream::{create_outbox_stream, jetstream, read_all};
 use crate::support::{Nats, Postgres, confirmed_flush, parse_lsn, wait_until_streaming};
 
@@ -54,7 +55,11 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         }
     };
     eprintln!("{}", tenants::said(&settings, schedules, release));
-    let app = Pgoutbox::run(&pg, &nats, &strs(&base));
+    let mut run_args = base.clone();
+    if settings.faults.contains(&Fault::TailLoss) {
+        run_args.extend(["--durability-horizon".to_owned(), TAIL_LOSS_HORIZON.to_owned()]);
+    }
+    let app = Pgoutbox::run(&pg, &nats, &strs(&run_args));
     wait_until_streaming(&pg, &app).await;
 
     let gate = Arc::new(Mutex::new(Gate::default()));
@@ -68,6 +73,7 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         nats,
         app,
         base,
+        run_args,
         rng: rng.fork(2),
         gate,
         t0,
@@ -159,6 +165,9 @@ struct Nemesis {
     app: Pgoutbox,
     /// Given to every `pgoutbox run` and replay: the tenants' `--config`, when they write.
     base: Vec<String>,
+    /// Given to every `pgoutbox run`: `base`, and the durability horizon when the
+    /// `tail-loss` fault is on.
+    run_args: Vec<String>,
     rng: Rng,
     gate: Arc<Mutex<Gate>>,
     t0: Instant,
@@ -208,6 +217,22 @@ impl Nemesis {
             Fault::PgImmediate => self.pg.restart("immediate"),
             Fault::Recover => self.drop_slot_and_recover().await,
             Fault::Replay => self.replay().await,
+            Fault::TailLoss => {
+                let both = self.rng.chance(0.5);
+                if both {
+                    self.kill_app();
+                }
+                let unsynced = self.rng.millis(500, 5_000);
+                let cut = self.nats.lose_stored_within("OUTBOX", unsynced);
+                let with = if both { " with pgoutbox" } else { "" };
+                self.say(&format!("{cut} messages stored in the last {unsynced:?} lost{with}"));
+                let down = self.rng.millis(0, 2_000);
+                tokio::time::sleep(down).await;
+                self.nats.start_again();
+                if both {
+                    self.start_app(&[]);
+                }
+            }
         }
     }
 
@@ -236,7 +261,8 @@ impl Nemesis {
     fn start_app(&mut self, args: &[&str]) {
         self.save_log();
         self.runs += 1;
-        let args: Vec<&str> = strs(&self.base).into_iter().chain(args.iter().copied()).collect();
+        let args: Vec<&str> =
+            strs(&self.run_args).into_iter().chain(args.iter().copied()).collect();
         self.app = Pgoutbox::run(&self.pg, &self.nats, &args);
     }
 

@@ -69,10 +69,19 @@ pub enum Fault {
     /// `pgoutbox replay --ids` of a few rows into the live stream; half of the time while
     /// pgoutbox is killed (the replay then publishes by itself).
     Replay,
+    /// A power loss of a nats-server that syncs its store every few seconds: killed, what
+    /// it stored in the last 0.5-5 s cut from its blocks (less than pgoutbox's
+    /// [`TAIL_LOSS_HORIZON`]), started again after 0-2 s; half of the time pgoutbox is
+    /// killed with it, as on a host they share.
+    TailLoss,
 }
 
+/// pgoutbox's `--durability-horizon` while the `tail-loss` fault is on: longer than any
+/// tail the fault cuts.
+pub const TAIL_LOSS_HORIZON: &str = "10s";
+
 impl Fault {
-    pub const ALL: [Fault; 7] = [
+    pub const ALL: [Fault; 8] = [
         Fault::Kill,
         Fault::Pause,
         Fault::NatsRestart,
@@ -80,6 +89,7 @@ impl Fault {
         Fault::PgImmediate,
         Fault::Recover,
         Fault::Replay,
+        Fault::TailLoss,
     ];
 
     pub fn name(self) -> &'static str {
@@ -91,6 +101,7 @@ impl Fault {
             Fault::PgImmediate => "pg-immediate",
             Fault::Recover => "recover",
             Fault::Replay => "replay",
+            Fault::TailLoss => "tail-loss",
         }
     }
 }
