@@ -184,9 +184,12 @@ impl Forgotten {
     }
 
     /// Whether the slot sends them again: it resumes at or before the stream's last
-    /// message's commit, so every message after that one is read again.
+    /// message's commit, so every message after that one is read again. A stream that lost
+    /// every message of ours is refilled when the slot resumes at or before the last one
+    /// acknowledged: behind the horizon, the slot never passed a message not yet synced.
     pub fn refilled(&self) -> bool {
-        self.tail_position.is_some_and(|tail| self.slot <= tail.commit_lsn)
+        let kept = self.tail_position.unwrap_or(self.stored.position);
+        self.slot <= kept.commit_lsn
     }
 }
 
@@ -243,8 +246,10 @@ mod tests {
         let gone = Forgotten::judge(stored, 600, Some(at(0x6000, 0)), 0x9100).unwrap();
         assert!(!gone.refilled());
         assert!(gone.to_string().contains("--durability-horizon"), "{gone}");
-        let empty = Forgotten::judge(stored, 0, None, 0x5000).unwrap();
-        assert!(!empty.refilled() && empty.lost() == 1_000);
+        let emptied = Forgotten::judge(stored, 0, None, 0x5000).unwrap();
+        assert!(emptied.refilled() && emptied.lost() == 1_000);
+        let emptied_past = Forgotten::judge(stored, 0, None, 0x9100).unwrap();
+        assert!(!emptied_past.refilled());
     }
 
     /// The message of sequence `n`.

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::support::cluster::NatsCluster;
 use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::stream::{assert_once_in_order, count, jetstream, read_all};
 use crate::support::{Nats, Postgres, eventually, metric, numbered_rows, wait_until_streaming};
@@ -333,4 +334,52 @@ async fn a_record_in_a_table_of_another_role_is_not_believed() {
     let log = app.log();
     assert!(!log.contains("the stream lost acknowledged events"), "{log}");
     assert!(log.contains("the slot exists: nothing to seed"), "{log}");
+}
+
+/// A three-server cluster and an R3 stream, pgoutbox with a 10 s horizon: every node loses
+/// power at once, and with it what it stored in its last 3 s, stream blocks and raft logs
+/// alike (a replicated write is on a majority, but only in memory until each syncs); all
+/// three start again with a shorter stream, and pgoutbox publishes what it lost again: all
+/// 1,100 rows once, in order. The stream is made 5 s before the rows, so that the power
+/// loss keeps the cluster's record of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_r3_cluster_whose_every_node_loses_its_unsynced_tail_is_refilled_from_the_wal() {
+    let pg = Postgres::start();
+    let mut cluster = NatsCluster::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let mut cmd = command(&pg, cluster.node(0));
+    cmd.env("PGOUTBOX_NATS_URL", cluster.urls()).env("PGOUTBOX_STREAM_REPLICAS", "3");
+    cmd.args(["run", "--durability-horizon", "10s"]);
+    let app = Pgoutbox::spawn(cmd);
+    wait_until_streaming(&pg, &app).await;
+    cluster.wait_until_stream_healthy("OUTBOX", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(5)); // the stream older than what is lost
+    pg.psql(&numbered_rows(0, 1_000, 10));
+    let urls = cluster.urls();
+    let stored_in_cluster = |n: u64, what: &'static str| {
+        let urls = urls.clone();
+        async move {
+            let js = jetstream(&urls).await;
+            eventually(Duration::from_secs(90), what, || async {
+                (count(&js, "OUTBOX").await >= n).then_some(())
+            })
+            .await;
+        }
+    };
+    stored_in_cluster(1_000, "1,000 rows stored").await;
+    let cut: u64 = (0..cluster.len())
+        .map(|node| cluster.node(node).lose_everything_stored_within(Duration::from_secs(3)))
+        .sum();
+    for node in 0..cluster.len() {
+        cluster.node(node).start_again();
+    }
+    cluster.wait_until_stream_healthy("OUTBOX", Duration::from_secs(60));
+    let left = count(&jetstream(&cluster.urls()).await, "OUTBOX").await;
+    assert!(cut > 0 && left < 1_000, "the power loss lost nothing: {cut} cut, {left} left");
+    pg.psql(&numbered_rows(1_000, 1_100, 10));
+    stored_in_cluster(1_100, "1,100 rows stored after the loss").await;
+    let stored = read_all(&jetstream(&cluster.urls()).await, "OUTBOX").await;
+    assert_once_in_order(&stored, 1_100, &app.log());
+    let line = loss_line(&app).await;
+    assert!(line.contains("published again"), "{line}");
 }

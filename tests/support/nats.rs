@@ -141,21 +141,24 @@ impl Nats {
     /// cut.
     pub fn lose_stored_within(&mut self, stream: &str, unsynced: Duration) -> u64 {
         self.kill();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        let synced = now.map_or(0, |d| d.as_nanos()).saturating_sub(unsynced.as_nanos());
+        let blocks = self.message_blocks(stream);
+        cut_records_since(&blocks, unsynced)
+    }
+
+    /// The same power loss for the whole store: every stream's blocks and every raft log's
+    /// (a replicated stream's log would otherwise bring back what its blocks lost).
+    pub fn lose_everything_stored_within(&mut self, unsynced: Duration) -> u64 {
+        self.kill();
         let mut cut = 0;
-        for (_, block) in self.message_blocks(stream) {
-            let bytes = std::fs::read(&block).expect("read a message block");
-            let records = records(&bytes)
-                .unwrap_or_else(|at| panic!("{block:?}: no message record at byte {at}"));
-            let after: Vec<u64> =
-                records.iter().filter(|r| r.stored_at_nanos > synced).map(|r| r.at).collect();
-            match after.first() {
-                Some(0) => std::fs::remove_file(&block).expect("remove a message block"),
-                Some(&first) => cut_block(&block, first),
-                None => {}
+        let mut dirs = vec![self.dir.path().join("store").join("jetstream")];
+        while let Some(dir) = dirs.pop() {
+            let entries = std::fs::read_dir(&dir).expect("a directory of the store");
+            let paths: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
+            if dir.file_name().is_some_and(|name| name == "msgs") {
+                cut += cut_records_since(&blocks_of(&dir), unsynced);
+            } else {
+                dirs.extend(paths.into_iter().filter(|p| p.is_dir()));
             }
-            cut += after.len() as u64;
         }
         cut
     }
@@ -171,19 +174,7 @@ impl Nats {
             })
             .find(|msgs| msgs.is_dir())
             .unwrap_or_else(|| panic!("no message blocks of stream {stream} under {accounts:?}"));
-        let block_number = |path: &std::path::Path| -> Option<u64> {
-            path.file_name()?.to_str()?.strip_suffix(".blk")?.parse().ok()
-        };
-        let mut blocks = Vec::new();
-        for file in std::fs::read_dir(&msgs).expect("the stream's msgs directory") {
-            let file = file.expect("a file of msgs/").path();
-            match block_number(&file) {
-                Some(number) => blocks.push((number, file)),
-                None => std::fs::remove_file(&file).expect("remove an index of msgs/"),
-            }
-        }
-        blocks.sort();
-        blocks
+        blocks_of(&msgs)
     }
 
     /// Starts again on the same ports with the same store.
@@ -287,6 +278,46 @@ pub fn server_binary() -> PathBuf {
         .unwrap_or_else(|| {
             panic!("nats-server not found: install it with `apt-get install -y nats-server` or set PGOUTBOX_NATS_SERVER")
         })
+}
+
+/// The message blocks of a `msgs/` directory, oldest first; its other files (indexes,
+/// state: the server rebuilds them from the blocks) removed.
+fn blocks_of(msgs: &std::path::Path) -> Vec<(u64, PathBuf)> {
+    let block_number = |path: &std::path::Path| -> Option<u64> {
+        path.file_name()?.to_str()?.strip_suffix(".blk")?.parse().ok()
+    };
+    let mut blocks = Vec::new();
+    for file in std::fs::read_dir(msgs).expect("a msgs directory") {
+        let file = file.expect("a file of msgs/").path();
+        match block_number(&file) {
+            Some(number) => blocks.push((number, file)),
+            None => std::fs::remove_file(&file).expect("remove an index of msgs/"),
+        }
+    }
+    blocks.sort();
+    blocks
+}
+
+/// Cuts from `blocks` every record stored in the last `unsynced`, at a record's boundary
+/// (a block wholly after it removed); how many records were cut.
+fn cut_records_since(blocks: &[(u64, PathBuf)], unsynced: Duration) -> u64 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let synced = now.map_or(0, |d| d.as_nanos()).saturating_sub(unsynced.as_nanos());
+    let mut cut = 0;
+    for (_, block) in blocks {
+        let bytes = std::fs::read(block).expect("read a message block");
+        let records = records(&bytes)
+            .unwrap_or_else(|at| panic!("{block:?}: no message record at byte {at}"));
+        let after: Vec<u64> =
+            records.iter().filter(|r| r.stored_at_nanos > synced).map(|r| r.at).collect();
+        match after.first() {
+            Some(0) => std::fs::remove_file(block).expect("remove a message block"),
+            Some(&first) => cut_block(block, first),
+            None => {}
+        }
+        cut += after.len() as u64;
+    }
+    cut
 }
 
 /// Cuts a message block to its first `len` bytes.
