@@ -13,6 +13,7 @@ mod deploy_assets;
 mod doc_snippets;
 mod duplicate_ids;
 mod emitted_messages;
+mod example_consumer;
 mod failover;
 mod hot_standby;
 mod huge_transaction;

@@ -1,0 +1,257 @@
+//! A consumer of pgoutbox's stream that applies events to its own database, as a service
+//! would: `cargo run --example consumer`. What it shows:
+//!
+//! - **Parallel, each key in order.** pgoutbox runs with `--partitions N --subject-template
+//!   'outbox.{$partition}.{aggregate_type}.{event_type}'`; one reader per partition reads
+//!   `outbox.<p>.*.*` in stream order, so each aggregate's events arrive in commit order.
+//! - **Whole transactions.** `Pgoutbox-Position` (`<commit LSN>:<index>`) names an event's
+//!   transaction; its last event says `Pgoutbox-Transaction-Last: true` and how many events
+//!   the transaction has (`Pgoutbox-Transaction-Rows`). A transaction is applied in one
+//!   transaction of the consumer's database once all its events arrived and it is the
+//!   oldest waiting on every partition it touches. Dead letters are read too: they count.
+//! - **Once, through any crash.** The events, and how far each partition was applied, are
+//!   written in that same transaction; a restart (kill -9 included) reads each partition
+//!   again after the last sequence applied, and an event id (`Nats-Msg-Id`, the primary
+//!   key) or a transaction applied before turns whatever is read twice into nothing.
+//!
+//! Settings: `NATS_URL`, `PGOUTBOX_STREAM` (OUTBOX), `PARTITIONS` (4), and
+//! `CONSUMER_DATABASE_URL`, a libpq connection string for the consumer's own database.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+use async_nats::jetstream::{self, stream::Stream};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The consumer's tables: what it applied, and how far it read each lane.
+const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS consumer_events (
+        id text PRIMARY KEY, -- Nats-Msg-Id
+        transaction text NOT NULL,
+        index int NOT NULL,
+        subject text NOT NULL,
+        payload text NOT NULL,
+        stream_sequence bigint NOT NULL,
+        applied_in bigint NOT NULL DEFAULT txid_current(),
+        applied_order bigserial);
+    CREATE TABLE IF NOT EXISTS consumer_transactions (transaction text PRIMARY KEY);
+    CREATE TABLE IF NOT EXISTS consumer_lanes (lane int PRIMARY KEY, applied_through bigint);";
+
+/// One event, as a lane's reader hands it over.
+struct Event {
+    lane: usize,
+    sequence: u64,
+    id: String,
+    /// The commit LSN of its transaction (or, for an event outside any, its position).
+    transaction: String,
+    index: u32,
+    /// On the transaction's last event: how many events it has.
+    rows: Option<usize>,
+    subject: String,
+    payload: String,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let setting = |name, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+    let nats_url = setting("NATS_URL", "nats://127.0.0.1:4222");
+    let partitions: usize = setting("PARTITIONS", "4").parse()?;
+    let database = setting("CONSUMER_DATABASE_URL", "host=127.0.0.1 user=postgres");
+    let (mut db, connection) = tokio_postgres::connect(&database, tokio_postgres::NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(err) = connection.await {
+            eprintln!("consumer: the database connection ended: {err}");
+            std::process::exit(1);
+        }
+    });
+    db.batch_execute(SCHEMA).await?;
+    let js = jetstream::new(async_nats::connect(&nats_url).await?);
+    let stream = js.get_stream(setting("PGOUTBOX_STREAM", "OUTBOX")).await?;
+
+    // One lane per partition, and one for the dead letters.
+    let lanes: Vec<String> = (0..partitions)
+        .map(|p| format!("outbox.{p}.*.*"))
+        .chain(["outbox.dead_letter".to_owned()])
+        .collect();
+    let (arrived, mut arrivals) = mpsc::channel(10_000);
+    for (lane, filter) in lanes.iter().enumerate() {
+        let row = db
+            .query_opt(
+                "SELECT applied_through FROM consumer_lanes WHERE lane = $1",
+                &[&(lane as i32)],
+            )
+            .await?;
+        let after = row.map_or(0, |row| row.get::<_, i64>(0)) as u64;
+        tokio::spawn(read_lane(stream.clone(), lane, filter.clone(), after, arrived.clone()));
+    }
+    drop(arrived);
+    println!("consumer: reading {} partitions and the dead letters", partitions);
+    let mut waiting = Waiting::new(lanes.len());
+    while let Some(event) = arrivals.recv().await {
+        for transaction in waiting.add(event?) {
+            apply(&mut db, transaction).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads one lane in stream order, from after sequence `after`, and hands each event over.
+async fn read_lane(
+    stream: Stream,
+    lane: usize,
+    filter: String,
+    after: u64,
+    arrived: mpsc::Sender<Result<Event, Error>>,
+) {
+    let config = OrderedConfig {
+        filter_subject: filter,
+        deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: after + 1 },
+        ..Default::default()
+    };
+    let messages = match stream.create_consumer(config).await {
+        Ok(consumer) => consumer.messages().await.map_err(Error::from),
+        Err(err) => Err(Error::from(err)),
+    };
+    let mut messages = match messages {
+        Ok(messages) => messages,
+        Err(err) => return drop(arrived.send(Err(err)).await),
+    };
+    while let Some(message) = messages.next().await {
+        let event = message.map_err(Error::from).and_then(|message| event(lane, &message));
+        if arrived.send(event).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// What pgoutbox's headers say of a message.
+fn event(lane: usize, message: &jetstream::Message) -> Result<Event, Error> {
+    let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str().to_owned());
+    let position = header("Pgoutbox-Position").ok_or("a message without Pgoutbox-Position")?;
+    let (commit, index) = position.split_once(':').ok_or("a malformed Pgoutbox-Position")?;
+    let last = header("Pgoutbox-Transaction-Last");
+    let (transaction, rows) = match last.as_deref() {
+        // A seeded row: the table does not say which rows were one transaction.
+        None => (position.clone(), Some(1)),
+        Some("true") => {
+            let rows = header("Pgoutbox-Transaction-Rows").ok_or("a last event without rows")?;
+            (commit.to_owned(), Some(rows.parse()?))
+        }
+        Some(_) => (commit.to_owned(), None),
+    };
+    Ok(Event {
+        lane,
+        sequence: message.info()?.stream_sequence,
+        id: header("Nats-Msg-Id").ok_or("a message without Nats-Msg-Id")?,
+        transaction,
+        index: index.parse()?,
+        rows,
+        subject: message.subject.to_string(),
+        payload: String::from_utf8_lossy(&message.payload).into_owned(),
+    })
+}
+
+/// The transactions read in part or in whole and not yet applied.
+struct Waiting {
+    transactions: HashMap<String, Transaction>,
+    /// Each lane's transactions, in the order the lane read them (commit order).
+    lanes: Vec<VecDeque<String>>,
+}
+
+#[derive(Default)]
+struct Transaction {
+    /// By their index in the transaction.
+    events: BTreeMap<u32, Event>,
+    rows: Option<usize>,
+}
+
+impl Transaction {
+    fn is_whole(&self) -> bool {
+        self.rows == Some(self.events.len())
+    }
+}
+
+impl Waiting {
+    fn new(lanes: usize) -> Waiting {
+        Waiting { transactions: HashMap::new(), lanes: vec![VecDeque::new(); lanes] }
+    }
+
+    /// Takes `event`; returns the transactions that may be applied now, in order.
+    fn add(&mut self, event: Event) -> Vec<Transaction> {
+        let lane = &mut self.lanes[event.lane];
+        if lane.back() != Some(&event.transaction) {
+            lane.push_back(event.transaction.clone());
+        }
+        let transaction = self.transactions.entry(event.transaction.clone()).or_default();
+        transaction.rows = transaction.rows.or(event.rows);
+        transaction.events.insert(event.index, event);
+        let mut ready = Vec::new();
+        while let Some(next) = self.next_ready() {
+            for lane in &mut self.lanes {
+                if lane.front() == Some(&next) {
+                    lane.pop_front();
+                }
+            }
+            ready.extend(self.transactions.remove(&next));
+        }
+        ready
+    }
+
+    /// A whole transaction that is the oldest waiting on every lane it touches.
+    fn next_ready(&self) -> Option<String> {
+        self.lanes.iter().filter_map(VecDeque::front).find_map(|name| {
+            let transaction = self.transactions.get(name)?;
+            let first_everywhere = transaction
+                .events
+                .values()
+                .all(|event| self.lanes[event.lane].front() == Some(name));
+            (transaction.is_whole() && first_everywhere).then(|| name.clone())
+        })
+    }
+}
+
+/// Applies a whole transaction, once, with how far its lanes are now applied.
+async fn apply(db: &mut tokio_postgres::Client, transaction: Transaction) -> Result<(), Error> {
+    let Some(first) = transaction.events.values().next() else { return Ok(()) };
+    let tx = db.transaction().await?;
+    let new = tx
+        .execute(
+            "INSERT INTO consumer_transactions VALUES ($1) ON CONFLICT DO NOTHING",
+            &[&first.transaction],
+        )
+        .await?;
+    let mut through: BTreeMap<usize, u64> = BTreeMap::new();
+    for event in transaction.events.values() {
+        if new == 1 {
+            tx.execute(
+                "INSERT INTO consumer_events \
+                 (id, transaction, index, subject, payload, stream_sequence) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
+                &[
+                    &event.id,
+                    &event.transaction,
+                    &(event.index as i32),
+                    &event.subject,
+                    &event.payload,
+                    &(event.sequence as i64),
+                ],
+            )
+            .await?;
+        }
+        let lane = through.entry(event.lane).or_default();
+        *lane = (*lane).max(event.sequence);
+    }
+    for (lane, sequence) in through {
+        tx.execute(
+            "INSERT INTO consumer_lanes VALUES ($1, $2) ON CONFLICT (lane) DO UPDATE \
+             SET applied_through = greatest(consumer_lanes.applied_through, $2)",
+            &[&(lane as i32), &(sequence as i64)],
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! The example consumer (`examples/consumer.rs`, issue 48) against real servers: pgoutbox
+//! spreads 1,000 random transactions of 1-50 events (41 aggregates, some events emitted
+//! with `pg_logical_emit_message`) over 4 partitions; the consumer is killed with -9 twice
+//! while it applies them, pgoutbox once. In the consumer's own database every event is
+//! applied once, each transaction whole in one transaction, and each aggregate's events in
+//! commit order.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::{Lcg, Nats, Postgres, wait_until_streaming};
+
+const PARTITIONS: &str = "4";
+const AGGREGATES: u64 = 41;
+
+/// `target/<profile>/examples/consumer`, which `cargo test --all-targets` builds.
+fn consumer_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
+    let binary = profile.join("examples").join("consumer");
+    assert!(
+        binary.is_file(),
+        "no {binary:?}: build it with `cargo build --example consumer` (`cargo test \
+         --all-targets` does)"
+    );
+    binary
+}
+
+fn start_consumer(pg: &Postgres, nats: &Nats) -> Pgoutbox {
+    let mut cmd = Command::new(consumer_binary());
+    cmd.env("NATS_URL", nats.url())
+        .env("PARTITIONS", PARTITIONS)
+        .env("CONSUMER_DATABASE_URL", pg.url_for("postgres", None, "consumer"));
+    Pgoutbox::spawn(cmd) // a child process with its log: the consumer's
+}
+
+/// 1,000 transactions of 1-50 events numbered in commit order, each event's aggregate its
+/// number modulo [`AGGREGATES`]; every seventh transaction emits one event instead of
+/// inserting it. Returns the SQL and each transaction's events.
+fn transactions(random: &mut Lcg) -> (String, Vec<Vec<u64>>) {
+    let (mut sql, mut made, mut n) = (String::new(), Vec::new(), 0u64);
+    for t in 0..1_000 {
+        let events: Vec<u64> = (n..n + random.between(1, 51)).collect();
+        sql.push_str("BEGIN;\n");
+        for &e in &events {
+            let aggregate = e % AGGREGATES;
+            if t % 7 == 3 && e == events[0] {
+                sql.push_str(&format!(
+                    "SELECT pg_logical_emit_message(true, 'outbox', '{{\"id\":\"e{e}\",\
+                     \"aggregate_type\":\"order\",\"aggregate_id\":\"{aggregate}\",\
+                     \"event_type\":\"created\",\"payload\":{{\"n\":{e}}}}}');\n"
+                ));
+            } else {
+                sql.push_str(&format!(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                     VALUES ('order', '{aggregate}', 'created', '{{\"n\": {e}}}');\n"
+                ));
+            }
+        }
+        sql.push_str("COMMIT;\n");
+        n += events.len() as u64;
+        made.push(events);
+    }
+    (sql, made)
+}
+
+/// How many events the consumer applied.
+fn applied(pg: &Postgres) -> u64 {
+    let made = pg.psql_db("consumer", "SELECT to_regclass('consumer_events') IS NOT NULL");
+    if made != "t" {
+        return 0;
+    }
+    pg.psql_db("consumer", "SELECT count(*) FROM consumer_events").parse().unwrap_or(0)
+}
+
+/// Waits (2 min at most) until the consumer applied `at_least` events; fails with its log.
+async fn wait_applied(pg: &Postgres, consumer: &Pgoutbox, at_least: u64, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while applied(pg) < at_least {
+        let log = consumer.log();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {} applied; consumer:\n{log}",
+            applied(pg)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_example_consumer_applies_each_transaction_once_whole_and_in_key_order() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("CREATE DATABASE consumer");
+    let template = "outbox.{$partition}.{aggregate_type}.{event_type}";
+    let args = ["--partitions", PARTITIONS, "--subject-template", template];
+    let mut first = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &first).await;
+    let (sql, made) = transactions(&mut Lcg::from_time());
+    let total: u64 = made.iter().map(|t| t.len() as u64).sum();
+    let writer = pg.psql_in_background(sql);
+
+    let mut consumer = start_consumer(&pg, &nats);
+    wait_applied(&pg, &consumer, total / 3, "a third applied").await;
+    consumer.kill9();
+    first.kill9();
+    let mut app = Pgoutbox::run(&pg, &nats, &args);
+    consumer = start_consumer(&pg, &nats);
+    wait_applied(&pg, &consumer, total * 2 / 3, "two thirds applied").await;
+    consumer.kill9();
+    consumer = start_consumer(&pg, &nats);
+    writer.join().expect("the writer").expect("the transactions commit");
+    wait_applied(&pg, &consumer, total, "every event applied").await;
+    assert!(consumer.is_running(), "the consumer exited: {}", consumer.log());
+    assert!(app.is_running(), "pgoutbox exited: {}", app.log());
+
+    // Each event: in which consumer transaction it was applied, and in which order.
+    let rows = pg.psql_db(
+        "consumer",
+        "SELECT payload::json->>'n', applied_in, applied_order FROM consumer_events",
+    );
+    let mut events: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for line in rows.lines() {
+        let fields: Vec<u64> = line.split('|').filter_map(|f| f.trim().parse().ok()).collect();
+        let [n, applied_in, order] = fields[..] else { panic!("a row of three numbers: {line}") };
+        assert!(events.insert(n, (applied_in, order)).is_none(), "event {n} applied twice");
+    }
+    assert_eq!(events.len() as u64, total, "events applied, of {total}");
+    let mut sizes: BTreeMap<u64, usize> = BTreeMap::new();
+    for &(applied_in, _) in events.values() {
+        *sizes.entry(applied_in).or_default() += 1;
+    }
+    for transaction in &made {
+        let (applied_in, _) = events[&transaction[0]];
+        let together = transaction.iter().all(|e| events[e].0 == applied_in);
+        assert!(together && sizes[&applied_in] == transaction.len(), "{transaction:?} not whole");
+    }
+    for aggregate in 0..AGGREGATES {
+        let orders: Vec<u64> =
+            events.iter().filter(|(n, _)| *n % AGGREGATES == aggregate).map(|(_, e)| e.1).collect();
+        assert!(orders.is_sorted(), "aggregate {aggregate} applied out of commit order");
+    }
+}
