@@ -60,6 +60,14 @@ impl Horizon {
         Horizon { span, held: VecDeque::new(), released: start, vouched: None }
     }
 
+    /// The same horizon for an attempt that starts from the slot at `start`: positions up to
+    /// it are confirmed; those beyond still wait on the acknowledgements they rest on.
+    pub fn resumed_at(mut self, start: u64) -> Horizon {
+        self.held.retain(|held| held.lsn > start);
+        self.released = self.released.max(start);
+        self
+    }
+
     /// `confirmable` may be confirmed once the stream no longer may lose the acknowledgement
     /// of `acked_at` (the newest it rests on, of the message `stored`).
     pub fn offer(&mut self, confirmable: u64, acked_at: Instant, stored: Option<Stored>) {
@@ -303,6 +311,21 @@ mod tests {
         horizon.offer(950, t0, message(1)); // the next keepalive needs no other look
         assert_eq!(horizon.due(later), None);
         assert_eq!(horizon.release(later), 950);
+    }
+
+    #[test]
+    fn a_horizon_resumed_by_the_next_attempt_keeps_what_waits_beyond_its_start() {
+        let t0 = Instant::now();
+        let span = Duration::from_secs(10);
+        let mut horizon = Horizon::new(span, 10);
+        horizon.offer(20, t0, message(1));
+        horizon.offer(30, t0 + Duration::from_secs(5), message(2));
+        let mut horizon = horizon.resumed_at(20);
+        assert_eq!(horizon.release(t0), 20);
+        let later = t0 + Duration::from_secs(15);
+        assert_eq!(horizon.due(later), message(2));
+        horizon.vouched(message(2).unwrap(), later);
+        assert_eq!(horizon.release(later), 30);
     }
 
     #[test]

@@ -105,9 +105,8 @@ pub struct Pipeline<'a> {
     horizon: Horizon,
     /// When JetStream last answered: what is confirmable rests on it.
     last_ack_at: Instant,
-    /// The horizon's look at the stream in flight, and when the last one was sent.
-    look: Option<durability::Look>,
-    looked_at: Instant,
+    /// The horizon's looks at the stream (`durability.rs`).
+    looks: durability::Looks,
     in_flight: Window,
     /// The outbox tables, and the mapping of each relation described.
     tables: TableSet<'a>,
@@ -180,6 +179,7 @@ impl<'a> Pipeline<'a> {
         let traces = memory.tracer.clone().map(Traces::new);
         let mut nats_disconnects = memory.nats_disconnects.clone();
         nats_disconnects.mark_unchanged();
+        let horizon = durability::horizon_for(memory, config.durability_horizon, start_lsn);
         Pipeline {
             nats_disconnects,
             unsent_row: false,
@@ -191,11 +191,10 @@ impl<'a> Pipeline<'a> {
             outbound,
             memory,
             protocol,
-            horizon: Horizon::new(config.durability_horizon, start_lsn),
+            horizon,
             // Rows acknowledged in an earlier attempt are read again and wait once more.
             last_ack_at: Instant::now(),
-            look: None,
-            looked_at: Instant::now(),
+            looks: durability::Looks::default(),
             in_flight: Window::new(acks),
             tables: TableSet::new(&config.tables, resume.tables),
             emitted: config.message_prefix.as_ref().map(|prefix| {
@@ -229,6 +228,7 @@ impl<'a> Pipeline<'a> {
         // Best effort: report what is safe, whatever happened.
         let _ = self.send_status(false).await;
         self.memory.carried = self.protocol.take_carried();
+        self.carry_horizon();
         // Messages sent and not acknowledged, or a row that could not even be sent, wait for
         // the next attempt; a lost connection with nothing in flight leaves nothing waiting.
         self.record_progress(self.unsent_row || self.protocol.in_flight() > 0);

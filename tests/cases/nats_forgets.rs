@@ -103,6 +103,39 @@ async fn behind_a_horizon_the_slot_is_confirmed_once_the_stream_still_holds_the_
     slot_confirmed_everything(&pg).await;
 }
 
+/// Attempts that end every 300 ms (another publisher's message in the stream ends each, as
+/// a delivered scheduled row does) must not keep the slot behind the horizon forever: what
+/// was acknowledged and then seen in the stream is confirmed across attempts.
+#[tokio::test(flavor = "multi_thread")]
+async fn behind_a_horizon_the_slot_moves_while_attempts_keep_restarting() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &["--durability-horizon", "2s"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 10, 10));
+    let written = pg.psql("SELECT pg_current_wal_insert_lsn()");
+    stored(&nats, 10, "10 rows stored").await;
+    let js = jetstream(&nats.url()).await;
+    let past = format!(
+        "SELECT confirmed_flush_lsn >= '{written}' FROM pg_replication_slots \
+         WHERE slot_name = 'pgoutbox'"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut n = 10;
+    while pg.psql(&past) != "t" {
+        assert!(std::time::Instant::now() < deadline, "the slot stayed behind the rows");
+        let foreign = js.publish("outbox.foreign.message", "not pgoutbox's".into()).await;
+        foreign.expect("publish").await.expect("stored");
+        pg.psql(&numbered_rows(n, n + 1, 1));
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Each attempt logs its start ("streaming ... stream_sequence=").
+    let attempts = app.log().matches("stream_sequence=").count();
+    assert!(attempts >= 4, "the attempts did not restart: {attempts}\n{}", app.log());
+}
+
 /// pgoutbox paused (SIGSTOP) right after 1,000 rows were acknowledged; meanwhile the server
 /// loses power, losing what it stored in its last 4 s (within the 5 s horizon), and comes
 /// back; pgoutbox resumes 6 s later, when its clock says those acknowledgements are older

@@ -227,6 +227,8 @@ impl Target<'_> {
             stored.and_then(|s| Forgotten::judge(s, tail.last_sequence, tail_position, start))
         {
             metrics::counter!(names::STREAM_LOST_EVENTS).increment(forgotten.lost());
+            // What waited rested on acknowledgements the stream no longer holds.
+            memory.horizon = None;
             match forgotten.refilled() {
                 true => warn!(stream = %config.stream, "{forgotten}"),
                 false => error!(stream = %config.stream, "{forgotten}"),

@@ -1,23 +1,26 @@
 //! What may be confirmed, behind the durability horizon (`domain::horizon`), and the looks
 //! at the stream it waits for: a position waits until a request sent a horizon after the
 //! acknowledgement it rests on finds that message still in the stream. One look at a time,
-//! at most one a second, off the loop: its answer is read at the next tick.
+//! at most one a second (an attempt's first at once), off the loop: its answer is read at
+//! the next tick. What waits is carried from one attempt to the next.
 
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::Pipeline;
-use crate::domain::horizon::Stored;
+use super::{Memory, Pipeline};
+use crate::domain::horizon::{Horizon, Stored};
 use crate::nats::publisher::PublisherError;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 
 /// The least time between two looks: a position waits at most this longer than the horizon.
 const LOOK_GAP: Duration = Duration::from_secs(1);
 
-/// A look in flight.
-pub(super) struct Look {
-    answer: oneshot::Receiver<Answer>,
+/// This attempt's looks: the one in flight, and when the last was sent.
+#[derive(Default)]
+pub(super) struct Looks {
+    in_flight: Option<oneshot::Receiver<Answer>>,
+    sent_at: Option<Instant>,
 }
 
 struct Answer {
@@ -26,7 +29,22 @@ struct Answer {
     holds: Result<bool, PublisherError>,
 }
 
+/// The horizon of an attempt that starts from the slot at `start`: the one the attempt
+/// before carried ([`Memory::horizon`]), or a new one.
+pub(super) fn horizon_for(memory: &mut Memory, span: Duration, start: u64) -> Horizon {
+    match memory.horizon.take() {
+        Some(carried) => carried.resumed_at(start),
+        None => Horizon::new(span, start),
+    }
+}
+
 impl Pipeline<'_> {
+    /// Leaves what waits behind the horizon to the next attempt.
+    pub(super) fn carry_horizon(&mut self) {
+        let fresh = Horizon::new(self.config.durability_horizon, self.reported);
+        self.memory.horizon = Some(std::mem::replace(&mut self.horizon, fresh));
+    }
+
     /// What may be confirmed now: [`LsnTracker::confirmed`] once the horizon passed it.
     ///
     /// [`LsnTracker::confirmed`]: crate::domain::progress::LsnTracker::confirmed
@@ -40,8 +58,8 @@ impl Pipeline<'_> {
     /// (a power loss): the attempt ends, and the next one compares the stream with what
     /// was acknowledged and reads the slot again.
     pub(super) fn look_at_the_stream(&mut self) -> Result<(), PipelineError> {
-        if let Some(look) = &mut self.look {
-            match look.answer.try_recv() {
+        if let Some(answer) = &mut self.looks.in_flight {
+            match answer.try_recv() {
                 Err(oneshot::error::TryRecvError::Empty) => return Ok(()),
                 Err(oneshot::error::TryRecvError::Closed) => {}
                 Ok(Answer { stored, asked_at, holds: Ok(true) }) => {
@@ -60,14 +78,14 @@ impl Pipeline<'_> {
                     tracing::debug!(error = %err, "looking at the stream for the horizon")
                 }
             }
-            self.look = None;
+            self.looks.in_flight = None;
         }
         let now = Instant::now();
-        if now < self.looked_at + LOOK_GAP {
+        if self.looks.sent_at.is_some_and(|at| now < at + LOOK_GAP) {
             return Ok(());
         }
         let Some(stored) = self.horizon.due(now) else { return Ok(()) };
-        self.looked_at = now;
+        self.looks.sent_at = Some(now);
         let (report, answer) = oneshot::channel();
         let publisher = self.publisher.clone();
         tokio::spawn(async move {
@@ -75,7 +93,7 @@ impl Pipeline<'_> {
             let holds = publisher.still_holds(stored).await;
             let _ = report.send(Answer { stored, asked_at, holds });
         });
-        self.look = Some(Look { answer });
+        self.looks.in_flight = Some(answer);
         Ok(())
     }
 }

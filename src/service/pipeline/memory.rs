@@ -35,6 +35,11 @@ pub struct Memory {
     /// The last message JetStream acknowledged as stored: a stream found shorter at the
     /// next attempt forgot what it acknowledged (`domain::horizon::Forgotten`).
     pub stored: Option<crate::domain::horizon::Stored>,
+    /// What waits behind the durability horizon, carried from one attempt to the next: an
+    /// attempt may end sooner than the horizon passes (a delivered scheduled row ends one),
+    /// and a horizon started afresh each time would never release anything. Dropped when
+    /// the stream is found to have lost acknowledged events.
+    pub horizon: Option<crate::domain::horizon::Horizon>,
     /// The same, shared with the task that records it in Postgres for the next process
     /// (`service::acknowledgements`): copied at each tick (100 ms), not at each ack.
     pub acknowledged: crate::service::acknowledgements::LastAcknowledged,
@@ -78,6 +83,7 @@ impl Memory {
             ids_taken: HashSet::new(),
             published: 0,
             dead_letters: 0,
+            horizon: None,
             stored: None,
             acknowledged: Default::default(),
             recorded_read: false,
