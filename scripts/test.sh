@@ -4,4 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+# `--all-targets` builds examples as test harnesses; the example consumer's test runs the
+# program itself (tests/cases/example_consumer.rs).
+cargo build --example consumer
 cargo test --all-targets -- --test-threads=2

@@ -16,15 +16,16 @@ use crate::support::{Lcg, Nats, Postgres, wait_until_streaming};
 const PARTITIONS: &str = "4";
 const AGGREGATES: u64 = 41;
 
-/// `target/<profile>/examples/consumer`, which `cargo test --all-targets` builds.
+/// `target/<profile>/examples/consumer`, which `scripts/test.sh` builds first (`cargo test
+/// --all-targets` builds examples only as test harnesses).
 fn consumer_binary() -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary's path");
     let profile = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
     let binary = profile.join("examples").join("consumer");
     assert!(
         binary.is_file(),
-        "no {binary:?}: build it with `cargo build --example consumer` (`cargo test \
-         --all-targets` does)"
+        "no {binary:?}: build it with `cargo build --example consumer` \
+         (scripts/test.sh does)"
     );
     binary
 }
