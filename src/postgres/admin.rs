@@ -341,7 +341,6 @@ pub async fn teardown_slot(client: &Client, slot: &str) -> Result<(), SetupError
     Ok(())
 }
 
-/// Drops the slot (if present and not in use) and the publication.
 /// Drops `table` from `publication` (`teardown --only-table`); `false` when it was not in
 /// it (nothing to do).
 pub async fn drop_from_publication(
@@ -365,6 +364,7 @@ pub async fn drop_from_publication(
     Ok(published)
 }
 
+/// Drops the slot (if present and not in use) and the publication.
 pub async fn teardown(client: &Client, slot: &str, publication: &str) -> Result<(), SetupError> {
     teardown_slot(client, slot).await?;
     client

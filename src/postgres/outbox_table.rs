@@ -89,16 +89,37 @@ pub fn query(table: &TableName, publication: &str, replay: Option<&TableName>) -
             escape_literal(&replay.name)
         ),
     };
+    let held = held_in_snapshot(&publication);
     format!(
         "SELECT c.oid::text, (p.oid IS NOT NULL)::text, coalesce(p.pubinsert, false)::text, \
-                EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = {publication} \
-                        AND t.schemaname = n.nspname AND t.tablename = c.relname)::text, \
+                (EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = {publication} \
+                         AND t.schemaname = n.nspname AND t.tablename = c.relname) \
+                 OR {held})::text, \
                 (SELECT string_agg(a.attname, ',') FROM pg_attribute a \
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), \
                 {replay} \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          LEFT JOIN pg_publication p ON p.pubname = {publication} \
          WHERE n.nspname = {schema} AND c.relname = {name}"
+    )
+}
+
+/// Whether `publication` (an SQL literal) holds table `c`, as the statement's own snapshot
+/// sees the catalog: by name or `FOR ALL TABLES`, a partitioned table only through its root.
+///
+/// `pg_publication_tables` alone is not enough: its function reads the publication's
+/// tables with a catalog snapshot taken after the statement's, so a table dropped while
+/// the statement runs is still in `pg_class` as the statement sees it but no longer in the
+/// view, and looked taken out of the publication (a soak saw pgoutbox stop on a tenant
+/// dropped under the liveness check). `IN SCHEMA` (15+) is left to the view: its catalog
+/// does not exist on 14.
+pub fn held_in_snapshot(publication: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM pg_publication pb WHERE pb.pubname = {publication} \
+                 AND (c.relkind = 'r' OR pb.pubviaroot) \
+                 AND ((pb.puballtables AND c.relpersistence = 'p') \
+                      OR EXISTS (SELECT 1 FROM pg_publication_rel r \
+                                 WHERE r.prpubid = pb.oid AND r.prrelid = c.oid)))"
     )
 }
 

@@ -43,8 +43,9 @@ pub fn query(pattern: &TablePattern, publication: &str) -> String {
     let (schema, name) = pattern.like_clauses();
     let (schema, name, publication) =
         (escape_literal(&schema), escape_literal(&name), escape_literal(publication));
+    let held = crate::postgres::outbox_table::held_in_snapshot(&publication);
     format!(
-        "SELECT c.oid::text, n.nspname::text, c.relname::text, (p.tablename IS NOT NULL)::text, \
+        "SELECT c.oid::text, n.nspname::text, c.relname::text, (p.tablename IS NOT NULL OR {held})::text, \
                 (SELECT string_agg(a.attname, ',') FROM pg_attribute a \
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), \
                 (SELECT r.oid::text FROM pg_publication_rel r \

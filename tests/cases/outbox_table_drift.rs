@@ -95,3 +95,38 @@ async fn a_table_unpublished_while_streaming_stops_pgoutbox_within_the_liveness_
     let says = "ALTER PUBLICATION pgoutbox ADD TABLE public.outbox";
     assert!(app.log().contains(says), "no {says:?} in:\n{}", app.log());
 }
+
+/// A statement reads `pg_class` in its own snapshot, but `pg_publication_tables` lists a
+/// publication's tables with a catalog snapshot taken when its function runs: a table
+/// dropped in between looked taken out of the publication. For a tenant's table (a soak
+/// saw it) pgoutbox stopped and asked for `ALTER PUBLICATION … ADD TABLE` on a table that
+/// no longer existed. Here the liveness check's read of the publication is held on a lock
+/// while the table is dropped, as a slow scheduler could hold it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_dropped_while_the_check_reads_the_catalog_is_named_missing_not_unpublished() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let mut app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    let (dropper, connection) =
+        tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    dropper
+        .batch_execute("BEGIN; LOCK TABLE pg_catalog.pg_publication_rel IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock the publications' tables");
+    let waiting = "SELECT count(*) FROM pg_stat_activity \
+                   WHERE application_name = 'pgoutbox liveness check' AND wait_event_type = 'Lock'";
+    eventually(Duration::from_secs(30), "the liveness check waiting on the lock", || async {
+        (pg.psql(waiting).trim() == "1").then_some(())
+    })
+    .await;
+    dropper.batch_execute("DROP TABLE public.outbox; COMMIT").await.expect("drop the outbox");
+    let status = app.wait_exit(Duration::from_secs(40));
+    assert!(!status.success(), "exit status {status:?}; log:\n{}", app.log());
+    let error = app.log().lines().rfind(|l| l.starts_with("error:")).map(str::to_owned);
+    let error = error.unwrap_or_default();
+    assert!(error.contains("does not exist"), "not named missing: {error:?}\n{}", app.log());
+    assert!(!error.contains("ADD TABLE"), "asked to publish a dropped table: {error:?}");
+}
