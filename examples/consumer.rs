@@ -9,6 +9,9 @@
 //!   the transaction has (`Pgoutbox-Transaction-Rows`). A transaction is applied in one
 //!   transaction of the consumer's database once all its events arrived and it is the
 //!   oldest waiting on every partition it touches. Dead letters are read too: they count.
+//! - **Payloads of any size.** A payload pgoutbox stored in the Object Store
+//!   (`--object-store`) arrives as a pointer (`Pgoutbox-Object-Bucket`, `-Name`, `-Size`,
+//!   `-Sha256`) with no payload: the object is fetched and checked against its digest.
 //! - **Once, through any crash.** The events, and how far each partition was applied, are
 //!   written in that same transaction; a restart (kill -9 included) reads each partition
 //!   again after the last sequence applied, and an event id (`Nats-Msg-Id`, the primary
@@ -22,6 +25,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
 use async_nats::jetstream::{self, stream::Stream};
 use futures_util::StreamExt;
+use sha2::Digest;
 use tokio::sync::mpsc;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -85,7 +89,8 @@ async fn main() -> Result<(), Error> {
             )
             .await?;
         let after = row.map_or(0, |row| row.get::<_, i64>(0)) as u64;
-        tokio::spawn(read_lane(stream.clone(), lane, filter.clone(), after, arrived.clone()));
+        let lane_of = (stream.clone(), lane, filter.clone(), after);
+        tokio::spawn(read_lane(js.clone(), lane_of, arrived.clone()));
     }
     drop(arrived);
     println!("consumer: reading {} partitions and the dead letters", partitions);
@@ -100,10 +105,8 @@ async fn main() -> Result<(), Error> {
 
 /// Reads one lane in stream order, from after sequence `after`, and hands each event over.
 async fn read_lane(
-    stream: Stream,
-    lane: usize,
-    filter: String,
-    after: u64,
+    js: jetstream::Context,
+    (stream, lane, filter, after): (Stream, usize, String, u64),
     arrived: mpsc::Sender<Result<Event, Error>>,
 ) {
     let config = OrderedConfig {
@@ -120,15 +123,22 @@ async fn read_lane(
         Err(err) => return drop(arrived.send(Err(err)).await),
     };
     while let Some(message) = messages.next().await {
-        let event = message.map_err(Error::from).and_then(|message| event(lane, &message));
+        let event = match message {
+            Ok(message) => event(&js, lane, &message).await,
+            Err(err) => Err(Error::from(err)),
+        };
         if arrived.send(event).await.is_err() {
             return;
         }
     }
 }
 
-/// What pgoutbox's headers say of a message.
-fn event(lane: usize, message: &jetstream::Message) -> Result<Event, Error> {
+/// What pgoutbox's headers say of a message, with its payload.
+async fn event(
+    js: &jetstream::Context,
+    lane: usize,
+    message: &jetstream::Message,
+) -> Result<Event, Error> {
     let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str().to_owned());
     let position = header("Pgoutbox-Position").ok_or("a message without Pgoutbox-Position")?;
     let (commit, index) = position.split_once(':').ok_or("a malformed Pgoutbox-Position")?;
@@ -150,8 +160,30 @@ fn event(lane: usize, message: &jetstream::Message) -> Result<Event, Error> {
         index: index.parse()?,
         rows,
         subject: message.subject.to_string(),
-        payload: String::from_utf8_lossy(&message.payload).into_owned(),
+        payload: payload_of(js, message).await?,
     })
+}
+
+/// The message's payload, or the object its pointer names (`--object-store`), checked
+/// against the pointer's SHA-256.
+async fn payload_of(
+    js: &jetstream::Context,
+    message: &jetstream::Message,
+) -> Result<String, Error> {
+    let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str().to_owned());
+    let Some(bucket) = header("Pgoutbox-Object-Bucket") else {
+        return Ok(String::from_utf8_lossy(&message.payload).into_owned());
+    };
+    let name = header("Pgoutbox-Object-Name").ok_or("a pointer without an object name")?;
+    let mut bytes = Vec::new();
+    let mut object = js.get_object_store(&bucket).await?.get(&name).await?;
+    tokio::io::AsyncReadExt::read_to_end(&mut object, &mut bytes).await?;
+    let digest: String =
+        sha2::Sha256::digest(&bytes).iter().map(|byte| format!("{byte:02x}")).collect();
+    if header("Pgoutbox-Object-Sha256").as_deref() != Some(digest.as_str()) {
+        return Err(format!("object {name} of bucket {bucket}: not the pointer's SHA-256").into());
+    }
+    Ok(String::from_utf8(bytes)?)
 }
 
 /// The transactions read in part or in whole and not yet applied.

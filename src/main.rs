@@ -58,11 +58,11 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<ExitCo
     let config = || Config::load(&cli.common, &given, &ProcessEnv, &RealFiles);
     match cli.command {
         Command::Run(args) => {
-            let config = config()?.with_stream_replicas(args.slot.stream_replicas);
+            let config = config()?.with_slot_args(&args.slot);
             commands::run::run(&config, &args).await?
         }
         Command::Setup(args) => {
-            let config = config()?.with_stream_replicas(args.slot.stream_replicas);
+            let config = config()?.with_slot_args(&args.slot);
             commands::setup::run(&config, &args).await?
         }
         Command::Teardown { yes, only_table } => {

@@ -8,6 +8,7 @@ use tokio_postgres::types::PgLsn;
 use crate::domain::horizon::Forgotten;
 use crate::domain::source::Source;
 use crate::nats::claim::{Claim, Claims};
+use crate::nats::large_payloads;
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::acknowledged;
@@ -224,6 +225,10 @@ pub async fn ensure_stream_and_slot(
         .await
         .with_context(|| format!("preparing stream {}", config.stream))?;
     say_what_the_stream_can_lose(config, publisher).await;
+    if let Some(large) = &config.pipeline.large_payloads {
+        let stream = publisher.stream_info().await?.map(|info| info.config).unwrap_or_default();
+        large_payloads::ensure_bucket(publisher.context(), large, &stream).await?;
+    }
     let source = identify_source(config).await?;
     let name = &config.slot;
     let state = admin::slot_state(client, name).await?;

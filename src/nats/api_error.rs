@@ -43,11 +43,16 @@ pub fn is_final_answer(err: &(dyn std::error::Error + 'static)) -> bool {
             None
         };
         if let Some(code) = code {
-            return !TEMPORARILY_UNAVAILABLE.contains(&code);
+            return is_final_code(code);
         }
         cause = error.source();
     }
     false
+}
+
+/// Whether an answer with API code `code` is JetStream's "no" rather than its "not now".
+pub fn is_final_code(code: ErrorCode) -> bool {
+    !TEMPORARILY_UNAVAILABLE.contains(&code)
 }
 
 /// JetStream answered that the stream asked for does not exist (API code 10059).

@@ -40,7 +40,7 @@ pub struct Config {
     pub publication: String,
     pub stream: String,
     /// Replicas of a stream pgoutbox creates: `run` and `setup` take `--stream-replicas`
-    /// ([`Config::with_stream_replicas`]); `replay` creates a missing stream with one.
+    /// ([`Config::with_slot_args`]); `replay` creates a missing stream with one.
     pub stream_replicas: usize,
     pub pipeline: PipelineConfig,
 }
@@ -58,13 +58,14 @@ pub struct PipelineConfig {
     /// How long after JetStream's acknowledgement a position may be confirmed
     /// (`--durability-horizon`, `domain::horizon`).
     pub durability_horizon: std::time::Duration,
-    /// Stream `pg_logical_emit_message` events with this prefix (`--message-prefix`);
-    /// `None` when turned off.
+    /// Stream `pg_logical_emit_message` events with this prefix (`--message-prefix`), if any.
     pub message_prefix: Option<String>,
     /// The table `pgoutbox replay` hands rows over through, one for every table:
     /// `--replay-table`, or beside the first table named exactly, `<table>_replay`; with
     /// table patterns alone (no one schema to put it in), `public.<publication>_replay`.
     pub replay_table: TableName,
+    /// Where payloads too large for a message go (`--object-store`); `None`: dead letters.
+    pub large_payloads: Option<crate::nats::large_payloads::LargePayloads>,
 }
 
 impl PipelineConfig {
@@ -238,6 +239,7 @@ impl Config {
                 durability_horizon: std::time::Duration::ZERO,
                 message_prefix: None,
                 replay_table,
+                large_payloads: None,
             },
             table,
             messages_only: args.messages_only,
@@ -248,9 +250,10 @@ impl Config {
         })
     }
 
-    /// The replicas `run` and `setup` give a stream they create (at least one).
-    pub fn with_stream_replicas(mut self, replicas: usize) -> Self {
-        self.stream_replicas = replicas.max(1);
+    /// `run`'s and `setup`'s stream replicas (at least one) and Object Store bucket.
+    pub fn with_slot_args(mut self, args: &crate::settings::cli::SlotArgs) -> Self {
+        self.stream_replicas = args.stream_replicas.max(1);
+        self.pipeline.large_payloads = args.large_payloads();
         self
     }
 

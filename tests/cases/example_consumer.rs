@@ -40,7 +40,8 @@ fn start_consumer(pg: &Postgres, nats: &Nats) -> Pgoutbox {
 
 /// 1,000 transactions of 1-50 events numbered in commit order, each event's aggregate its
 /// number modulo [`AGGREGATES`]; every seventh transaction emits one event instead of
-/// inserting it. Returns the SQL and each transaction's events.
+/// inserting it, and every 97th has one of 1.5 MB, over the server's `max_payload` (stored
+/// in the Object Store). Returns the SQL and each transaction's events.
 fn transactions(random: &mut Lcg) -> (String, Vec<Vec<u64>>) {
     let (mut sql, mut made, mut n) = (String::new(), Vec::new(), 0u64);
     for t in 0..1_000 {
@@ -53,6 +54,13 @@ fn transactions(random: &mut Lcg) -> (String, Vec<Vec<u64>>) {
                     "SELECT pg_logical_emit_message(true, 'outbox', '{{\"id\":\"e{e}\",\
                      \"aggregate_type\":\"order\",\"aggregate_id\":\"{aggregate}\",\
                      \"event_type\":\"created\",\"payload\":{{\"n\":{e}}}}}');\n"
+                ));
+            } else if t % 97 == 5 && e == events[0] {
+                // Too large for a message: stored in the Object Store, fetched by the consumer.
+                sql.push_str(&format!(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                     VALUES ('order', '{aggregate}', 'created', \
+                     jsonb_build_object('n', {e}, 'pad', repeat('x', 1500000)));\n"
                 ));
             } else {
                 sql.push_str(&format!(
@@ -98,7 +106,12 @@ async fn the_example_consumer_applies_each_transaction_once_whole_and_in_key_ord
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("CREATE DATABASE consumer");
     let template = "outbox.{$partition}.{aggregate_type}.{event_type}";
-    let args = ["--partitions", PARTITIONS, "--subject-template", template];
+    let args = [
+        ["--partitions", PARTITIONS],
+        ["--subject-template", template],
+        ["--object-store", "PAYLOADS"],
+    ]
+    .concat();
     let mut first = Pgoutbox::run(&pg, &nats, &args);
     wait_until_streaming(&pg, &first).await;
     let (sql, made) = transactions(&mut Lcg::from_time());

@@ -19,6 +19,7 @@ mod hot_standby;
 mod huge_transaction;
 mod idle_lag_stays_small;
 mod jetstream_unavailable_at_start;
+mod large_payloads;
 mod least_privilege;
 mod lost_slot;
 mod message_ttl;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use async_nats::jetstream::context::PublishError;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{HeldRow, Pipeline, SentRow};
 use crate::domain::outbox::{
@@ -18,10 +18,11 @@ use crate::domain::publishing::{
 use crate::domain::seed::REPLAY_HEADER;
 use crate::domain::source::SOURCE_HEADER;
 use crate::domain::transaction::{self, InTransaction};
+use crate::nats::large_payloads::{self, StoreError};
 use crate::nats::publisher::{POSITION_HEADER, refused_for_itself};
 use crate::nats::wire::HeaderBlock;
 use crate::postgres::pgoutput::ColumnValue;
-use crate::service::error::{NatsFailure, PipelineError};
+use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::telemetry::TableCounters;
 use crate::service::traces;
 
@@ -74,23 +75,27 @@ impl Pipeline<'_> {
         let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
             Some(refused) => Some(refused),
             None => match mapping.map(&tuple) {
-                Ok(event) => match self.dispatch(
-                    event,
-                    (position, in_transaction),
-                    counters,
-                    Sending::Row(&mapping),
-                ) {
-                    Ok(()) => {
-                        self.memory.published += 1;
-                        None
-                    }
-                    Err(err) => match refused_for_itself(&err) {
-                        Some(why) => Some(Rejection(why)),
-                        None => {
-                            self.unsent_row = true;
-                            return Err(PipelineError::Nats(NatsFailure::unacknowledged(&err)));
+                Ok(event) => match self.large_payload(event, position).await? {
+                    Ok(event) => match self.dispatch(
+                        event,
+                        (position, in_transaction),
+                        counters,
+                        Sending::Row(&mapping),
+                    ) {
+                        Ok(()) => {
+                            self.memory.published += 1;
+                            None
                         }
+                        Err(err) => match refused_for_itself(&err) {
+                            Some(why) => Some(Rejection(why)),
+                            None => {
+                                self.unsent_row = true;
+                                let failure = NatsFailure::unacknowledged(&err);
+                                return Err(PipelineError::Nats(failure));
+                            }
+                        },
                     },
+                    Err(refused) => Some(refused),
                 },
                 Err(reason) => Some(reason),
             },
@@ -104,6 +109,41 @@ impl Pipeline<'_> {
         // more than dropping it here would.
         self.last_sent = Some(row);
         Ok(())
+    }
+
+    /// A payload too large for its message (`--object-store`) is stored in the bucket
+    /// first, and the message carries the pointer instead (`nats::large_payloads`). `Err`:
+    /// the bucket refused it, and the row's dead letter goes in its place; a bucket that did
+    /// not answer ends the attempt, and the row is stored again under the same name.
+    async fn large_payload(
+        &mut self,
+        mut event: OutboxEvent,
+        position: Position,
+    ) -> Result<Result<OutboxEvent, Rejection>, PipelineError> {
+        let Some(large) = &self.config.large_payloads else { return Ok(Ok(event)) };
+        let fits = self.letter_budget.saturating_sub(self.protocol.guard().header_bytes());
+        if !large.takes(event.payload.len(), event.headers.wire_len(), fits) {
+            return Ok(Ok(event));
+        }
+        let name = large_payloads::object_name(&event.id, position);
+        let js = self.publisher.context();
+        match large_payloads::store(js, &large.bucket, &name, &event.payload).await {
+            Ok(pointer) => {
+                debug!(%position, bucket = %pointer.bucket, object = %pointer.name,
+                    size = pointer.size, "payload stored as an object");
+                for (header, value) in pointer.headers() {
+                    event.headers.insert(header, &value);
+                }
+                event.payload = bytes::Bytes::new();
+                Ok(Ok(event))
+            }
+            Err(refused @ StoreError::Refused { .. }) => Ok(Err(Rejection(refused.to_string()))),
+            Err(unanswered) => {
+                self.unsent_row = true;
+                let why = unanswered.to_string();
+                Err(NatsFailure::new(NatsFailureKind::Request, why).into())
+            }
+        }
     }
 
     /// Publishes a row's dead letter in its place, for `reason`. It is built to fit, so only

@@ -206,4 +206,31 @@ pub struct SlotArgs {
     /// An existing stream is never changed
     #[arg(help_heading = NATS, long, env = "PGOUTBOX_STREAM_REPLICAS", default_value_t = 1, value_name = "N")]
     pub stream_replicas: usize,
+    /// Store payloads too large for a message in this Object Store bucket
+    ///
+    /// A row whose message would exceed the server's max_payload (or the stream's
+    /// max_msg_size) is stored as an object, and its message carries a pointer instead
+    /// (headers Pgoutbox-Object-Bucket, -Name, -Size, -Sha256); setup creates the bucket,
+    /// with the stream's replicas and expiry. Without it such a row is a dead letter
+    #[arg(help_heading = NATS, long, env = "PGOUTBOX_OBJECT_STORE", value_parser = crate::nats::large_payloads::bucket_name, value_name = "BUCKET", hide_short_help = true)]
+    pub object_store: Option<String>,
+    /// With --object-store: store payloads over this size there too, e.g. 256KiB
+    #[arg(help_heading = NATS, long, env = "PGOUTBOX_OBJECT_STORE_OVER", requires = "object_store", value_parser = crate::settings::units::parse_byte_size, value_name = "BYTES", hide_short_help = true)]
+    pub object_store_over: Option<usize>,
+    /// With --object-store: how long a bucket pgoutbox creates keeps objects
+    ///
+    /// Default: as long as the stream keeps messages (its max_age); never shorter
+    #[arg(help_heading = NATS, long, env = "PGOUTBOX_OBJECT_STORE_MAX_AGE", requires = "object_store", value_parser = crate::settings::units::parse_duration_or_zero, value_name = "DURATION", hide_short_help = true)]
+    pub object_store_max_age: Option<std::time::Duration>,
+}
+
+impl SlotArgs {
+    /// `--object-store` and its settings, when given.
+    pub fn large_payloads(&self) -> Option<crate::nats::large_payloads::LargePayloads> {
+        Some(crate::nats::large_payloads::LargePayloads {
+            bucket: self.object_store.clone()?,
+            over: self.object_store_over,
+            max_age: self.object_store_max_age,
+        })
+    }
 }

@@ -1,0 +1,263 @@
+//! Payloads too large for a message (`--object-store`, issue 48): stored in a JetStream
+//! Object Store bucket, and the message, in its place in the chain, carries a pointer in
+//! headers instead of the payload.
+//!
+//! The object is complete (every chunk and its metadata acknowledged) before the pointer is
+//! published, so no pointer is ever stored without its object. Its name is the message's
+//! position and id: a kill -9 between the object and the pointer decodes the row again at
+//! the same position, and the put under the same name replaces the object, whose old
+//! chunks the Object Store purges, so one copy stays. Chunks of a put cut short belong to
+//! no object; the bucket's expiry, never shorter than the stream's, removes them.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, ErrorCode, object_store, stream};
+use base64::Engine;
+
+use crate::domain::progress::Position;
+use crate::nats::api_error::is_final_answer;
+use crate::nats::publisher::PublisherError;
+
+/// The bucket that holds the object.
+pub const BUCKET_HEADER: &str = "Pgoutbox-Object-Bucket";
+/// The object's name in it.
+pub const NAME_HEADER: &str = "Pgoutbox-Object-Name";
+/// The payload's size in bytes.
+pub const SIZE_HEADER: &str = "Pgoutbox-Object-Size";
+/// The payload's SHA-256, in lowercase hex.
+pub const DIGEST_HEADER: &str = "Pgoutbox-Object-Sha256";
+
+/// Where and when payloads go to the Object Store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LargePayloads {
+    pub bucket: String,
+    /// Payloads larger than this go to the bucket even when their message would fit.
+    pub over: Option<usize>,
+    /// The expiry of a bucket pgoutbox creates; `None`: the stream's `max_age`.
+    pub max_age: Option<Duration>,
+}
+
+/// What the message carries in the payload's place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pointer {
+    pub bucket: String,
+    pub name: String,
+    pub size: usize,
+    pub sha256: String,
+}
+
+impl Pointer {
+    /// The pointer's headers, in the order they are added to the message.
+    pub fn headers(&self) -> [(&'static str, String); 4] {
+        [
+            (BUCKET_HEADER, self.bucket.clone()),
+            (NAME_HEADER, self.name.clone()),
+            (SIZE_HEADER, self.size.to_string()),
+            (DIGEST_HEADER, self.sha256.clone()),
+        ]
+    }
+}
+
+impl LargePayloads {
+    /// Whether a payload of `len` bytes goes to the bucket, when a message may carry
+    /// `fits` bytes of payload and headers and these headers take `headers`.
+    pub fn takes(&self, len: usize, headers: usize, fits: usize) -> bool {
+        len + headers > fits || self.over.is_some_and(|over| len > over)
+    }
+}
+
+/// A bucket name the Object Store refuses (`--object-store`).
+#[derive(Debug, thiserror::Error)]
+#[error("a bucket name is letters, digits, '-' and '_'")]
+pub struct InvalidBucketName;
+
+/// `--object-store`'s value, checked as the Object Store checks a bucket's name.
+pub fn bucket_name(name: &str) -> Result<String, InvalidBucketName> {
+    let valid = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    match !name.is_empty() && name.chars().all(valid) {
+        true => Ok(name.to_owned()),
+        false => Err(InvalidBucketName),
+    }
+}
+
+/// The object's name: the message's position and id, the same each time the row is decoded.
+pub fn object_name(id: &str, position: Position) -> String {
+    format!("{position}/{id}")
+}
+
+/// Why the bucket cannot be used: one line saying what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum BucketError {
+    #[error(
+        "Object Store bucket {bucket} expires objects after {bucket_age}, before stream \
+         {stream}'s messages ({stream_age}): pointers would outlive their payloads; use a \
+         bucket that keeps them at least as long, or another --object-store"
+    )]
+    ExpiresFirst { bucket: String, bucket_age: String, stream: String, stream_age: String },
+    #[error(
+        "cannot create Object Store bucket {bucket}: {why}; create it as a user that may \
+         (nats object add {bucket}), or lift the limit JetStream names"
+    )]
+    NotCreated { bucket: String, why: String },
+    /// JetStream did not answer, or refused to say what the bucket is.
+    #[error("reading Object Store bucket: {0}")]
+    Stream(#[source] PublisherError),
+}
+
+fn age(max_age: Duration) -> String {
+    match max_age.is_zero() {
+        true => "never".to_owned(),
+        false => format!("{max_age:?}"),
+    }
+}
+
+/// Creates the bucket when missing, expiring with the stream (`config.max_age`, or
+/// `large.max_age`), with the stream's replicas; refuses a bucket, found or asked for, that
+/// expires objects before the stream expires their pointers.
+pub async fn ensure_bucket(
+    js: &jetstream::Context,
+    large: &LargePayloads,
+    stream: &stream::Config,
+) -> Result<(), BucketError> {
+    let bucket = &large.bucket;
+    let expires_first = |bucket_age: Duration| {
+        let sooner =
+            !bucket_age.is_zero() && (stream.max_age.is_zero() || bucket_age < stream.max_age);
+        sooner.then(|| BucketError::ExpiresFirst {
+            bucket: bucket.clone(),
+            bucket_age: age(bucket_age),
+            stream: stream.name.clone(),
+            stream_age: age(stream.max_age),
+        })
+    };
+    match js.get_stream(format!("OBJ_{bucket}")).await {
+        Ok(mut existing) => {
+            let info = existing.info().await.map_err(|err| unanswered(&err))?;
+            expires_first(info.config.max_age).map_or(Ok(()), Err)
+        }
+        Err(err) if crate::nats::api_error::is_stream_not_found(&err) => {
+            let max_age = large.max_age.unwrap_or(stream.max_age);
+            if let Some(refused) = expires_first(max_age) {
+                return Err(refused);
+            }
+            let config = object_store::Config {
+                bucket: bucket.clone(),
+                description: Some(format!("payloads too large for stream {}", stream.name)),
+                max_age,
+                num_replicas: stream.num_replicas.max(1),
+                ..Default::default()
+            };
+            match js.create_object_store(config).await {
+                Ok(_) => {
+                    tracing::info!(%bucket, ?max_age, "Object Store bucket created");
+                    Ok(())
+                }
+                Err(err) if is_final_answer(&err) => {
+                    Err(BucketError::NotCreated { bucket: bucket.clone(), why: err.to_string() })
+                }
+                Err(err) => Err(unanswered(&err)),
+            }
+        }
+        Err(err) => Err(unanswered(&err)),
+    }
+}
+
+/// A refusal, or no answer, which `run` waits out (`PublisherError::is_transient`).
+fn unanswered(err: &(dyn std::error::Error + 'static)) -> BucketError {
+    BucketError::Stream(match is_final_answer(err) {
+        true => PublisherError::Request(err.to_string()),
+        false => PublisherError::Unanswered(err.to_string()),
+    })
+}
+
+/// Why a payload was not stored.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No answer, or a lost connection: the row is tried again with the next attempt.
+    #[error("storing the payload in Object Store bucket {bucket}: {why}")]
+    Unanswered { bucket: String, why: String },
+    /// JetStream refused it (the bucket's size limit, permissions): asking again gets the
+    /// same answer, so the row becomes a dead letter.
+    #[error("Object Store bucket {bucket} refused the payload: {why}")]
+    Refused { bucket: String, why: String },
+}
+
+/// Whether a put's error is JetStream's final answer (`api_error::is_final_code`: a full
+/// bucket says "maximum bytes exceeded", 10077), which asking again would get again, not a
+/// timeout or a "not now". async-nats keeps only the text of the answer: "<description>
+/// (code <status>, error code <code>)".
+fn is_refusal(error: &str) -> bool {
+    let code = error.rsplit_once("error code ").and_then(|(_, rest)| {
+        rest.split(|c: char| !c.is_ascii_digit()).next().and_then(|digits| digits.parse().ok())
+    });
+    code.is_some_and(|code| crate::nats::api_error::is_final_code(ErrorCode(code)))
+}
+
+/// Stores `payload` under `name` and returns the pointer to it. Every chunk is acknowledged
+/// before the next is sent, so memory holds one chunk besides the payload.
+pub async fn store(
+    js: &jetstream::Context,
+    bucket: &str,
+    name: &str,
+    mut payload: &[u8],
+) -> Result<Pointer, StoreError> {
+    let unanswered = |why: String| StoreError::Unanswered { bucket: bucket.to_owned(), why };
+    let store = js.get_object_store(bucket).await.map_err(|e| unanswered(e.to_string()))?;
+    let info = match store.put(name, &mut payload).await {
+        Ok(info) => info,
+        Err(err) if is_refusal(&err.to_string()) => {
+            return Err(StoreError::Refused { bucket: bucket.to_owned(), why: err.to_string() });
+        }
+        Err(err) => return Err(unanswered(err.to_string())),
+    };
+    let sha256 = info
+        .digest
+        .as_deref()
+        .and_then(|digest| digest.strip_prefix("SHA-256="))
+        .and_then(|encoded| base64::engine::general_purpose::URL_SAFE.decode(encoded).ok())
+        .map(|bytes| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        .ok_or_else(|| {
+            unanswered(format!("no SHA-256 digest in the object's info: {:?}", info.digest))
+        })?;
+    Ok(Pointer { bucket: bucket.to_owned(), name: name.to_owned(), size: info.size, sha256 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_payload_goes_to_the_bucket_when_its_message_would_not_fit_or_it_is_over_the_size_asked() {
+        let large = LargePayloads { bucket: "b".into(), over: None, max_age: None };
+        assert!(!large.takes(900, 100, 1000), "exactly fits");
+        assert!(large.takes(901, 100, 1000));
+        let over = LargePayloads { over: Some(500), ..large };
+        assert!(over.takes(501, 0, 1000));
+        assert!(!over.takes(500, 0, 1000));
+    }
+
+    #[test]
+    fn only_a_final_api_answer_refuses_the_payload() {
+        let full = "failed getting chunk ack: publish failed: maximum bytes exceeded \
+                    (code 503, error code 10077)";
+        assert!(is_refusal(full));
+        let election = "failed chunk publish: JetStream system temporarily unavailable \
+                        (code 503, error code 10008)";
+        assert!(!is_refusal(election));
+        assert!(!is_refusal("failed getting chunk ack: timed out"));
+    }
+
+    #[test]
+    fn a_bucket_name_is_letters_digits_dashes_and_underscores() {
+        assert!(bucket_name("PAYLOADS_2-a").is_ok());
+        for bad in ["", "a.b", "a b", "a*", "ü"] {
+            assert!(bucket_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_name_is_the_position_and_the_id() {
+        let position = Position { commit_lsn: 0x1521C58, index: 3 };
+        assert_eq!(object_name("abc", position), format!("{position}/abc"));
+    }
+}

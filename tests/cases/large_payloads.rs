@@ -1,0 +1,183 @@
+//! Payloads too large for a message (issue 48). With `--object-store`, a row whose message
+//! would exceed the server's `max_payload` (1 MiB here) is stored in an Object Store bucket,
+//! and its message, in its place in the chain, carries a pointer in headers (bucket, name,
+//! size, SHA-256) and no payload. Without it such a row is a dead letter, as before.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use sha2::Digest;
+use tokio::io::AsyncReadExt;
+
+use crate::support::pgoutbox::Pgoutbox;
+use crate::support::stream::{Stored, count, jetstream, read_all};
+use crate::support::{Nats, Postgres, eventually, peak_rss_bytes, wait_until_streaming};
+
+const BUCKET: &str = "PAYLOADS";
+const MIB: usize = 1024 * 1024;
+
+/// Row `n`, whose payload is a JSON string of `len` bytes in all, `fill` repeated.
+fn row(n: usize, len: usize, fill: char) -> String {
+    format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('order', '{n}', 'created', to_jsonb(repeat('{fill}', {})));",
+        len - 2
+    )
+}
+
+/// The payload `row` gives.
+fn payload(len: usize, fill: char) -> Vec<u8> {
+    let mut bytes = vec![fill as u8; len];
+    bytes[0] = b'"';
+    bytes[len - 1] = b'"';
+    bytes
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The object a pointer names, read from its bucket, checked against the pointer's size and
+/// digest.
+async fn fetched(js: &jetstream::Context, pointer: &Stored) -> Vec<u8> {
+    let header = |name: &str| {
+        let value = pointer.header(name);
+        value.unwrap_or_else(|| panic!("no {name} on {:?}", pointer.headers)).to_owned()
+    };
+    assert!(pointer.payload.is_empty(), "a pointer with a payload of {}", pointer.payload.len());
+    let store = js.get_object_store(header("Pgoutbox-Object-Bucket")).await.expect("the bucket");
+    let mut object = store.get(header("Pgoutbox-Object-Name")).await.expect("the object");
+    let mut bytes = Vec::new();
+    object.read_to_end(&mut bytes).await.expect("the object's chunks");
+    assert_eq!(bytes.len().to_string(), header("Pgoutbox-Object-Size"), "size");
+    assert_eq!(sha256_hex(&bytes), header("Pgoutbox-Object-Sha256"), "digest");
+    bytes
+}
+
+/// How many objects the bucket lists.
+async fn objects(js: &jetstream::Context) -> usize {
+    use futures_util::StreamExt;
+    let store = js.get_object_store(BUCKET).await.expect("the bucket");
+    store.list().await.expect("list").count().await
+}
+
+async fn stored(js: &jetstream::Context, n: u64) -> Vec<Stored> {
+    eventually(Duration::from_secs(120), &format!("{n} messages stored"), || async {
+        (count(js, "OUTBOX").await >= n).then_some(())
+    })
+    .await;
+    read_all(js, "OUTBOX").await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rows_too_large_for_a_message_are_stored_as_objects_in_their_place() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
+    wait_until_streaming(&pg, &app).await;
+    let baseline = peak_rss_bytes(app.pid());
+    let rows = [(100, 'a'), (20 * MIB, 'b'), (100, 'c'), (100 * MIB, 'd'), (100, 'e')];
+    for (n, (len, fill)) in rows.iter().enumerate() {
+        pg.psql(&row(n, *len, *fill));
+    }
+    let js = jetstream(&nats.url()).await;
+    let messages = stored(&js, rows.len() as u64).await;
+    assert_eq!(messages.len(), rows.len(), "stored: {:?}", messages.len());
+    for (n, ((len, fill), message)) in rows.iter().zip(&messages).enumerate() {
+        let aggregate = message.subject.clone();
+        let body = match *len > MIB {
+            true => fetched(&js, message).await,
+            false => message.payload.clone(),
+        };
+        assert!(body == payload(*len, *fill), "row {n} ({aggregate}): another payload");
+        assert_eq!(message.header("Pgoutbox-Object-Bucket").is_some(), *len > MIB, "row {n}");
+    }
+    assert_eq!(objects(&js).await, 2, "one object a large row");
+    // The payload once, plus a chunk and the allocator's slack: not a copy per step.
+    let peak = peak_rss_bytes(app.pid());
+    let (baseline_mib, peak_mib) = (baseline / MIB as u64, peak / MIB as u64);
+    eprintln!("peak RSS: {baseline_mib} MiB before the rows, {peak_mib} MiB after a 100 MiB row");
+    assert!(peak_mib < baseline_mib + 140, "peak RSS {peak_mib} MiB ({baseline_mib} before)");
+}
+
+/// Killed while the object's chunks are stored, then again once the object is listed (its
+/// pointer sent or not): each restart decodes the row at the same position and stores it
+/// again under the same name, which replaces the object.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_9_between_the_object_and_its_pointer_leaves_one_object_and_one_pointer() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let args = ["--object-store", BUCKET];
+    let mut app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    let js = jetstream(&nats.url()).await;
+    let chunks = format!("OBJ_{BUCKET}");
+    pg.psql(&format!("{} {}", row(0, 100, 'a'), row(1, 60 * MIB, 'b')));
+    eventually(Duration::from_secs(60), "chunks being stored", || async {
+        (count(&js, &chunks).await >= 50).then_some(())
+    })
+    .await;
+    app.kill9();
+    let mut app = Pgoutbox::run(&pg, &nats, &args);
+    eventually(Duration::from_secs(60), "the object listed", || async {
+        (objects(&js).await >= 1).then_some(())
+    })
+    .await;
+    app.kill9();
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    // Committed after the large row: stored after its pointer, and after any second copy.
+    pg.psql(&row(2, 100, 'c'));
+    let messages = stored(&js, 3).await;
+    assert_eq!(messages.len(), 3, "pointer stored twice or lost:\n{}", app.log());
+    assert!(fetched(&js, &messages[1]).await == payload(60 * MIB, 'b'), "another payload");
+    assert_eq!(objects(&js).await, 1, "a second copy of the object:\n{}", app.log());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bucket_that_expires_objects_before_the_stream_is_refused_at_start() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let js = jetstream(&nats.url()).await;
+    js.create_object_store(jetstream::object_store::Config {
+        bucket: BUCKET.into(),
+        max_age: Duration::from_secs(60),
+        ..Default::default()
+    })
+    .await
+    .expect("a bucket keeping objects a minute");
+    let mut app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
+    let status = app.wait_exit(Duration::from_secs(30));
+    assert!(!status.success(), "ran on:\n{}", app.log());
+    let error = app.log().lines().rfind(|l| l.starts_with("error:")).map(str::to_owned);
+    let error = error.unwrap_or_default();
+    assert!(error.contains("expires objects after 60s"), "{error:?}\n{}", app.log());
+}
+
+/// A bucket full to its `max_bytes` refuses the chunks: the row becomes a dead letter in its
+/// place, and the rows behind it are published.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payload_the_bucket_refuses_becomes_a_dead_letter_and_blocks_nothing() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let js = jetstream(&nats.url()).await;
+    js.create_object_store(jetstream::object_store::Config {
+        bucket: BUCKET.into(),
+        max_bytes: MIB as i64,
+        ..Default::default()
+    })
+    .await
+    .expect("a bucket of 1 MiB");
+    let app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&format!("{} {} {}", row(0, 100, 'a'), row(1, 4 * MIB, 'b'), row(2, 100, 'c')));
+    let messages = stored(&js, 3).await;
+    let subjects: Vec<&str> = messages.iter().map(|m| m.subject.as_str()).collect();
+    assert_eq!(subjects[1], "outbox.dead_letter", "{subjects:?}\n{}", app.log());
+    assert!(messages[2].payload == payload(100, 'c'), "the row behind it");
+    let reason = messages[1].header("Pgoutbox-Dead-Letter-Reason").unwrap_or_default().to_owned();
+    assert!(reason.contains("refused the payload"), "reason: {reason:?}");
+}
