@@ -33,6 +33,8 @@ pub struct LargePayloads {
     pub bucket: String,
     /// Payloads larger than this go to the bucket even when their message would fit.
     pub over: Option<usize>,
+    /// The replicas of a bucket pgoutbox creates; `None`: the stream's.
+    pub replicas: Option<usize>,
     /// The expiry of a bucket pgoutbox creates; `None`: the stream's `max_age`.
     pub max_age: Option<Duration>,
 }
@@ -111,9 +113,9 @@ fn age(max_age: Duration) -> String {
     }
 }
 
-/// Creates the bucket when missing, expiring with the stream (`config.max_age`, or
-/// `large.max_age`), with the stream's replicas; refuses a bucket, found or asked for, that
-/// expires objects before the stream expires their pointers.
+/// Creates the bucket when missing, expiring with the stream (`stream.max_age`, or
+/// `large.max_age`), with the stream's replicas (or `large.replicas`); refuses a bucket,
+/// found or asked for, that expires objects before the stream expires their pointers.
 pub async fn ensure_bucket(
     js: &jetstream::Context,
     large: &LargePayloads,
@@ -144,7 +146,7 @@ pub async fn ensure_bucket(
                 bucket: bucket.clone(),
                 description: Some(format!("payloads too large for stream {}", stream.name)),
                 max_age,
-                num_replicas: stream.num_replicas.max(1),
+                num_replicas: large.replicas.unwrap_or(stream.num_replicas).max(1),
                 ..Default::default()
             };
             match js.create_object_store(config).await {
@@ -228,7 +230,7 @@ mod tests {
 
     #[test]
     fn a_payload_goes_to_the_bucket_when_its_message_would_not_fit_or_it_is_over_the_size_asked() {
-        let large = LargePayloads { bucket: "b".into(), over: None, max_age: None };
+        let large = LargePayloads { bucket: "b".into(), over: None, replicas: None, max_age: None };
         assert!(!large.takes(900, 100, 1000), "exactly fits");
         assert!(large.takes(901, 100, 1000));
         let over = LargePayloads { over: Some(500), ..large };

@@ -114,7 +114,7 @@ async fn a_kill_9_between_the_object_and_its_pointer_leaves_one_object_and_one_p
     wait_until_streaming(&pg, &app).await;
     let js = jetstream(&nats.url()).await;
     let chunks = format!("OBJ_{BUCKET}");
-    pg.psql(&format!("{} {}", row(0, 100, 'a'), row(1, 60 * MIB, 'b')));
+    pg.psql(&format!("{} {}", row(0, 100, 'a'), row(1, 100 * MIB, 'b')));
     eventually(Duration::from_secs(60), "chunks being stored", || async {
         (count(&js, &chunks).await >= 50).then_some(())
     })
@@ -131,7 +131,7 @@ async fn a_kill_9_between_the_object_and_its_pointer_leaves_one_object_and_one_p
     pg.psql(&row(2, 100, 'c'));
     let messages = stored(&js, 3).await;
     assert_eq!(messages.len(), 3, "pointer stored twice or lost:\n{}", app.log());
-    assert!(fetched(&js, &messages[1]).await == payload(60 * MIB, 'b'), "another payload");
+    assert!(fetched(&js, &messages[1]).await == payload(100 * MIB, 'b'), "another payload");
     assert_eq!(objects(&js).await, 1, "a second copy of the object:\n{}", app.log());
 }
 

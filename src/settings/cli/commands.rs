@@ -217,6 +217,9 @@ pub struct SlotArgs {
     /// With --object-store: store payloads over this size there too, e.g. 256KiB
     #[arg(help_heading = NATS, long, env = "PGOUTBOX_OBJECT_STORE_OVER", requires = "object_store", value_parser = crate::settings::units::parse_byte_size, value_name = "BYTES", hide_short_help = true)]
     pub object_store_over: Option<usize>,
+    /// With --object-store: replicas of a bucket pgoutbox creates (default: the stream's)
+    #[arg(help_heading = NATS, long, env = "PGOUTBOX_OBJECT_STORE_REPLICAS", requires = "object_store", value_name = "N", hide_short_help = true)]
+    pub object_store_replicas: Option<usize>,
     /// With --object-store: how long a bucket pgoutbox creates keeps objects
     ///
     /// Default: as long as the stream keeps messages (its max_age); never shorter
@@ -230,6 +233,7 @@ impl SlotArgs {
         Some(crate::nats::large_payloads::LargePayloads {
             bucket: self.object_store.clone()?,
             over: self.object_store_over,
+            replicas: self.object_store_replicas,
             max_age: self.object_store_max_age,
         })
     }
