@@ -49,6 +49,7 @@ tests=(
   nats_forgets                 # a power loss cuts the stream's tail: refilled from the slot
   cloudevents                  # CloudEvents read back by the Python SDK
   several_tables::kill_9       # two tables' rows in one chain, in commit order, under kill -9
+  large_payloads               # the Object Store: chunks, rollup and purge on a re-put, limits
 )
 between=(
   version_matrix
