@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream;
+use async_nats::jetstream::{self, object_store};
 use sha2::Digest;
 use tokio::io::AsyncReadExt;
 
@@ -59,6 +59,21 @@ async fn objects(js: &jetstream::Context) -> usize {
     use futures_util::StreamExt;
     let store = js.get_object_store(BUCKET).await.expect("the bucket");
     store.list().await.expect("list").count().await
+}
+
+/// [`BUCKET`]'s settings, for a bucket made before pgoutbox starts.
+fn bucket() -> object_store::Config {
+    object_store::Config { bucket: BUCKET.into(), ..Default::default() }
+}
+
+/// The servers, with the outbox table and the bucket `config` made beforehand.
+async fn servers_with(config: object_store::Config) -> (Postgres, Nats, jetstream::Context) {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let js = jetstream(&nats.url()).await;
+    js.create_object_store(config).await.expect("the bucket made beforehand");
+    (pg, nats, js)
 }
 
 async fn stored(js: &jetstream::Context, n: u64) -> Vec<Stored> {
@@ -137,22 +152,12 @@ async fn a_kill_9_between_the_object_and_its_pointer_leaves_one_object_and_one_p
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bucket_that_expires_objects_before_the_stream_is_refused_at_start() {
-    let pg = Postgres::start();
-    let nats = Nats::start();
-    pg.psql(include_str!("../../sql/outbox.sql"));
-    let js = jetstream(&nats.url()).await;
-    js.create_object_store(jetstream::object_store::Config {
-        bucket: BUCKET.into(),
-        max_age: Duration::from_secs(60),
-        ..Default::default()
-    })
-    .await
-    .expect("a bucket keeping objects a minute");
+    let keeping_a_minute = object_store::Config { max_age: Duration::from_secs(60), ..bucket() };
+    let (pg, nats, _) = servers_with(keeping_a_minute).await;
     let mut app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
     let status = app.wait_exit(Duration::from_secs(30));
     assert!(!status.success(), "ran on:\n{}", app.log());
-    let error = app.log().lines().rfind(|l| l.starts_with("error:")).map(str::to_owned);
-    let error = error.unwrap_or_default();
+    let error = app.error_line();
     assert!(error.contains("expires objects after 60s"), "{error:?}\n{}", app.log());
 }
 
@@ -160,17 +165,8 @@ async fn a_bucket_that_expires_objects_before_the_stream_is_refused_at_start() {
 /// place, and the rows behind it are published.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_payload_the_bucket_refuses_becomes_a_dead_letter_and_blocks_nothing() {
-    let pg = Postgres::start();
-    let nats = Nats::start();
-    pg.psql(include_str!("../../sql/outbox.sql"));
-    let js = jetstream(&nats.url()).await;
-    js.create_object_store(jetstream::object_store::Config {
-        bucket: BUCKET.into(),
-        max_bytes: MIB as i64,
-        ..Default::default()
-    })
-    .await
-    .expect("a bucket of 1 MiB");
+    let (pg, nats, js) =
+        servers_with(object_store::Config { max_bytes: MIB as i64, ..bucket() }).await;
     let app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&format!("{} {} {}", row(0, 100, 'a'), row(1, 4 * MIB, 'b'), row(2, 100, 'c')));

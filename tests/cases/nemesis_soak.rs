@@ -329,11 +329,8 @@ impl Nemesis {
         self.start_app(&["--recover"]);
         let mut seeded = self.seed_finished().await;
         if !seeded && self.app.log().contains("use --backfill instead") {
-            let said = self.app.log().lines().rfind(|l| l.starts_with("error:")).map(str::to_owned);
-            self.note(format!(
-                "--recover refused, --backfill run instead: {}",
-                said.unwrap_or_default()
-            ));
+            let said = self.app.error_line();
+            self.note(format!("--recover refused, --backfill run instead: {said}"));
             self.start_app(&["--backfill"]);
             seeded = self.seed_finished().await;
         }

@@ -125,8 +125,7 @@ async fn a_table_dropped_while_the_check_reads_the_catalog_is_named_missing_not_
     dropper.batch_execute("DROP TABLE public.outbox; COMMIT").await.expect("drop the outbox");
     let status = app.wait_exit(Duration::from_secs(40));
     assert!(!status.success(), "exit status {status:?}; log:\n{}", app.log());
-    let error = app.log().lines().rfind(|l| l.starts_with("error:")).map(str::to_owned);
-    let error = error.unwrap_or_default();
+    let error = app.error_line();
     assert!(error.contains("does not exist"), "not named missing: {error:?}\n{}", app.log());
     assert!(!error.contains("ADD TABLE"), "asked to publish a dropped table: {error:?}");
 }

@@ -65,6 +65,12 @@ impl Pgoutbox {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The last `error:` line it printed (the one line a stop says why in), or "".
+    pub fn error_line(&self) -> String {
+        let log = self.log();
+        log.lines().rfind(|l| l.starts_with("error:")).unwrap_or_default().to_owned()
+    }
+
     /// The port of its HTTP endpoints (from the PGOUTBOX_HTTP_ADDR it was started with).
     pub fn http_port(&self) -> u16 {
         self.http_port
