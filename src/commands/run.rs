@@ -14,7 +14,7 @@ use crate::domain::stall::Progress;
 use crate::nats::handshake::Dialer;
 use crate::nats::publisher::Publisher;
 use crate::postgres::{acknowledged, admin};
-use crate::service::error::{NatsFailureKind, PipelineError};
+use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::pipeline::{Ended, Memory};
 use crate::service::seed::SeedKind;
 use crate::service::shutdown::Shutdown;
@@ -302,7 +302,7 @@ async fn attempts(
                 );
                 return Ok(());
             }
-            Ok(Some(Ended::Seeded)) => match finish_seed(target, memory).await {
+            Ok(Some(Ended::Seeded)) => match finish_seed(target, memory, shutdown).await {
                 Ok(()) => continue,
                 Err(err) => err,
             },
@@ -371,8 +371,33 @@ async fn attempts(
 }
 
 /// Every row of the seed is in the stream: its slot becomes the slot, and streaming goes on
-/// from where the seed's snapshot ended.
-async fn finish_seed(target: &Target<'_>, memory: &mut Memory) -> Result<(), PipelineError> {
+/// from where the seed's snapshot ended. Behind a durability horizon, only once the stream
+/// still holds the seed's last message a horizon after it was acknowledged
+/// ([`seed_outlived_the_horizon`]): the seed's rows come from the table, and once its slot
+/// is the slot nothing would publish them again. Without the rows, the seed begins again.
+async fn finish_seed(
+    target: &Target<'_>,
+    memory: &mut Memory,
+    shutdown: &mut Shutdown,
+) -> Result<(), PipelineError> {
+    let horizon = target.pipeline.durability_horizon;
+    if let Some(stored) = memory.stored.filter(|_| !horizon.is_zero() && memory.seed.is_some()) {
+        match seed_outlived_the_horizon(&target.publisher, stored, horizon, shutdown).await {
+            Some(true) => {}
+            Some(false) => {
+                if let Some(seed) = memory.seed.take() {
+                    seed.abandon(target.config).await;
+                }
+                let lost = format!(
+                    "the stream lost the seed's messages (sequence {} is gone) within the \
+                     durability horizon: seeding again",
+                    stored.sequence
+                );
+                return Err(NatsFailure::new(NatsFailureKind::Request, lost).into());
+            }
+            None => return Ok(()), // shutdown: the seed's slot is dropped on the way out
+        }
+    }
     if let Some(seed) = memory.seed.take() {
         seed.finish(target.config, &target.config.slot).await?;
     }
@@ -380,4 +405,29 @@ async fn finish_seed(target: &Target<'_>, memory: &mut Memory) -> Result<(), Pip
     memory.forget_seed_rows();
     Metrics::seed_rows(0);
     Ok(())
+}
+
+/// Whether the stream still holds `stored`, asked a `horizon` after its acknowledgement (the
+/// seed has just ended, so it was acknowledged a moment ago): a server that syncs at least
+/// once a horizon and still holds it then has it on disk (`domain::horizon`). Asked again
+/// while JetStream does not answer; `None` on shutdown.
+async fn seed_outlived_the_horizon(
+    publisher: &Publisher,
+    stored: crate::domain::horizon::Stored,
+    horizon: std::time::Duration,
+    shutdown: &mut Shutdown,
+) -> Option<bool> {
+    info!(?horizon, "seed published; its slot becomes the slot once the stream kept it a horizon");
+    let mut wait = horizon;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.requested() => return None,
+        }
+        match publisher.still_holds(stored).await {
+            Ok(holds) => return Some(holds),
+            Err(err) => tracing::debug!(error = %err, "looking at the stream for the seed"),
+        }
+        wait = std::time::Duration::from_secs(1);
+    }
 }

@@ -172,7 +172,10 @@ async fn a_seed_survives_nats_killed_and_frozen_on_the_same_snapshot() {
     pg.psql(&numbered_rows(60_100, 60_200, 10));
     let log = app.log();
     assert_exactly_once_in_order(&nats, 60_200, &log).await;
-    assert_eq!(log.matches("seeding the stream from the table").count(), 1, "{log}");
+    // Once, unless nats-server lost acknowledged messages it had not yet written when it
+    // was killed (2.9 writes a moment after its ack): then the seed begins again, on purpose.
+    let again = log.matches("seeding again").count();
+    assert_eq!(log.matches("seeding the stream from the table").count(), 1 + again, "{log}");
 }
 
 /// pgoutbox streamed into one stream, then is pointed at a new one with `--backfill`: the

@@ -233,6 +233,13 @@ impl Target<'_> {
                 true => warn!(stream = %config.stream, "{forgotten}"),
                 false => error!(stream = %config.stream, "{forgotten}"),
             }
+            // A seed under way knows which rows the stream held before it lost some: it
+            // begins again, from a new snapshot and what the stream holds now.
+            if memory.seed.is_some() {
+                memory.seed = None;
+                let why = "the stream lost acknowledged events while seeding: seeding again";
+                return Err(NatsFailure::new(NatsFailureKind::Request, why).into());
+            }
         }
         // `failover` is a column from 17 on; --failover was refused below that at setup.
         if *failover && row.get(3).and_then(Option::as_deref) == Some("false") {
