@@ -181,9 +181,14 @@ impl Seed {
             let exported = conn.create_slot_exporting_snapshot(&slot).await?;
             Ok::<_, SeedError>((conn, exported))
         };
-        let (conn, exported) = tokio::select! {
-            made = make => made?,
-            () = shutdown.requested() => return Ok(None),
+        let made = tokio::select! {
+            made = make => Some(made?),
+            () = shutdown.requested() => None,
+        };
+        let Some((conn, exported)) = made else {
+            // The server may have made the slot already, its answer still on the way.
+            drop_slot_of(&client, &slot, None).await;
+            return Ok(None);
         };
         let consistent_point = exported.consistent_point;
         let read = Seed::read(config, publisher, kind, margin, slot.clone(), exported, conn);
@@ -193,7 +198,7 @@ impl Seed {
         };
         if !matches!(seed, Ok(Some(_))) {
             // A next try makes a slot of its own: this one would only pin WAL.
-            drop_slot_of(&client, &slot, consistent_point).await;
+            drop_slot_of(&client, &slot, Some(consistent_point)).await;
         }
         seed
     }
@@ -341,7 +346,7 @@ impl Seed {
             admin::connect(&config.database, &config.pg_tls).await
         };
         match tokio::time::timeout(DROP_LIMIT, connect).await {
-            Ok(Ok(client)) => drop_slot_of(&client, &slot, consistent_point).await,
+            Ok(Ok(client)) => drop_slot_of(&client, &slot, Some(consistent_point)).await,
             Ok(Err(err)) => warn!(%slot, %err, "{NOT_DROPPED}"),
             Err(_) => warn!(%slot, limit = ?DROP_LIMIT, "Postgres did not answer: {NOT_DROPPED}"),
         }

@@ -562,3 +562,44 @@ async fn a_seed_stopped_with_postgres_black_holed_exits_within_the_limit() {
     assert!(stopped.elapsed() < Duration::from_secs(30), "took {:?}:\n{log}", stopped.elapsed());
     assert!(log.contains("could not drop the unfinished seed's slot"), "{log}");
 }
+
+/// A SIGTERM that comes once Postgres has made the seed's slot but before its answer
+/// reached pgoutbox still drops the slot: the slot is kept by the server from the moment it
+/// is made, whether or not anyone heard. Here the making waits on an open transaction,
+/// then its answer is held up on the way back by a slow link while the SIGTERM comes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_seed_stopped_before_the_answer_of_its_slot_arrives_drops_the_slot() {
+    use crate::support::proxy::FaultProxy;
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    slot_dropped_with_rows_in_the_gap(&pg, &nats, 10).await;
+    let (blocker, connection) =
+        tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await.expect("connect");
+    tokio::spawn(connection);
+    blocker.batch_execute("BEGIN; SELECT txid_current()").await.expect("an open transaction");
+    let proxy = FaultProxy::start_bytes(pg.port()).await;
+    let mut cmd = command(&pg, &nats);
+    let via_proxy = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    cmd.env("PGOUTBOX_DATABASE_URL", via_proxy).args(["run", "--recover"]);
+    let mut app = Pgoutbox::spawn(cmd);
+    let making = "SELECT count(*) FROM pg_stat_activity \
+                  WHERE backend_type = 'walsender' AND wait_event = 'transactionid'";
+    eventually(Duration::from_secs(30), "the slot's making waiting on the transaction", || async {
+        (pg.psql(making) == "1").then_some(())
+    })
+    .await;
+    proxy.set_latency(Duration::from_secs(5));
+    blocker.batch_execute("COMMIT").await.expect("commit");
+    // Made, and let go by its walsender once its answer is sent (while being made it is held).
+    let answered = "SELECT count(*) FROM pg_replication_slots \
+                    WHERE slot_name = 'pgoutbox_seed' AND active_pid IS NULL";
+    eventually(Duration::from_secs(30), "the slot made and its answer sent", || async {
+        (pg.psql(answered) == "1").then_some(())
+    })
+    .await;
+    app.sigterm();
+    app.wait_exit(Duration::from_secs(60));
+    let log = app.log();
+    assert!(!log.contains("seed finished"), "the seed finished before SIGTERM:\n{log}");
+    assert_no_seed_slot(&pg, &log);
+}

@@ -45,14 +45,16 @@ pub(super) const NOT_DROPPED: &str = "could not drop the unfinished seed's slot;
 
 /// Drops the temporary slot of a seed that will not finish, if it is still the one made at
 /// `consistent_point` (one another pgoutbox made again starts elsewhere: it is not ours to
-/// drop), within [`DROP_LIMIT`]. A failure is logged: the next `--recover`, `--backfill` or
-/// `teardown` drops it.
+/// drop), within [`DROP_LIMIT`]. `None`: the making was given up before its answer came,
+/// so any slot of that name is taken for ours once its walsender let it go (one in use by
+/// another pgoutbox is never let go within the limit). A failure is logged: the next
+/// `--recover`, `--backfill` or `teardown` drops it.
 pub(super) async fn drop_slot_of(
     client: &tokio_postgres::Client,
     slot: &str,
-    consistent_point: u64,
+    consistent_point: Option<u64>,
 ) {
-    let dropped = drop_when_released(client, slot, Some(consistent_point));
+    let dropped = drop_when_released(client, slot, consistent_point);
     match tokio::time::timeout(DROP_LIMIT, dropped).await {
         Ok(Ok(true)) => info!(%slot, "dropped the unfinished seed's slot"),
         Ok(Ok(false)) => {
