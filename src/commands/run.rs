@@ -154,6 +154,9 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         return Ok(());
     };
     Metrics::nats_info(&publisher.server_version(), true);
+    if let Some(large) = &config.pipeline.large_payloads {
+        sweep_orphan_chunks(&publisher, &large.bucket).await;
+    }
     let (_, version) = admin::server_version(&client).await?;
     let slot = admin::slot_state(&client, &config.slot).await?;
     Metrics::postgres_info(
@@ -429,5 +432,15 @@ async fn seed_outlived_the_horizon(
             Err(err) => tracing::debug!(error = %err, "looking at the stream for the seed"),
         }
         wait = std::time::Duration::from_secs(1);
+    }
+}
+
+/// Purges the chunks of puts cut short before this run stores anything (housekeeping: a
+/// failure is logged, and the next start tries again).
+async fn sweep_orphan_chunks(publisher: &Publisher, bucket: &str) {
+    match crate::nats::large_payloads::sweep_orphan_chunks(publisher.context(), bucket).await {
+        Ok(0) => {}
+        Ok(purged) => info!(%bucket, purged, "purged chunks no object names (puts cut short)"),
+        Err(err) => warn!(%bucket, %err, "could not purge the chunks of puts cut short"),
     }
 }

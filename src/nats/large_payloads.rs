@@ -7,7 +7,7 @@
 //! position and id: a kill -9 between the object and the pointer decodes the row again at
 //! the same position, and the put under the same name replaces the object, whose old
 //! chunks the Object Store purges, so one copy stays. Chunks of a put cut short belong to
-//! no object; the bucket's expiry, never shorter than the stream's, removes them.
+//! no object: `run` purges them at start ([`sweep_orphan_chunks`]).
 
 use std::time::Duration;
 
@@ -195,8 +195,59 @@ fn is_refusal(error: &str) -> bool {
     code.is_some_and(|code| crate::nats::api_error::is_final_code(ErrorCode(code)))
 }
 
+/// The subject of an object's chunks, by the id its put gave them.
+fn chunk_subject(bucket: &str, nuid: &str) -> String {
+    format!("$O.{bucket}.C.{nuid}")
+}
+
+/// The stream behind `bucket`.
+async fn bucket_stream(js: &jetstream::Context, bucket: &str) -> Result<stream::Stream, String> {
+    js.get_stream(format!("OBJ_{bucket}")).await.map_err(|err| err.to_string())
+}
+
+/// How many chunks the bucket's stream holds on each chunk subject matching `filter`.
+async fn chunk_counts(
+    stream: &stream::Stream,
+    filter: &str,
+) -> Result<std::collections::HashMap<String, usize>, String> {
+    use futures_util::TryStreamExt;
+    let subjects = stream.info_with_subjects(filter).await.map_err(|err| err.to_string())?;
+    subjects.try_collect().await.map_err(|err| err.to_string())
+}
+
+/// Purges the chunks no object names: those of a put cut short (a kill -9, a lost
+/// connection, a refusal midway) and a replaced object's, when the put stopped before it
+/// purged them. Run when no put of this process is going on (at start, after a refusal):
+/// one still going on is another process's (one paused and replaced), and [`store`] finds
+/// its chunks missing.
+/// Returns how many chunks were purged.
+pub async fn sweep_orphan_chunks(js: &jetstream::Context, bucket: &str) -> Result<usize, String> {
+    use futures_util::TryStreamExt;
+    let stream = bucket_stream(js, bucket).await?;
+    // Chunks first, names second: a put that finishes in between keeps its chunks.
+    let chunks = chunk_counts(&stream, &chunk_subject(bucket, ">")).await?;
+    let store = js.get_object_store(bucket).await.map_err(|err| err.to_string())?;
+    let objects: Vec<_> = store
+        .list()
+        .await
+        .map_err(|e| e.to_string())?
+        .try_collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let named: std::collections::HashSet<String> =
+        objects.iter().map(|object| chunk_subject(bucket, &object.nuid)).collect();
+    let mut purged = 0;
+    for (subject, count) in chunks.into_iter().filter(|(subject, _)| !named.contains(subject)) {
+        stream.purge().filter(subject).await.map_err(|err| err.to_string())?;
+        purged += count;
+    }
+    Ok(purged)
+}
+
 /// Stores `payload` under `name` and returns the pointer to it. Every chunk is acknowledged
-/// before the next is sent, so memory holds one chunk besides the payload.
+/// before the next is sent, so memory holds one chunk besides the payload. The object's
+/// chunks are counted once it is named: a sweep of a process that took over from this one
+/// (paused meanwhile) may have purged them, and the object is then stored again.
 pub async fn store(
     js: &jetstream::Context,
     bucket: &str,
@@ -205,9 +256,14 @@ pub async fn store(
 ) -> Result<Pointer, StoreError> {
     let unanswered = |why: String| StoreError::Unanswered { bucket: bucket.to_owned(), why };
     let store = js.get_object_store(bucket).await.map_err(|e| unanswered(e.to_string()))?;
+    let stream = bucket_stream(js, bucket).await.map_err(unanswered)?;
     let info = match store.put(name, &mut payload).await {
         Ok(info) => info,
         Err(err) if is_refusal(&err.to_string()) => {
+            // The chunks stored before the refusal would fill a full bucket for good.
+            if let Err(why) = sweep_orphan_chunks(js, bucket).await {
+                tracing::warn!(%bucket, %why, "could not purge the refused put's chunks");
+            }
             return Err(StoreError::Refused { bucket: bucket.to_owned(), why: err.to_string() });
         }
         Err(err) => return Err(unanswered(err.to_string())),
@@ -221,6 +277,14 @@ pub async fn store(
         .ok_or_else(|| {
             unanswered(format!("no SHA-256 digest in the object's info: {:?}", info.digest))
         })?;
+    let chunks = chunk_subject(bucket, &info.nuid);
+    let kept: usize = chunk_counts(&stream, &chunks).await.map_err(unanswered)?.values().sum();
+    if kept != info.chunks {
+        return Err(unanswered(format!(
+            "{kept} of the object's {} chunks are left (purged by another pgoutbox's sweep)",
+            info.chunks
+        )));
+    }
     Ok(Pointer { bucket: bucket.to_owned(), name: name.to_owned(), size: info.size, sha256 })
 }
 

@@ -148,6 +148,12 @@ async fn a_kill_9_between_the_object_and_its_pointer_leaves_one_object_and_one_p
     assert_eq!(messages.len(), 3, "pointer stored twice or lost:\n{}", app.log());
     assert!(fetched(&js, &messages[1]).await == payload(100 * MIB, 'b'), "another payload");
     assert_eq!(objects(&js).await, 1, "a second copy of the object:\n{}", app.log());
+    // The chunks of the put cut short are purged: the bucket holds the object and its name.
+    let store = js.get_object_store(BUCKET).await.expect("the bucket");
+    let name = messages[1].header("Pgoutbox-Object-Name").expect("a pointer");
+    let object = store.info(name).await.expect("the object's info");
+    let held = count(&js, &chunks).await;
+    assert_eq!(held, object.chunks as u64 + 1, "chunks no object names are left:\n{}", app.log());
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -166,14 +172,18 @@ async fn a_bucket_that_expires_objects_before_the_stream_is_refused_at_start() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_payload_the_bucket_refuses_becomes_a_dead_letter_and_blocks_nothing() {
     let (pg, nats, js) =
-        servers_with(object_store::Config { max_bytes: MIB as i64, ..bucket() }).await;
+        servers_with(object_store::Config { max_bytes: 2 * MIB as i64, ..bucket() }).await;
     let app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&format!("{} {} {}", row(0, 100, 'a'), row(1, 4 * MIB, 'b'), row(2, 100, 'c')));
-    let messages = stored(&js, 3).await;
+    // Fits in the bucket once the refused put's chunks are purged.
+    pg.psql(&row(3, 3 * MIB / 2, 'd'));
+    let messages = stored(&js, 4).await;
     let subjects: Vec<&str> = messages.iter().map(|m| m.subject.as_str()).collect();
     assert_eq!(subjects[1], "outbox.dead_letter", "{subjects:?}\n{}", app.log());
     assert!(messages[2].payload == payload(100, 'c'), "the row behind it");
     let reason = messages[1].header("Pgoutbox-Dead-Letter-Reason").unwrap_or_default().to_owned();
     assert!(reason.contains("refused the payload"), "reason: {reason:?}");
+    assert_eq!(messages[3].subject, "outbox.order.created", "the next large row:\n{}", app.log());
+    assert!(fetched(&js, &messages[3]).await == payload(3 * MIB / 2, 'd'), "another payload");
 }
