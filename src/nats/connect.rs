@@ -49,6 +49,13 @@ pub async fn connect_nats_watched(
                         tracing::warn!("NATS disconnected")
                     }
                     async_nats::Event::Closed => tracing::debug!("NATS connection closed"),
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(text))
+                        if denied_subject(&text).is_some() =>
+                    {
+                        let subject = denied_subject(&text).unwrap_or_default().to_owned();
+                        tracing::warn!(%subject, "NATS: {text}");
+                        record_denial(subject);
+                    }
                     other => tracing::warn!(event = %other, "NATS"),
                 }
             }
@@ -58,6 +65,31 @@ pub async fn connect_nats_watched(
         // async-nats writes an error's source into its text and returns it as `source()`
         // too, so `{:#}` would print it twice: the text alone says it once.
         .map_err(|err| anyhow::anyhow!("connecting to NATS at {}: {err}", settings.describe()))
+}
+
+/// The subjects this process's NATS user was refused a publish to, as the server said
+/// (`-ERR 'Permissions Violation for Publish to "<subject>"'`). The server answers such a
+/// request with nothing else, so a caller that saw its request time out asks here why.
+static DENIED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn record_denial(subject: String) {
+    if let Ok(mut denied) = DENIED.lock()
+        && !denied.contains(&subject)
+    {
+        denied.push(subject);
+    }
+}
+
+/// Whether the server refused this process a publish to `subject` (see [`DENIED`]).
+pub fn publish_denied(subject: &str) -> bool {
+    DENIED.lock().is_ok_and(|denied| denied.iter().any(|d| d == subject))
+}
+
+/// The subject of a server error that refuses a publish for want of permission.
+fn denied_subject(text: &str) -> Option<&str> {
+    let (_, quoted) = text.split_once("Permissions Violation for Publish to ")?;
+    let quoted = quoted.trim_start_matches(['"', '\'']);
+    quoted.split(['"', '\'']).next().filter(|subject| !subject.is_empty())
 }
 
 /// Connect options carrying the configured NATS authentication and TLS. The credentials
@@ -104,5 +136,20 @@ impl NatsSettings {
             .map(|s| format!("{}:{}", s.host(), s.port()))
             .collect::<Vec<_>>()
             .join(",")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::denied_subject;
+
+    #[test]
+    fn a_publish_permission_violation_names_its_subject() {
+        let text = r#"Permissions Violation for Publish to "$JS.API.STREAM.CREATE.OBJ_P""#;
+        assert_eq!(denied_subject(text), Some("$JS.API.STREAM.CREATE.OBJ_P"));
+        let unquoted = "permissions violation: Permissions Violation for Publish to 'a.b'";
+        assert_eq!(denied_subject(unquoted), Some("a.b"));
+        assert_eq!(denied_subject(r#"Permissions Violation for Subscription to "a""#), None);
+        assert_eq!(denied_subject("Permissions Violation for Publish to "), None);
     }
 }

@@ -101,6 +101,12 @@ pub enum BucketError {
          (nats object add {bucket}), or lift the limit JetStream names"
     )]
     NotCreated { bucket: String, why: String },
+    #[error(
+        "this NATS user may not use Object Store bucket {bucket}: the server refused a publish \
+         to {subject} (Permissions Violation); create the bucket as a user that may (nats \
+         object add {bucket}), or grant the permission"
+    )]
+    NotPermitted { bucket: String, subject: String },
     /// JetStream did not answer, or refused to say what the bucket is.
     #[error("reading Object Store bucket: {0}")]
     Stream(#[source] PublisherError),
@@ -132,9 +138,17 @@ pub async fn ensure_bucket(
             stream_age: age(stream.max_age),
         })
     };
+    // A request the user may not send gets no answer: the server only says why, apart.
+    let unanswered = |api: &str, err: &(dyn std::error::Error + 'static)| {
+        let subject = format!("$JS.API.STREAM.{api}.OBJ_{bucket}");
+        match crate::nats::connect::publish_denied(&subject) {
+            true => BucketError::NotPermitted { bucket: bucket.clone(), subject },
+            false => unanswered(err),
+        }
+    };
     match js.get_stream(format!("OBJ_{bucket}")).await {
         Ok(mut existing) => {
-            let info = existing.info().await.map_err(|err| unanswered(&err))?;
+            let info = existing.info().await.map_err(|err| unanswered("INFO", &err))?;
             expires_first(info.config.max_age).map_or(Ok(()), Err)
         }
         Err(err) if crate::nats::api_error::is_stream_not_found(&err) => {
@@ -157,10 +171,10 @@ pub async fn ensure_bucket(
                 Err(err) if is_final_answer(&err) => {
                     Err(BucketError::NotCreated { bucket: bucket.clone(), why: err.to_string() })
                 }
-                Err(err) => Err(unanswered(&err)),
+                Err(err) => Err(unanswered("CREATE", &err)),
             }
         }
-        Err(err) => Err(unanswered(&err)),
+        Err(err) => Err(unanswered("INFO", &err)),
     }
 }
 

@@ -167,6 +167,30 @@ async fn a_bucket_that_expires_objects_before_the_stream_is_refused_at_start() {
     assert!(error.contains("expires objects after 60s"), "{error:?}\n{}", app.log());
 }
 
+/// A NATS user that may not create the bucket gets no answer from JetStream, only the
+/// server's `-ERR 'Permissions Violation ...'`: the start ends in one line naming the
+/// subject and what to do, rather than waiting for an answer that never comes.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bucket_the_user_may_not_create_stops_the_start_in_one_line() {
+    let pg = Postgres::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = "authorization { users = [ { user: relay, password: pw, permissions: \
+                  { publish: { deny: [\"$JS.API.STREAM.CREATE.OBJ_PAYLOADS\"] } } } ] }\n";
+    let path = dir.path().join("nats.conf");
+    std::fs::write(&path, config).expect("write nats.conf");
+    let nats = Nats::start_with_args(&["-c", path.to_str().expect("UTF-8 path")]);
+    let mut cmd = crate::support::pgoutbox::command(&pg, &nats);
+    let url = format!("nats://relay:pw@127.0.0.1:{}", nats.port());
+    cmd.env("PGOUTBOX_NATS_URL", url).args(["run", "--object-store", BUCKET]);
+    let mut app = Pgoutbox::spawn(cmd);
+    let status = app.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "ran on:\n{}", app.log());
+    let error = app.error_line();
+    let said = ["$JS.API.STREAM.CREATE.OBJ_PAYLOADS", "nats object add PAYLOADS"];
+    assert!(said.iter().all(|s| error.contains(s)), "{error:?}\n{}", app.log());
+}
+
 /// A bucket full to its `max_bytes` refuses the chunks: the row becomes a dead letter in its
 /// place, and the rows behind it are published.
 #[tokio::test(flavor = "multi_thread")]
