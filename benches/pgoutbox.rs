@@ -10,6 +10,7 @@
 mod support;
 
 mod floor;
+mod large_payloads;
 mod small_transactions;
 
 use std::collections::VecDeque;
@@ -119,6 +120,14 @@ fn main() {
     let version = String::from_utf8_lossy(&version.stdout);
     eprintln!("nats-server under test: {} ({})", version.trim(), nats_server.display());
     let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    if args.iter().any(|a| a == "--large-payloads") {
+        let mut figures = large_payloads::Figures::default();
+        for run in 0..settings.runs {
+            eprintln!("run {} of {}", run + 1, settings.runs);
+            runtime.block_on(large_payloads::run(&mut figures));
+        }
+        return large_payloads::print(&figures);
+    }
     let mut figures = Figures::default();
     for run in 0..settings.runs {
         eprintln!("run {} of {}", run + 1, settings.runs);
