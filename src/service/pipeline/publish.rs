@@ -71,34 +71,9 @@ impl Pipeline<'_> {
             Ok(RowStep::Skip) => return Ok(()),
             Err(err) => return Err(self.tail_not_in_wal(err)),
         }
-        let counters = self.counters.of(mapping.counted_as());
         let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
             Some(refused) => Some(refused),
-            None => match mapping.map(&tuple) {
-                Ok(event) => match self.large_payload(event, position).await? {
-                    Ok(event) => match self.dispatch(
-                        event,
-                        (position, in_transaction),
-                        counters,
-                        Sending::Row(&mapping),
-                    ) {
-                        Ok(()) => {
-                            self.memory.published += 1;
-                            None
-                        }
-                        Err(err) => match refused_for_itself(&err) {
-                            Some(why) => Some(Rejection(why)),
-                            None => {
-                                self.unsent_row = true;
-                                let failure = NatsFailure::unacknowledged(&err);
-                                return Err(PipelineError::Nats(failure));
-                            }
-                        },
-                    },
-                    Err(refused) => Some(refused),
-                },
-                Err(reason) => Some(reason),
-            },
+            None => self.send_row(&mapping, &tuple, position, in_transaction).await?,
         };
         let row = SentRow { mapping, tuple, position, in_transaction };
         if let Some(reason) = reason {
@@ -109,6 +84,41 @@ impl Pipeline<'_> {
         // more than dropping it here would.
         self.last_sent = Some(row);
         Ok(())
+    }
+
+    /// Maps the row and hands its message to NATS. `Some`: why it cannot go as it is (its
+    /// mapping, the bucket, or JetStream refused it for itself), and its dead letter goes in
+    /// its place; `Err`: no answer, and the attempt ends.
+    async fn send_row(
+        &mut self,
+        mapping: &RowMapping,
+        tuple: &[ColumnValue],
+        position: Position,
+        in_transaction: Option<InTransaction>,
+    ) -> Result<Option<Rejection>, PipelineError> {
+        let event = match mapping.map(tuple) {
+            Ok(event) => event,
+            Err(reason) => return Ok(Some(reason)),
+        };
+        let event = match self.large_payload(event, position).await? {
+            Ok(event) => event,
+            Err(refused) => return Ok(Some(refused)),
+        };
+        let counters = self.counters.of(mapping.counted_as());
+        let sending = Sending::Row(mapping);
+        match self.dispatch(event, (position, in_transaction), counters, sending) {
+            Ok(()) => {
+                self.memory.published += 1;
+                Ok(None)
+            }
+            Err(err) => match refused_for_itself(&err) {
+                Some(why) => Ok(Some(Rejection(why))),
+                None => {
+                    self.unsent_row = true;
+                    Err(PipelineError::Nats(NatsFailure::unacknowledged(&err)))
+                }
+            },
+        }
     }
 
     /// A payload too large for its message (`--object-store`) is stored in the bucket
