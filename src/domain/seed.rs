@@ -55,6 +55,55 @@ pub fn payload_digest(body: &[u8]) -> u64 {
     hasher.finish()
 }
 
+/// What a stored message holds of its row's payload: its body's [`payload_digest`], or,
+/// for a pointer to an object (`--object-store`), whose body is empty, the object's SHA-256.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadDigest {
+    Body(u64),
+    Object([u8; 32]),
+}
+
+impl Default for PayloadDigest {
+    fn default() -> Self {
+        PayloadDigest::Body(0)
+    }
+}
+
+impl PayloadDigest {
+    /// A stored message's, from its body and its `Pgoutbox-Object-Sha256` header, if any
+    /// (lowercase hex; a value that is not is read as no pointer).
+    pub fn of_message(body: &[u8], object_sha256: Option<&str>) -> PayloadDigest {
+        match object_sha256.and_then(sha256_of_hex) {
+            Some(digest) => PayloadDigest::Object(digest),
+            None => PayloadDigest::Body(payload_digest(body)),
+        }
+    }
+
+    /// Whether a row's event with this payload is what the message holds.
+    pub fn matches(&self, payload: &[u8]) -> bool {
+        match self {
+            PayloadDigest::Body(digest) => payload_digest(payload) == *digest,
+            PayloadDigest::Object(digest) => {
+                use sha2::Digest;
+                sha2::Sha256::digest(payload).as_slice() == digest.as_slice()
+            }
+        }
+    }
+}
+
+fn sha256_of_hex(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.as_bytes();
+    if hex.len() != 64 {
+        return None;
+    }
+    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut digest = [0u8; 32];
+    for (byte, pair) in digest.iter_mut().zip(hex.chunks(2)) {
+        *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(digest)
+}
+
 /// The rows a stream holds, by table and row id: what tells a row's event from another
 /// row's that reused its id, and a row of one table from a row of another with the same id.
 ///
@@ -67,11 +116,11 @@ pub struct HeldRows(HashMap<(String, String), Vec<Held>>);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Held {
-    /// A message whose body, the row's payload, digests to this.
-    Message(u64),
-    /// A replay's copy of the row (`Pgoutbox-Replay`), its body digesting to this: the row
-    /// is in the stream, and the copy is no duplicate.
-    Replay(u64),
+    /// A message holding the row's payload digested so.
+    Message(PayloadDigest),
+    /// A replay's copy of the row (`Pgoutbox-Replay`), its payload digested so: the row is
+    /// in the stream, and the copy is no duplicate.
+    Replay(PayloadDigest),
     /// A dead letter, with the digest of the payload column's text it carries; `None` when
     /// it left the payload out: it holds its row by id alone.
     Letter(Option<u64>),
@@ -85,24 +134,25 @@ fn row_key(table: &str, id: &str) -> (String, String) {
 }
 
 impl HeldRows {
-    /// The message of `table` with `Nats-Msg-Id` `msg_id` and body `body`, published from
-    /// a row.
-    pub fn insert_message(&mut self, table: &str, msg_id: &str, body: &[u8]) {
-        let held = Held::Message(payload_digest(body));
+    /// The message of `table` with `Nats-Msg-Id` `msg_id` holding `payload`, published
+    /// from a row.
+    pub fn insert_message(&mut self, table: &str, msg_id: &str, payload: PayloadDigest) {
+        let held = Held::Message(payload);
         self.0.entry(row_key(table, row_id_of(msg_id))).or_default().push(held);
     }
 
     /// A replay's copy of a row of `table`, under its replay's `Nats-Msg-Id` `msg_id`.
-    pub fn insert_replay(&mut self, table: &str, msg_id: &str, body: &[u8]) {
-        let held = Held::Replay(payload_digest(body));
+    pub fn insert_replay(&mut self, table: &str, msg_id: &str, payload: PayloadDigest) {
+        let held = Held::Replay(payload);
         self.0.entry(row_key(table, row_id_of(msg_id))).or_default().push(held);
     }
 
     /// How many messages (not replays, not letters) of `table` hold the row `id` whose
-    /// message body digests to `event`: more than one is a duplicate.
-    pub fn copies(&self, table: &str, id: &str, event: u64) -> usize {
+    /// event's payload is `event`: more than one is a duplicate.
+    pub fn copies(&self, table: &str, id: &str, event: &[u8]) -> usize {
         let held = self.0.get(&row_key(table, id));
-        held.map_or(0, |held| held.iter().filter(|h| **h == Held::Message(event)).count())
+        let copy = |held: &&Held| matches!(held, Held::Message(digest) if digest.matches(event));
+        held.map_or(0, |held| held.iter().filter(copy).count())
     }
 
     /// A dead letter of the row `id` of `table`, carrying the payload column's text
@@ -117,13 +167,15 @@ impl HeldRows {
         self.0.contains_key(&row_key(table, id))
     }
 
-    /// Whether the stream holds the row of `table` with `id` whose message body digests to
+    /// Whether the stream holds the row of `table` with `id` whose event's payload is
     /// `event` (`None`: it cannot become a message) and whose payload column's text digests
     /// to `payload`: as that message, or as its dead letter.
-    pub fn holds(&self, table: &str, id: &str, event: Option<u64>, payload: Option<u64>) -> bool {
+    pub fn holds(&self, table: &str, id: &str, event: Option<&[u8]>, payload: Option<u64>) -> bool {
         self.0.get(&row_key(table, id)).is_some_and(|held| {
             held.iter().any(|held| match *held {
-                Held::Message(digest) | Held::Replay(digest) => event == Some(digest),
+                Held::Message(digest) | Held::Replay(digest) => {
+                    event.is_some_and(|event| digest.matches(event))
+                }
                 Held::Letter(None) => true,
                 Held::Letter(digest) => digest == payload,
             })
@@ -205,13 +257,14 @@ mod tests {
     #[test]
     fn a_row_is_held_only_with_its_own_payload() {
         let digest = |text: &str| Some(payload_digest(text.as_bytes()));
+        let body = |text: &str| PayloadDigest::of_message(text.as_bytes(), None);
         let mut held = HeldRows::default();
         let t = "public.outbox";
-        held.insert_message(t, "7", b"{\"n\": 1}");
+        held.insert_message(t, "7", body("{\"n\": 1}"));
         held.insert_letter(t, "8", Some("{\"n\": 3}"));
         held.insert_letter(t, "9", None);
-        assert!(held.holds(t, "7", digest("{\"n\": 1}"), None));
-        assert!(!held.holds(t, "7", digest("{\"n\": 2}"), None), "a reused id");
+        assert!(held.holds(t, "7", Some(b"{\"n\": 1}"), None));
+        assert!(!held.holds(t, "7", Some(b"{\"n\": 2}"), None), "a reused id");
         assert!(held.holds(t, "8", None, digest("{\"n\": 3}")), "its dead letter");
         assert!(!held.holds(t, "8", None, digest("{\"n\": 4}")), "another row's letter");
         assert!(held.holds(t, "9", None, None), "a letter without the payload holds its id");
@@ -219,27 +272,48 @@ mod tests {
     }
 
     #[test]
+    fn a_pointer_holds_the_payload_its_object_digest_names() {
+        use sha2::Digest;
+        let payload = vec![b'x'; 3 << 20];
+        let hex: String =
+            sha2::Sha256::digest(&payload).iter().map(|b| format!("{b:02x}")).collect();
+        let mut held = HeldRows::default();
+        held.insert_message("t", "7", PayloadDigest::of_message(b"", Some(&hex)));
+        assert!(held.holds("t", "7", Some(&payload), None));
+        assert!(!held.holds("t", "7", Some(b""), None), "the pointer's own empty body");
+        assert_eq!(held.copies("t", "7", &payload), 1);
+        for not_hex in ["", "xyz", &hex[1..], &format!("{}g", &hex[1..])] {
+            let read = PayloadDigest::of_message(b"", Some(not_hex));
+            assert_eq!(read, PayloadDigest::Body(payload_digest(b"")), "{not_hex:?}");
+        }
+    }
+
+    #[test]
     fn a_second_message_of_a_row_is_a_copy_and_a_replay_is_not() {
         let (t, body) = ("public.outbox", b"{\"n\": 1}");
+        let digest = |body: &[u8]| PayloadDigest::of_message(body, None);
         let mut held = HeldRows::default();
-        held.insert_message(t, "7", body);
-        held.insert_replay(t, "replay:r1/1:7", body);
-        assert!(held.holds(t, "7", Some(payload_digest(body)), None));
-        assert_eq!(held.copies(t, "7", payload_digest(body)), 1);
-        held.insert_message(t, "7", body);
-        held.insert_message(t, "7", b"{\"n\": 2}");
-        assert_eq!(held.copies(t, "7", payload_digest(body)), 2, "another row's is no copy");
+        held.insert_message(t, "7", digest(body));
+        held.insert_replay(t, "replay:r1/1:7", digest(body));
+        assert!(held.holds(t, "7", Some(body), None));
+        assert_eq!(held.copies(t, "7", body), 1);
+        held.insert_message(t, "7", digest(body));
+        held.insert_message(t, "7", digest(b"{\"n\": 2}"));
+        assert_eq!(held.copies(t, "7", body), 2, "another row's is no copy");
     }
 
     #[test]
     fn the_same_id_in_two_tables_is_two_rows() {
-        let digest = |text: &str| Some(payload_digest(text.as_bytes()));
         let mut held = HeldRows::default();
-        held.insert_message("public.outbox", "public.outbox:7", b"{}");
+        held.insert_message(
+            "public.outbox",
+            "public.outbox:7",
+            PayloadDigest::of_message(b"{}", None),
+        );
         held.insert_letter("billing.outbox", "billing.outbox:8", None);
-        assert!(held.holds("public.outbox", "public.outbox:7", digest("{}"), None));
-        assert!(held.holds("public.outbox", "7", digest("{}"), None), "plain or qualified");
-        assert!(!held.holds("billing.outbox", "billing.outbox:7", digest("{}"), None));
+        assert!(held.holds("public.outbox", "public.outbox:7", Some(b"{}"), None));
+        assert!(held.holds("public.outbox", "7", Some(b"{}"), None), "plain or qualified");
+        assert!(!held.holds("billing.outbox", "billing.outbox:7", Some(b"{}"), None));
         assert!(held.has_id("billing.outbox", "billing.outbox:8"));
         assert!(!held.has_id("public.outbox", "public.outbox:8"), "B's letter holds no row of A");
         assert_eq!(own_row_id("billing.outbox", "dead-letter:billing.outbox:8"), "8");

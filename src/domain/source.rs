@@ -104,8 +104,8 @@ pub struct TailOrigin {
     /// Written under the id chain (`publishing.rs`), which leaves no gap behind
     /// a message; earlier pgoutbox versions chained by sequence alone and could.
     pub chained: bool,
-    /// `domain::seed::payload_digest` of its body.
-    pub payload_digest: u64,
+    /// What it holds of its row's payload.
+    pub payload: crate::domain::seed::PayloadDigest,
     /// When the stream stored it, in milliseconds since the epoch (NATS's clock).
     pub stored_at_millis: i64,
 }
@@ -325,7 +325,7 @@ mod tests {
             emitted: false,
             seed_since: None,
             chained: true,
-            payload_digest: 0,
+            payload: Default::default(),
             stored_at_millis: 0,
         }
     }

@@ -115,7 +115,8 @@ pub async fn check(
     while let Some(batch) = rows.recv().await {
         for tuple in batch? {
             let Some(id) = mapping.row_id(&tuple) else { continue };
-            let event = mapping.map(&tuple).ok().map(|event| payload_digest(&event.payload));
+            let event = mapping.map(&tuple).ok();
+            let event = event.as_ref().map(|event| event.payload.as_ref());
             let payload = mapping.payload_text(&tuple).map(|text| payload_digest(text.as_bytes()));
             let found = held.holds(&name, &id, event, payload);
             let copies = event.map_or(0, |event| held.copies(&name, &id, event));

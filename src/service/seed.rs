@@ -331,9 +331,9 @@ impl Seed {
         if !self.held.has_id(table, &id) {
             return false;
         }
-        let event = mapping.map(tuple).ok().map(|event| payload_digest(&event.payload));
+        let event = mapping.map(tuple).ok();
         let payload = mapping.payload_text(tuple).map(|text| payload_digest(text.as_bytes()));
-        self.held.holds(table, &id, event, payload)
+        self.held.holds(table, &id, event.as_ref().map(|e| e.payload.as_ref()), payload)
     }
 
     /// The seed will not finish in this process (a fatal error, a shutdown): its slot is
@@ -411,7 +411,7 @@ async fn bound(
         for (key, tuple) in snapshot.rows_with_id(index, own).await? {
             let Some(key) = key else { continue };
             let event = mapping.map(&tuple).ok();
-            if event.is_some_and(|event| payload_digest(&event.payload) == origin.payload_digest) {
+            if event.is_some_and(|event| origin.payload.matches(&event.payload)) {
                 return Ok(Some(key - margin));
             }
         }

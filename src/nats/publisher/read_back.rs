@@ -10,8 +10,9 @@ use crate::domain::outbox::{
     DEAD_LETTER_ID_PREFIX, EMITTED_HEADER, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER,
     SCHEDULER_HEADER, TABLE_HEADER, letter_row,
 };
-use crate::domain::seed::{HeldRows, REPLAY_HEADER, row_id_of};
+use crate::domain::seed::{HeldRows, PayloadDigest, REPLAY_HEADER, row_id_of};
 use crate::domain::source::SOURCE_HEADER;
+use crate::nats::large_payloads::DIGEST_HEADER;
 
 /// Where [`Publisher::row_ids`] starts reading.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -122,10 +123,11 @@ impl Publisher {
                 };
                 // A message of a table the seed does not read holds none of its rows.
                 let Some((table, payload_column)) = table else { return };
+                let payload = || PayloadDigest::of_message(body, header(DIGEST_HEADER));
                 if replayed && !id.starts_with(DEAD_LETTER_ID_PREFIX) {
-                    held.insert_replay(table, id, body);
+                    held.insert_replay(table, id, payload());
                 } else if !id.starts_with(DEAD_LETTER_ID_PREFIX) {
-                    held.insert_message(table, id, body);
+                    held.insert_message(table, id, payload());
                 } else if let Some((row, payload)) = letter_row(body, payload_column) {
                     held.insert_letter(table, &row, payload.as_deref());
                 } else {

@@ -9,8 +9,9 @@ use crate::domain::horizon::Stored;
 use crate::domain::outbox::{EMITTED_HEADER, MESSAGE_ID_HEADER, SCHEDULER_HEADER, TABLE_HEADER};
 use crate::domain::progress::Position;
 use crate::domain::publishing::{CHAIN_HEADER, EXPECTED_LAST_MSG_ID_HEADER};
-use crate::domain::seed::{SEED_SINCE_HEADER, payload_digest};
+use crate::domain::seed::{PayloadDigest, SEED_SINCE_HEADER};
 use crate::domain::source::{Behind, SOURCE_HEADER, TailOrigin, TailSearch};
+use crate::nats::large_payloads::DIGEST_HEADER;
 
 /// How many messages the server delivered for schedules the tail is looked for behind;
 /// beyond, the tail names the newest of them, and the duplicate window keeps the rows after
@@ -150,7 +151,7 @@ fn origin(message: &async_nats::jetstream::message::StreamMessage) -> TailOrigin
         table: header(TABLE_HEADER),
         emitted: message.headers.get(EMITTED_HEADER).is_some(),
         seed_since: header(SEED_SINCE_HEADER),
-        payload_digest: payload_digest(&message.payload),
+        payload: PayloadDigest::of_message(&message.payload, header(DIGEST_HEADER).as_deref()),
         stored_at_millis: (message.time.unix_timestamp_nanos() / 1_000_000) as i64,
     }
 }
