@@ -215,18 +215,20 @@ fn chunk_subject(bucket: &str, nuid: &str) -> String {
 }
 
 /// The stream behind `bucket`.
-async fn bucket_stream(js: &jetstream::Context, bucket: &str) -> Result<stream::Stream, String> {
-    js.get_stream(format!("OBJ_{bucket}")).await.map_err(|err| err.to_string())
+async fn bucket_stream(
+    js: &jetstream::Context,
+    bucket: &str,
+) -> Result<stream::Stream, async_nats::Error> {
+    Ok(js.get_stream(format!("OBJ_{bucket}")).await?)
 }
 
 /// How many chunks the bucket's stream holds on each chunk subject matching `filter`.
 async fn chunk_counts(
     stream: &stream::Stream,
     filter: &str,
-) -> Result<std::collections::HashMap<String, usize>, String> {
+) -> Result<std::collections::HashMap<String, usize>, async_nats::Error> {
     use futures_util::TryStreamExt;
-    let subjects = stream.info_with_subjects(filter).await.map_err(|err| err.to_string())?;
-    subjects.try_collect().await.map_err(|err| err.to_string())
+    Ok(stream.info_with_subjects(filter).await?.try_collect().await?)
 }
 
 /// Purges the chunks no object names: those of a put cut short (a kill -9, a lost
@@ -235,24 +237,21 @@ async fn chunk_counts(
 /// one still going on is another process's (one paused and replaced), and [`store`] finds
 /// its chunks missing.
 /// Returns how many chunks were purged.
-pub async fn sweep_orphan_chunks(js: &jetstream::Context, bucket: &str) -> Result<usize, String> {
+pub async fn sweep_orphan_chunks(
+    js: &jetstream::Context,
+    bucket: &str,
+) -> Result<usize, async_nats::Error> {
     use futures_util::TryStreamExt;
     let stream = bucket_stream(js, bucket).await?;
     // Chunks first, names second: a put that finishes in between keeps its chunks.
     let chunks = chunk_counts(&stream, &chunk_subject(bucket, ">")).await?;
-    let store = js.get_object_store(bucket).await.map_err(|err| err.to_string())?;
-    let objects: Vec<_> = store
-        .list()
-        .await
-        .map_err(|e| e.to_string())?
-        .try_collect()
-        .await
-        .map_err(|e| e.to_string())?;
+    let store = js.get_object_store(bucket).await?;
+    let objects: Vec<_> = store.list().await?.try_collect().await?;
     let named: std::collections::HashSet<String> =
         objects.iter().map(|object| chunk_subject(bucket, &object.nuid)).collect();
     let mut purged = 0;
     for (subject, count) in chunks.into_iter().filter(|(subject, _)| !named.contains(subject)) {
-        stream.purge().filter(subject).await.map_err(|err| err.to_string())?;
+        stream.purge().filter(subject).await?;
         purged += count;
     }
     Ok(purged)
@@ -270,7 +269,7 @@ pub async fn store(
 ) -> Result<Pointer, StoreError> {
     let unanswered = |why: String| StoreError::Unanswered { bucket: bucket.to_owned(), why };
     let store = js.get_object_store(bucket).await.map_err(|e| unanswered(e.to_string()))?;
-    let stream = bucket_stream(js, bucket).await.map_err(unanswered)?;
+    let stream = bucket_stream(js, bucket).await.map_err(|e| unanswered(e.to_string()))?;
     let info = match store.put(name, &mut payload).await {
         Ok(info) => info,
         Err(err) if is_refusal(&err.to_string()) => {
@@ -292,7 +291,8 @@ pub async fn store(
             unanswered(format!("no SHA-256 digest in the object's info: {:?}", info.digest))
         })?;
     let chunks = chunk_subject(bucket, &info.nuid);
-    let kept: usize = chunk_counts(&stream, &chunks).await.map_err(unanswered)?.values().sum();
+    let kept = chunk_counts(&stream, &chunks).await.map_err(|e| unanswered(e.to_string()))?;
+    let kept: usize = kept.values().sum();
     if kept != info.chunks {
         return Err(unanswered(format!(
             "{kept} of the object's {} chunks are left (purged by another pgoutbox's sweep)",
