@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use async_nats::ServerError;
+
 use crate::nats::credentials::{self, NatsAuth};
 
 /// Where NATS is and how to log in.
@@ -49,14 +51,14 @@ pub async fn connect_nats_watched(
                         tracing::warn!("NATS disconnected")
                     }
                     async_nats::Event::Closed => tracing::debug!("NATS connection closed"),
-                    async_nats::Event::ServerError(async_nats::ServerError::Other(text))
-                        if denied_subject(&text).is_some() =>
-                    {
-                        let subject = denied_subject(&text).unwrap_or_default().to_owned();
-                        tracing::warn!(%subject, "NATS: {text}");
-                        record_denial(subject);
+                    other => {
+                        if let async_nats::Event::ServerError(ServerError::Other(text)) = &other
+                            && let Some(subject) = denied_subject(text)
+                        {
+                            record_denial(subject.to_owned());
+                        }
+                        tracing::warn!(event = %other, "NATS")
                     }
-                    other => tracing::warn!(event = %other, "NATS"),
                 }
             }
         })
