@@ -80,14 +80,30 @@ impl PayloadDigest {
     }
 
     /// Whether a row's event with this payload is what the message holds.
-    pub fn matches(&self, payload: &[u8]) -> bool {
+    pub fn matches(&self, event: &EventPayload) -> bool {
         match self {
-            PayloadDigest::Body(digest) => payload_digest(payload) == *digest,
-            PayloadDigest::Object(digest) => {
-                use sha2::Digest;
-                sha2::Sha256::digest(payload).as_slice() == digest.as_slice()
-            }
+            PayloadDigest::Body(digest) => event.body == *digest,
+            PayloadDigest::Object(digest) => event.sha256() == digest,
         }
+    }
+}
+
+/// A row's event payload, as [`PayloadDigest::matches`] compares it: its body digest taken
+/// once, its SHA-256 only if a pointer asks for it, and then once.
+pub struct EventPayload<'a> {
+    bytes: &'a [u8],
+    body: u64,
+    sha256: std::cell::OnceCell<[u8; 32]>,
+}
+
+impl<'a> EventPayload<'a> {
+    pub fn new(bytes: &'a [u8]) -> EventPayload<'a> {
+        EventPayload { bytes, body: payload_digest(bytes), sha256: Default::default() }
+    }
+
+    fn sha256(&self) -> &[u8; 32] {
+        use sha2::Digest;
+        self.sha256.get_or_init(|| sha2::Sha256::digest(self.bytes).into())
     }
 }
 
@@ -149,7 +165,7 @@ impl HeldRows {
 
     /// How many messages (not replays, not letters) of `table` hold the row `id` whose
     /// event's payload is `event`: more than one is a duplicate.
-    pub fn copies(&self, table: &str, id: &str, event: &[u8]) -> usize {
+    pub fn copies(&self, table: &str, id: &str, event: &EventPayload) -> usize {
         let held = self.0.get(&row_key(table, id));
         let copy = |held: &&Held| matches!(held, Held::Message(digest) if digest.matches(event));
         held.map_or(0, |held| held.iter().filter(copy).count())
@@ -170,7 +186,13 @@ impl HeldRows {
     /// Whether the stream holds the row of `table` with `id` whose event's payload is
     /// `event` (`None`: it cannot become a message) and whose payload column's text digests
     /// to `payload`: as that message, or as its dead letter.
-    pub fn holds(&self, table: &str, id: &str, event: Option<&[u8]>, payload: Option<u64>) -> bool {
+    pub fn holds(
+        &self,
+        table: &str,
+        id: &str,
+        event: Option<&EventPayload>,
+        payload: Option<u64>,
+    ) -> bool {
         self.0.get(&row_key(table, id)).is_some_and(|held| {
             held.iter().any(|held| match *held {
                 Held::Message(digest) | Held::Replay(digest) => {
@@ -263,8 +285,8 @@ mod tests {
         held.insert_message(t, "7", body("{\"n\": 1}"));
         held.insert_letter(t, "8", Some("{\"n\": 3}"));
         held.insert_letter(t, "9", None);
-        assert!(held.holds(t, "7", Some(b"{\"n\": 1}"), None));
-        assert!(!held.holds(t, "7", Some(b"{\"n\": 2}"), None), "a reused id");
+        assert!(held.holds(t, "7", Some(&EventPayload::new(b"{\"n\": 1}")), None));
+        assert!(!held.holds(t, "7", Some(&EventPayload::new(b"{\"n\": 2}")), None), "a reused id");
         assert!(held.holds(t, "8", None, digest("{\"n\": 3}")), "its dead letter");
         assert!(!held.holds(t, "8", None, digest("{\"n\": 4}")), "another row's letter");
         assert!(held.holds(t, "9", None, None), "a letter without the payload holds its id");
@@ -279,9 +301,12 @@ mod tests {
             sha2::Sha256::digest(&payload).iter().map(|b| format!("{b:02x}")).collect();
         let mut held = HeldRows::default();
         held.insert_message("t", "7", PayloadDigest::of_message(b"", Some(&hex)));
-        assert!(held.holds("t", "7", Some(&payload), None));
-        assert!(!held.holds("t", "7", Some(b""), None), "the pointer's own empty body");
-        assert_eq!(held.copies("t", "7", &payload), 1);
+        assert!(held.holds("t", "7", Some(&EventPayload::new(&payload)), None));
+        assert!(
+            !held.holds("t", "7", Some(&EventPayload::new(b"")), None),
+            "the pointer's own empty body"
+        );
+        assert_eq!(held.copies("t", "7", &EventPayload::new(&payload)), 1);
         for not_hex in ["", "xyz", &hex[1..], &format!("{}g", &hex[1..])] {
             let read = PayloadDigest::of_message(b"", Some(not_hex));
             assert_eq!(read, PayloadDigest::Body(payload_digest(b"")), "{not_hex:?}");
@@ -295,11 +320,11 @@ mod tests {
         let mut held = HeldRows::default();
         held.insert_message(t, "7", digest(body));
         held.insert_replay(t, "replay:r1/1:7", digest(body));
-        assert!(held.holds(t, "7", Some(body), None));
-        assert_eq!(held.copies(t, "7", body), 1);
+        assert!(held.holds(t, "7", Some(&EventPayload::new(body)), None));
+        assert_eq!(held.copies(t, "7", &EventPayload::new(body)), 1);
         held.insert_message(t, "7", digest(body));
         held.insert_message(t, "7", digest(b"{\"n\": 2}"));
-        assert_eq!(held.copies(t, "7", body), 2, "another row's is no copy");
+        assert_eq!(held.copies(t, "7", &EventPayload::new(body)), 2, "another row's is no copy");
     }
 
     #[test]
@@ -311,9 +336,22 @@ mod tests {
             PayloadDigest::of_message(b"{}", None),
         );
         held.insert_letter("billing.outbox", "billing.outbox:8", None);
-        assert!(held.holds("public.outbox", "public.outbox:7", Some(b"{}"), None));
-        assert!(held.holds("public.outbox", "7", Some(b"{}"), None), "plain or qualified");
-        assert!(!held.holds("billing.outbox", "billing.outbox:7", Some(b"{}"), None));
+        assert!(held.holds(
+            "public.outbox",
+            "public.outbox:7",
+            Some(&EventPayload::new(b"{}")),
+            None
+        ));
+        assert!(
+            held.holds("public.outbox", "7", Some(&EventPayload::new(b"{}")), None),
+            "plain or qualified"
+        );
+        assert!(!held.holds(
+            "billing.outbox",
+            "billing.outbox:7",
+            Some(&EventPayload::new(b"{}")),
+            None
+        ));
         assert!(held.has_id("billing.outbox", "billing.outbox:8"));
         assert!(!held.has_id("public.outbox", "public.outbox:8"), "B's letter holds no row of A");
         assert_eq!(own_row_id("billing.outbox", "dead-letter:billing.outbox:8"), "8");

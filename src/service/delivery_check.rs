@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 
 use crate::domain::delivery::{Findings, OrderCheck, SHOWN};
 use crate::domain::outbox::{MappingError, MessageId, RowMapping, TableEntry};
-use crate::domain::seed::payload_digest;
+use crate::domain::seed::{EventPayload, payload_digest};
 use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
 use crate::postgres::admin::SetupError;
 use crate::postgres::table_snapshot::{Selection, TableSnapshot};
@@ -116,10 +116,10 @@ pub async fn check(
         for tuple in batch? {
             let Some(id) = mapping.row_id(&tuple) else { continue };
             let event = mapping.map(&tuple).ok();
-            let event = event.as_ref().map(|event| event.payload.as_ref());
+            let event = event.as_ref().map(|event| EventPayload::new(&event.payload));
             let payload = mapping.payload_text(&tuple).map(|text| payload_digest(text.as_bytes()));
-            let found = held.holds(&name, &id, event, payload);
-            let copies = event.map_or(0, |event| held.copies(&name, &id, event));
+            let found = held.holds(&name, &id, event.as_ref(), payload);
+            let copies = event.map_or(0, |event| held.copies(&name, &id, &event));
             let own = id.strip_prefix(qualifier.as_str()).unwrap_or(&id);
             findings.row(own, found, copies, all_missing);
         }

@@ -46,7 +46,8 @@ use crate::domain::progress::Position;
 use crate::domain::retry::Failure;
 use crate::domain::row::ColumnValue;
 use crate::domain::seed::{
-    HeldRows, SEED_HEADER, SEED_SINCE_HEADER, is_replayed_message, own_row_id, payload_digest,
+    EventPayload, HeldRows, SEED_HEADER, SEED_SINCE_HEADER, is_replayed_message, own_row_id,
+    payload_digest,
 };
 use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
 use crate::postgres::admin::{self, SetupError};
@@ -333,7 +334,8 @@ impl Seed {
         }
         let event = mapping.map(tuple).ok();
         let payload = mapping.payload_text(tuple).map(|text| payload_digest(text.as_bytes()));
-        self.held.holds(table, &id, event.as_ref().map(|e| e.payload.as_ref()), payload)
+        let event = event.as_ref().map(|event| EventPayload::new(&event.payload));
+        self.held.holds(table, &id, event.as_ref(), payload)
     }
 
     /// The seed will not finish in this process (a fatal error, a shutdown): its slot is
@@ -411,7 +413,8 @@ async fn bound(
         for (key, tuple) in snapshot.rows_with_id(index, own).await? {
             let Some(key) = key else { continue };
             let event = mapping.map(&tuple).ok();
-            if event.is_some_and(|event| origin.payload.matches(&event.payload)) {
+            if event.is_some_and(|event| origin.payload.matches(&EventPayload::new(&event.payload)))
+            {
                 return Ok(Some(key - margin));
             }
         }
