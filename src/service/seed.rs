@@ -148,8 +148,7 @@ pub struct Seed {
     since: Option<f64>,
     /// The rows the stream holds already, as read up to `read_up_to`.
     held: HeldRows,
-    /// Each table's `Pgoutbox-Table` and payload column (as dead letters name it), in
-    /// the snapshot's order.
+    /// Each table's `Pgoutbox-Table` and payload column (as letters name it), snapshot order.
     tables: Vec<(String, String)>,
     read_up_to: u64,
     /// Rows the seed reads; how many were published or found held so far.
@@ -160,7 +159,7 @@ pub struct Seed {
 impl Seed {
     /// Creates the temporary slot (dropping one left by an earlier try), imports its
     /// snapshot and reads what the stream holds. `None`: shutdown was asked for first (the
-    /// slot, if made, dropped again).
+    /// slot, if the server made it, dropped again, answered or not).
     pub async fn begin(
         config: &Config,
         publisher: &Publisher,
@@ -187,7 +186,6 @@ impl Seed {
             () = shutdown.requested() => None,
         };
         let Some((conn, exported)) = made else {
-            // The server may have made the slot already, its answer still on the way.
             drop_slot_of(&client, &slot, None).await;
             return Ok(None);
         };
@@ -333,8 +331,8 @@ impl Seed {
             return false;
         }
         let event = mapping.map(tuple).ok();
-        let payload = mapping.payload_text(tuple).map(|text| payload_digest(text.as_bytes()));
         let event = event.as_ref().map(|event| EventPayload::new(&event.payload));
+        let payload = mapping.payload_text(tuple).map(|text| payload_digest(text.as_bytes()));
         self.held.holds(table, &id, event.as_ref(), payload)
     }
 
@@ -413,8 +411,7 @@ async fn bound(
         for (key, tuple) in snapshot.rows_with_id(index, own).await? {
             let Some(key) = key else { continue };
             let event = mapping.map(&tuple).ok();
-            if event.is_some_and(|event| origin.payload.matches(&EventPayload::new(&event.payload)))
-            {
+            if event.is_some_and(|e| origin.payload.matches(&EventPayload::new(&e.payload))) {
                 return Ok(Some(key - margin));
             }
         }
