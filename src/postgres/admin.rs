@@ -70,11 +70,13 @@ pub async fn connect(config: &tokio_postgres::Config, tls: &PgTls) -> Result<Cli
 }
 
 /// [`connect`] with the TLS configuration built, keeping tokio-postgres's error, which
-/// tells a server's refusal from a network failure (see `liveness`).
+/// tells a server's refusal from a network failure (see `liveness`). The session's names
+/// resolve in `pg_catalog` only (`pinned_names`).
 pub(crate) async fn open(
     config: &tokio_postgres::Config,
     rustls: Option<std::sync::Arc<rustls::ClientConfig>>,
 ) -> Result<Client, tokio_postgres::Error> {
+    let config = crate::postgres::pinned_names::pinned(config);
     let client = match rustls {
         None => {
             let (client, connection) = config.connect(NoTls).await?;

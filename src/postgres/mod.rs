@@ -1,4 +1,5 @@
-//! Everything that talks to Postgres: connection parameters and TLS, the walsender session
+//! Everything that talks to Postgres: connection parameters and TLS, the search path every
+//! session pins at login (`pinned_names`), the walsender session
 //! (`walsender`, over `socket`, with the pure CopyBoth envelope in `wire`), the pure
 //! pgoutput decoder, libpq's environment and files (`libpq_env`), the password command
 //! run at each connection (`password_command`), SQL for setup and status on an ordinary connection (`admin`), and the
@@ -16,6 +17,7 @@ pub mod libpq_env;
 pub(crate) mod outbox_table;
 pub(crate) mod password_command;
 pub mod pgoutput;
+mod pinned_names;
 pub(crate) mod replay_table;
 mod socket;
 pub(crate) mod table_snapshot;

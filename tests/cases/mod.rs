@@ -15,6 +15,7 @@ mod duplicate_ids;
 mod emitted_messages;
 mod example_consumer;
 mod failover;
+mod hostile_database;
 mod hot_standby;
 mod huge_transaction;
 mod idle_lag_stays_small;

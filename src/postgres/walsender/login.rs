@@ -88,9 +88,8 @@ impl ReplicationConnection {
             ("replication", "database"),
             ("application_name", config.get_application_name().unwrap_or("pgoutbox")),
         ];
-        if let Some(options) = config.get_options() {
-            params.push(("options", options));
-        }
+        let options = crate::postgres::pinned_names::startup_options(config.get_options());
+        params.push(("options", options.as_str()));
         frontend::startup_message(params, &mut self.write_buf)?;
         self.flush().await?;
         self.authenticate(&user, config.get_password()).await?;
