@@ -45,6 +45,7 @@ tests=(
   several_tables::a_second     # a second table dropped from the publication stops pgoutbox
   several_tables::tables_of_a_pattern # tenant_*.outbox: the catalog's LIKE and publication
   tenant_table_created_while_running  # the event trigger, adoption's lock and ALTER PUBLICATION
+  hostile_database             # no name outside pg_catalog, no untrusted table read: PUBLIC's public on 14
 )
 
 oldest=14

@@ -151,7 +151,9 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
 
     let selection = selection(config, &entry, args, &publisher).await?;
     let session = TableSnapshot::session(&config.database, &config.pg_tls, None).await?;
-    let snapshot = TableSnapshot::read_set(session, &[(&entry.table, &entry.roles)]).await?;
+    let snapshot =
+        TableSnapshot::read_set(session, &[(&entry.table, &entry.roles)], &config.trusted_owners)
+            .await?;
     let total = snapshot.count(&selection).await?;
     if total == 0 {
         let ids = snapshot.some_ids(3).await?;

@@ -225,6 +225,7 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
             tables,
             slot: config.slot.clone(),
             publication: config.publication.clone(),
+            trusted: config.trusted_owners.clone(),
         };
         tasks.spawn(crate::service::retention::run(
             config.database.clone(),

@@ -79,8 +79,10 @@ pub async fn prepare_database(
         let mut unpublished = Vec::new();
         for entry in &config.pipeline.tables {
             let Some(pattern) = &entry.pattern else { continue };
+            // A new publication names the exact tables only; a pattern's tables then join one
+            // at a time, so that one that cannot (unlogged, another's) fails alone.
             for matched in tenant_tables::matched(&client, pattern, publication).await? {
-                match matched.published || !exists {
+                match matched.published && exists {
                     true => tables.push(matched.table),
                     false => unpublished.push((matched.table, pattern)),
                 }

@@ -324,6 +324,10 @@ async fn process_report(addr: SocketAddr) -> serde_json::Value {
             // Events the stream lost after acknowledging them (logged with what came back).
             "stream_lost_events": gauge(names::STREAM_LOST_EVENTS).unwrap_or(0.0) as u64,
             "tables_not_streamed": gauge(names::TABLES_NOT_STREAMED).unwrap_or(0.0) as u64,
+            // A pattern's tables joined without their earlier rows read (owner not trusted),
+            // and the rows the adoption under way has read.
+            "tables_unread": gauge(names::TABLES_UNREAD).unwrap_or(0.0) as u64,
+            "adoption_rows_read": gauge(names::ADOPTION_ROWS_READ).unwrap_or(0.0) as u64,
         });
         // A seed or a replay in progress: rows done, rows left, and the pace.
         let runs = [

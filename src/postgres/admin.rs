@@ -57,7 +57,18 @@ pub enum SetupError {
     )]
     SeedOrder { table: String },
     #[error(transparent)]
+    Untrusted(#[from] crate::postgres::trust::Untrusted),
+    #[error(transparent)]
     Sql(#[from] tokio_postgres::Error),
+}
+
+impl From<crate::postgres::trust::TrustError> for SetupError {
+    fn from(err: crate::postgres::trust::TrustError) -> Self {
+        match err {
+            crate::postgres::trust::TrustError::Untrusted(untrusted) => untrusted.into(),
+            crate::postgres::trust::TrustError::Sql(sql) => sql.into(),
+        }
+    }
 }
 
 /// Opens a normal SQL session, over TLS as `tls` says, with the password command's

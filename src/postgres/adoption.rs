@@ -13,9 +13,14 @@
 //!
 //! Never DML on the table: its row triggers, rules and constraints run as the role that
 //! writes, so a tenant's `BEFORE INSERT` trigger would run with pgoutbox's privileges, a
-//! superuser's included (issue 45, R1). Reading runs none of the owner's code: the session
-//! turns `row_security` off (a policy's expression would run as pgoutbox: the read fails
-//! instead), and looks up functions in `pg_catalog` only.
+//! superuser's included (issue 45, R1). Reading a table runs its owner's index and
+//! statistics expressions as the reader when the query is planned, so the rows are read
+//! only when the owner is trusted (`postgres::trust`); the session also turns
+//! `row_security` off (a policy's expression would run as pgoutbox: the read fails
+//! instead). A table of an owner not trusted joins the publication all the same, and its
+//! new rows stream from the WAL; the rows it held before are not read, which one warning
+//! names with the setting that would trust its owner, and `pgoutbox_tables_unread_total`
+//! counts (a table that never held a row, `pg_relation_size` 0, lost nothing).
 //!
 //! A table that cannot be added (pgoutbox's role does not own it, it is unlogged, ...) is
 //! skipped with a warning naming it and what to run, and counted on `/metrics`
@@ -36,6 +41,7 @@ use crate::postgres::pgoutput::{ADOPTION_ID, FrameWriter};
 use crate::postgres::replay_table::{self, FRAME_BYTES};
 use crate::postgres::table_snapshot::{insert_order, relation_of, text_rows};
 use crate::postgres::tenant_tables;
+use crate::postgres::trust::{self, TrustError, TrustedOwners, Untrusted};
 
 /// How long adoption waits for the transactions writing to the table.
 pub const LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -48,24 +54,55 @@ pub struct Handover {
     pub publication: String,
     pub replay_table: TableName,
     pub slot: String,
+    /// Whose tables' rows may be read (`--trusted-owner`).
+    pub trusted: TrustedOwners,
+}
+
+/// What adopting a table did.
+#[derive(Debug)]
+pub enum Adopted {
+    /// The table was in the publication already (another setup, or the trigger, was first).
+    AlreadyPublished,
+    /// The table joined the publication, and this many rows it held were handed over.
+    Read(u64),
+    /// The table joined the publication, but it held rows and its owner is not trusted,
+    /// so they were not read.
+    Unread(Untrusted),
+    /// Nothing changed: the replay table the rows would be handed over through is of an
+    /// owner not trusted, or runs such a one's trigger (it would run as pgoutbox).
+    Refused(Untrusted),
 }
 
 /// Adds `table` to the publication and hands the rows already in it to the pipeline, in
 /// one transaction, ordered by the created-at column of `roles` (when the table has it),
-/// then by transaction, then as each transaction inserted them ([`insert_order`]). `Ok(None)`: the table was in the publication already
-/// (another setup, or the trigger, was first); else how many rows were handed over.
+/// then by transaction, then as each transaction inserted them ([`insert_order`]); the
+/// rows of a table whose owner is not trusted are not read ([`Adopted::Unread`]).
 pub async fn adopt(
     client: &mut Client,
-    table: &TableName,
-    roles: &ColumnRoles,
+    (table, roles): (&TableName, &ColumnRoles),
     to: &Handover,
-) -> Result<Option<u64>, tokio_postgres::Error> {
+    progress: &mut (dyn FnMut(u64) + Send),
+) -> Result<Adopted, tokio_postgres::Error> {
     let tx = client.transaction().await?;
     if !lock_and_add(&tx, table, &to.publication).await? {
         tx.commit().await?;
-        return Ok(None);
+        return Ok(Adopted::AlreadyPublished);
     }
     let quoted = table.quoted();
+    match trust::check(&tx, table, &to.trusted).await {
+        Ok(()) => {}
+        Err(TrustError::Sql(err)) => return Err(err),
+        Err(TrustError::Untrusted(untrusted)) => {
+            let held = held_rows(&tx, table).await?;
+            tx.commit().await?;
+            return Ok(if held { Adopted::Unread(untrusted) } else { Adopted::Read(0) });
+        }
+    }
+    match trust::check_writable(&tx, &to.replay_table, &to.trusted).await {
+        Ok(()) => {}
+        Err(TrustError::Sql(err)) => return Err(err),
+        Err(TrustError::Untrusted(refusal)) => return Ok(Adopted::Refused(refusal)),
+    }
     let relation = relation_of(&tx, table).await?;
     let columns: Vec<String> = relation.columns.iter().map(|c| quote_ident(&c.name)).collect();
     let in_transaction = insert_order(&relation, &roles.id);
@@ -99,9 +136,29 @@ pub async fn adopt(
         }
         frames.extend(frame.map(|done| (read as i64, done.finish())));
         replay_table::hand_over(&tx, &to.replay_table, (&to.slot, ADOPTION_ID, 0), &frames).await?;
+        progress(read);
     }
     tx.commit().await?;
-    Ok(Some(read))
+    progress(0);
+    Ok(Adopted::Read(read))
+}
+
+/// Whether `table` (any of its partitions) ever held a row, without planning a query on it:
+/// a heap with no page never did.
+async fn held_rows(
+    tx: &tokio_postgres::Transaction<'_>,
+    table: &TableName,
+) -> Result<bool, tokio_postgres::Error> {
+    let row = tx
+        .query_one(
+            "SELECT pg_catalog.pg_relation_size(t.c) > 0 OR EXISTS (\
+               SELECT FROM pg_catalog.pg_partition_tree(t.c) p \
+               WHERE pg_catalog.pg_relation_size(p.relid) > 0) \
+             FROM (SELECT $1::text::pg_catalog.regclass AS c) t",
+            &[&table.quoted()],
+        )
+        .await?;
+    Ok(row.get(0))
 }
 
 /// Adds `table` to `publication` without handing any row over, before a slot exists: its
@@ -154,6 +211,12 @@ pub struct Adoptions<'a> {
     pub warned: &'a mut HashMap<u32, String>,
     /// The tables found not streamable in this round, by every pattern.
     pub not_streamed: usize,
+    /// The tables that joined in this round without the rows they held being read (an
+    /// owner not trusted).
+    pub unread: usize,
+    /// Told the rows read so far by the adoption under way after each batch, and 0 once it
+    /// committed.
+    pub progress: &'a mut (dyn FnMut(u64) + Send),
 }
 
 impl Adoptions<'_> {
@@ -171,6 +234,17 @@ impl Adoptions<'_> {
         let matched = tenant_tables::matched(client, pattern, &self.to.publication).await?;
         for missed in matched.into_iter().filter(|m| !m.published) {
             let table = &missed.table;
+            if self.streamed.contains(&missed.oid) && missed.unlogged {
+                // Its owner made it UNLOGGED (under `FOR ALL TABLES`, which then leaves it
+                // out): a tenant's doing, which must not stop the others' stream.
+                self.not_streamed += 1;
+                let why = format!("it is UNLOGGED: run ALTER TABLE {} SET LOGGED", table.quoted());
+                if self.warned.insert(missed.oid, why.clone()).as_ref() != Some(&why) {
+                    warn!(%table, %pattern, "a table of the pattern is no longer streamed, \
+                        its rows no longer in the WAL ({why}); the other tables stream on");
+                }
+                continue;
+            }
             if self.streamed.contains(&missed.oid) {
                 let (table, publication) = (table.to_string(), self.to.publication.clone());
                 return Ok(Some(TableDrift::NotPublished { table, publication }));
@@ -178,12 +252,30 @@ impl Adoptions<'_> {
             if Instant::now() >= until {
                 break;
             }
-            match adopt(client, table, roles, self.to).await {
-                Ok(rows) => {
+            match adopt(client, (table, roles), self.to, self.progress).await {
+                Ok(Adopted::AlreadyPublished) => {
                     self.warned.remove(&missed.oid);
-                    info!(%table, %pattern, publication = %self.to.publication,
-                        rows = rows.unwrap_or(0),
+                }
+                Ok(Adopted::Read(rows)) => {
+                    self.warned.remove(&missed.oid);
+                    info!(%table, %pattern, publication = %self.to.publication, rows,
                         "a new table of the pattern joined the publication, its rows handed over");
+                }
+                Ok(Adopted::Unread(untrusted)) => {
+                    self.warned.remove(&missed.oid);
+                    self.unread += 1;
+                    warn!(%table, %pattern, publication = %self.to.publication,
+                        "a new table of the pattern joined the publication and its new rows \
+                         stream, but the rows it held before were not read: {untrusted}");
+                }
+                Ok(Adopted::Refused(refusal)) => {
+                    self.not_streamed += 1;
+                    let why = refusal.to_string();
+                    if self.warned.insert(missed.oid, why.clone()).as_ref() != Some(&why) {
+                        warn!(%table, %pattern, replay_table = %self.to.replay_table,
+                            "a table of the pattern is not adopted: the rows it holds would be \
+                             handed over through the replay table, and {why}");
+                    }
                 }
                 Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                     warn!(%table, "the new table is busy; adopting it at the next check");

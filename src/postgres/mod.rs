@@ -6,7 +6,7 @@
 //! check that the outbox table is still the one streamed (`outbox_table`), and the table as a
 //! new slot's snapshot shows it (`table_snapshot`), and the tables a pattern matches
 //! (`tenant_tables`), published by an event trigger or adopted (`adoption`) without
-//! pgoutbox ever writing to them.
+//! pgoutbox ever writing to them, and read only when their owner is trusted (`trust`).
 
 pub(crate) mod acknowledged;
 pub(crate) mod admin;
@@ -23,6 +23,7 @@ mod socket;
 pub(crate) mod table_snapshot;
 pub(crate) mod tenant_tables;
 pub(crate) mod tls;
+pub(crate) mod trust;
 pub(crate) mod walsender;
 pub(crate) mod wire;
 

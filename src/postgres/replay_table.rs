@@ -19,9 +19,9 @@ pub enum ReplayTableError {
     NotSetUp { table: String, doing: &'static str, reason: String, schema: String },
     #[error(
         "the replay table {table} exists, owned by role {owner}, not by {role} which runs \
-         setup: it was not made by pgoutbox, and whoever owns it could hand pgoutbox any \
-         event, so it is not published (replays into the live stream are off); drop it, or \
-         run `ALTER TABLE {table} OWNER TO {role}` if it is yours"
+         setup: it was not made by pgoutbox, whoever owns it could hand pgoutbox any event, \
+         and its triggers would run as pgoutbox, so it is not used (replays into the live \
+         stream and adoptions are off); drop it and run setup again"
     )]
     ForeignOwner { table: String, owner: String, role: String },
     #[error(
@@ -63,17 +63,20 @@ pub async fn ensure(
         );
         client.batch_execute(&sql).await.map_err(|err| failed("created", err))?;
     }
-    if exists && !published {
-        // Publishing it makes its owner a source of events: only a table of this role's.
+    if exists {
+        // Publishing it makes its owner a source of events, and writing to it runs its
+        // owner's triggers: only a table of this role's, or a superuser's (an
+        // administrator's setup, for a pgoutbox granted its rows).
         let row = client
             .query_one(
-                "SELECT pg_get_userbyid(relowner)::text, current_user::text FROM pg_class \
-                 WHERE oid = $1::text::regclass",
+                "SELECT r.rolname::text, current_user::text, r.rolsuper \
+                 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles r ON r.oid = c.relowner \
+                 WHERE c.oid = $1::text::pg_catalog.regclass",
                 &[&replay.quoted()],
             )
             .await?;
-        let (owner, role): (String, String) = (row.get(0), row.get(1));
-        if owner != role {
+        let (owner, role, superuser): (String, String, bool) = (row.get(0), row.get(1), row.get(2));
+        if owner != role && !superuser {
             return Err(ReplayTableError::ForeignOwner { table: replay.to_string(), owner, role });
         }
     }

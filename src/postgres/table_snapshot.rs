@@ -21,6 +21,7 @@ use crate::domain::outbox::ColumnRoles;
 use crate::domain::row::{Column, ColumnValue, Relation};
 use crate::postgres::admin::{self, SetupError, TableName};
 use crate::postgres::tls::PgTls;
+use crate::postgres::trust::{self, TrustedOwners};
 
 mod order;
 
@@ -105,7 +106,13 @@ impl TableSnapshot {
         snapshot: Option<&str>,
     ) -> Result<Client, SetupError> {
         let client = admin::connect(database, tls).await?;
-        client.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY").await?;
+        // A policy's expression would run as pgoutbox, and hide rows in silence: with
+        // row_security off, a policy that applies fails the read instead.
+        client
+            .batch_execute(
+                "SET row_security = off; BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY",
+            )
+            .await?;
         if let Some(snapshot) = snapshot {
             let import = format!("SET TRANSACTION SNAPSHOT {}", escape_literal(snapshot));
             client.batch_execute(&import).await?;
@@ -115,10 +122,15 @@ impl TableSnapshot {
 
     /// Tables (at least one) in `client`'s snapshot, each with its own roles, their columns
     /// as pgoutput names them (generated columns left out, as pgoutput leaves them out).
+    /// A table whose owner is not `trusted` is refused before any query is planned on it.
     pub async fn read_set(
         client: Client,
         tables: &[(&TableName, &ColumnRoles)],
+        trusted: &TrustedOwners,
     ) -> Result<TableSnapshot, SetupError> {
+        for (table, _) in tables {
+            trust::check(&client, table, trusted).await?;
+        }
         let tracked: String = client.query_one("SHOW track_commit_timestamp", &[]).await?.get(0);
         let order = match tracked == "on" {
             true => RowOrder::CommitTime,

@@ -32,6 +32,8 @@ pub struct Matched {
     /// pgoutbox deletes only from such a table (`--retention`): a table's triggers run as the
     /// role that writes to it, so another owner's code would run with pgoutbox's rights.
     pub owned: bool,
+    /// `UNLOGGED`: its rows are not in the WAL, and no publication can hold it.
+    pub unlogged: bool,
 }
 
 /// The tables `pattern` matches (ordinary or partitioned, not partitions: their root is
@@ -51,7 +53,8 @@ pub fn query(pattern: &TablePattern, publication: &str) -> String {
                 (SELECT r.oid::text FROM pg_publication_rel r \
                  JOIN pg_publication pb ON pb.oid = r.prpubid \
                  WHERE pb.pubname = {publication} AND r.prrelid = c.oid), \
-                (c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user))::text \
+                (c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user))::text, \
+                (c.relpersistence = 'u')::text \
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
          LEFT JOIN (SELECT schemaname, tablename FROM pg_publication_tables \
                     WHERE pubname = {publication}) p \
@@ -78,6 +81,7 @@ pub fn judge(rows: &[TextRow], pattern: &TablePattern) -> Vec<Matched> {
                 membership: field(row, 5).parse().ok(),
                 columns: field(row, 4).split(',').map(str::to_owned).collect(),
                 owned: field(row, 6) == "true",
+                unlogged: field(row, 7) == "true",
                 table,
             })
         })

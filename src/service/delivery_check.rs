@@ -19,6 +19,7 @@ use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
 use crate::postgres::admin::SetupError;
 use crate::postgres::table_snapshot::{Selection, TableSnapshot};
 use crate::postgres::tls::PgTls;
+use crate::postgres::trust::TrustedOwners;
 use crate::service::retention::PublishedUpTo;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::names;
@@ -61,6 +62,8 @@ pub struct Scope {
     pub database: tokio_postgres::Config,
     pub pg_tls: PgTls,
     pub tables: Vec<TableEntry>,
+    /// Whose tables may be read (`--trusted-owner`).
+    pub trusted: TrustedOwners,
 }
 
 impl Scope {
@@ -69,6 +72,7 @@ impl Scope {
             stream: config.stream.clone(),
             database: config.database.clone(),
             pg_tls: config.pg_tls.clone(),
+            trusted: config.trusted_owners.clone(),
             tables: config
                 .pipeline
                 .tables
@@ -104,7 +108,8 @@ pub async fn check(
         .map_err(|source| CheckError::Stream { stream: scope.stream.clone(), source })?;
 
     let session = TableSnapshot::session(&scope.database, &scope.pg_tls, None).await?;
-    let snapshot = TableSnapshot::read_set(session, &[(&entry.table, &entry.roles)]).await?;
+    let snapshot =
+        TableSnapshot::read_set(session, &[(&entry.table, &entry.roles)], &scope.trusted).await?;
     let mapping = RowMapping::of_entry(snapshot.relation(), entry)?;
     let qualifier = match entry.message_id {
         MessageId::Qualified => format!("{name}:"),

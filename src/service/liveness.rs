@@ -20,12 +20,9 @@
 //! not decoded at all from that point, so waiting for the next attempt to notice could
 //! take days. A drift found here stops pgoutbox like one found at the start of an attempt.
 //!
-//! And it asks whether a table one of the patterns matches is out of the publication (a
-//! tenant's table created since, without the event trigger): its rows are not decoded,
-//! and those committed before it joins never will be. pgoutbox adopts it
-//! (`postgres::adoption`: the table added, its rows read and handed over once, in one
-//! transaction, the table never written), within 20 s of the table's creation; one its role
-//! may not add is skipped with a warning, and the others stream on.
+//! Beside it, and outside its deadline, `service::adopter` adopts the tables of a pattern
+//! that are out of the publication; a drift it finds ends the attempt through the same
+//! verdict.
 
 use std::time::Duration;
 
@@ -36,17 +33,13 @@ use tracing::{debug, warn};
 
 use crate::domain::outbox::{ColumnRoles, TableEntry, TablePattern};
 use crate::postgres::admin::TableName;
-use crate::postgres::adoption::{Adoptions, Handover};
+use crate::postgres::adoption::Handover;
 use crate::postgres::outbox_table::{self, StreamedTable, TableDrift};
 use crate::postgres::tenant_tables;
 use crate::postgres::tls::PgTls;
-use crate::service::telemetry::names;
 
 /// How often the path to Postgres is checked.
 pub const CHECK_EVERY: Duration = Duration::from_secs(10);
-/// How long a check goes on adopting new tables of a pattern before it leaves the rest
-/// to the next: well inside [`DEADLINE`], which a slow round would overrun.
-const ADOPTING: Duration = Duration::from_secs(3);
 /// How long a check (connecting included) may take before the path counts as dead: a
 /// catalog lookup answers in milliseconds even on a busy server.
 pub const DEADLINE: Duration = Duration::from_secs(10);
@@ -96,7 +89,8 @@ impl Watched {
 /// The running check, stopped when dropped (the attempt it watched is over).
 pub struct Liveness {
     verdict: watch::Receiver<Option<Verdict>>,
-    task: AbortHandle,
+    /// The check, and the adopter beside it.
+    tasks: [AbortHandle; 2],
 }
 
 impl Liveness {
@@ -111,18 +105,17 @@ impl Liveness {
         watched: Watched,
     ) -> Liveness {
         let (tell, verdict) = watch::channel(None);
+        let mut adopting = config.clone();
+        adopting.application_name("pgoutbox adopting tables");
+        let adopter =
+            crate::service::adopter::run(adopting, tls.clone(), watched.clone(), tell.clone());
+        let adopter = tokio::spawn(adopter);
         let mut config = config.clone();
         config.application_name("pgoutbox liveness check");
-        let check = Check {
-            config,
-            tls: tls.clone(),
-            slot: slot.to_owned(),
-            walsender_pid,
-            watched,
-            warned: Default::default(),
-        };
+        let check =
+            Check { config, tls: tls.clone(), slot: slot.to_owned(), walsender_pid, watched };
         let task = tokio::spawn(check.run(tell));
-        Liveness { verdict, task: task.abort_handle() }
+        Liveness { verdict, tasks: [task.abort_handle(), adopter.abort_handle()] }
     }
 
     /// Changes to `Some(why)` once the path to Postgres is found dead or the table drifted.
@@ -133,7 +126,9 @@ impl Liveness {
 
 impl Drop for Liveness {
     fn drop(&mut self) {
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -144,8 +139,6 @@ struct Check {
     walsender_pid: Option<i32>,
     /// The outbox tables, the patterns and their publication.
     watched: Watched,
-    /// The tables of a pattern already named in a warning as not streamable.
-    warned: std::collections::HashMap<u32, String>,
 }
 
 impl Check {
@@ -225,23 +218,6 @@ impl Check {
             if let Err(drift) = outbox_table::judge(&rows, table, publication) {
                 return Ok(Some(Verdict::Drift(drift)));
             }
-        }
-        let mut connected = connected;
-        let until = std::time::Instant::now() + ADOPTING;
-        let mut adoptions = Adoptions {
-            to: &self.watched.adoption,
-            streamed: &self.watched.matched,
-            warned: &mut self.warned,
-            not_streamed: 0,
-        };
-        for (pattern, roles) in &self.watched.patterns {
-            let adopted = adoptions.round(&mut connected, pattern, roles, until);
-            if let Some(drift) = adopted.await? {
-                return Ok(Some(Verdict::Drift(drift)));
-            }
-        }
-        if !self.watched.patterns.is_empty() {
-            metrics::gauge!(names::TABLES_NOT_STREAMED).set(adoptions.not_streamed as f64);
         }
         *client = Some(connected);
         Ok(None)

@@ -34,6 +34,7 @@ use tracing::{info, warn};
 use crate::domain::outbox::{TRUNCATED, TablePattern};
 use crate::postgres::admin::{self, TableName};
 use crate::postgres::tenant_tables;
+use crate::postgres::trust::{self, TrustError, TrustedOwners};
 use crate::postgres::wire::PG_EPOCH_OFFSET_MICROS;
 use crate::service::shutdown::Shutdown;
 use postgres_protocol::escape::escape_identifier as quote_ident;
@@ -197,6 +198,8 @@ pub struct Scope {
     /// [`SeenPublished`]), and the publication its tables join.
     pub slot: String,
     pub publication: String,
+    /// Whose tables, and whose trigger functions, may run as pgoutbox (`--trusted-owner`).
+    pub trusted: TrustedOwners,
 }
 
 /// Deletes published rows older than `keep` from every table until shutdown; errors are
@@ -212,6 +215,7 @@ pub async fn run(
 ) {
     let every = (keep / 4).clamp(Duration::from_secs(1), Duration::from_secs(60));
     let mut seen: Vec<SeenPublished> = scope.tables.iter().map(|_| Default::default()).collect();
+    let mut refused = HashMap::new();
     let mut client = None;
     loop {
         tokio::select! {
@@ -231,7 +235,7 @@ pub async fn run(
         }
         for (retained, seen) in scope.tables.iter().zip(&mut seen) {
             let Some(db) = client.as_ref() else { break };
-            serve(db, retained, seen, &scope, cutoff_unix, &kept).await;
+            serve(db, (retained, seen), &scope, cutoff_unix, &kept, &mut refused).await;
             if db.is_closed() {
                 client = None;
             }
@@ -241,14 +245,16 @@ pub async fn run(
 
 /// One pass over one configured entry: its table, or the tables its pattern matches that
 /// may be served now. Failures are logged; a refusal of one table's delete leaves the
-/// others served, and a lost connection ends the pass.
+/// others served, and a lost connection ends the pass. A table pgoutbox may not write
+/// (`trust::check_writable`: a delete would run its owner's code) is skipped, with a warning
+/// when the reason is new (`refused`, by table).
 async fn serve(
     db: &tokio_postgres::Client,
-    retained: &RetainedTable,
-    seen: &mut SeenPublished,
+    (retained, seen): (&RetainedTable, &mut SeenPublished),
     scope: &Scope,
     cutoff_unix: f64,
     kept: &KeptRows,
+    refused: &mut HashMap<String, String>,
 ) {
     let tables = match &retained.pattern {
         None => vec![(retained.table.clone(), None)],
@@ -262,6 +268,23 @@ async fn serve(
         },
     };
     for (table, membership) in tables {
+        match trust::check_writable(db, &table, &scope.trusted).await {
+            Ok(()) => {
+                refused.remove(&table.to_string());
+            }
+            Err(TrustError::Sql(err)) => {
+                warn!(error = %admin::server_said(&err), table = %table,
+                    "retention: cannot check the table; will retry");
+                return;
+            }
+            Err(refusal) => {
+                let why = refusal.to_string();
+                if refused.insert(table.to_string(), why.clone()).as_ref() != Some(&why) {
+                    warn!(table = %table, "retention skips the table: {why}");
+                }
+                continue;
+            }
+        }
         if let Err(err) = delete_old(db, retained, &table, membership, cutoff_unix, kept).await {
             let error = admin::server_said(&err);
             warn!(error, table = %table, "retention: delete failed; will retry");
@@ -344,140 +367,4 @@ async fn servable(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn published_time_only_moves_forward() {
-        let p = PublishedUpTo::default();
-        assert_eq!(p.unix_seconds(), None);
-        p.advance(10_000_000);
-        p.advance(5_000_000);
-        let unix = (10_000_000 + PG_EPOCH_OFFSET_MICROS) as f64 / 1e6;
-        assert_eq!(p.unix_seconds(), Some(unix), "10 s after Postgres's epoch, in Unix seconds");
-    }
-
-    fn table(name: &str) -> TableName {
-        name.parse().unwrap()
-    }
-
-    const FIRST: Joined = Joined { oid: 16384, membership: Some(16390) };
-
-    fn names(served: Vec<(TableName, Joined)>) -> Vec<TableName> {
-        served.into_iter().map(|(table, _)| table).collect()
-    }
-
-    #[test]
-    fn a_pattern_table_is_served_once_the_slot_confirmed_where_it_was_first_seen_published() {
-        let mut seen = SeenPublished::default();
-        let (t1, t2) = (table("tenant_1.outbox"), table("tenant_2.outbox"));
-        let t2_joined = Joined { oid: 16400, membership: Some(16410) };
-        let view = [(t1.clone(), FIRST)];
-        // First seen at 100: not served while the slot is behind it.
-        assert_eq!(names(seen.servable(&view, 100, 99)), Vec::<TableName>::new());
-        // Seen again later: the first sighting counts, not the later position.
-        assert_eq!(seen.servable(&view, 200, 150), vec![(t1.clone(), FIRST)]);
-        // tenant_2 joins (adopted) at 300: served only once 300 is confirmed.
-        let both = [(t1.clone(), FIRST), (t2.clone(), t2_joined)];
-        assert_eq!(names(seen.servable(&both, 300, 299)), vec![t1.clone()]);
-        assert_eq!(names(seen.servable(&both, 400, 300)), vec![t1, t2]);
-    }
-
-    #[test]
-    fn a_table_that_left_the_publication_waits_again_when_it_joins_again() {
-        let mut seen = SeenPublished::default();
-        let t1 = table("tenant_1.outbox");
-        assert_eq!(names(seen.servable(&[(t1.clone(), FIRST)], 100, 100)), vec![t1.clone()]);
-        // Out of the publication, then (adopted again, its rows inserted again) back in.
-        assert_eq!(names(seen.servable(&[], 200, 200)), Vec::<TableName>::new());
-        assert_eq!(names(seen.servable(&[(t1.clone(), FIRST)], 300, 250)), Vec::<TableName>::new());
-        assert_eq!(names(seen.servable(&[(t1.clone(), FIRST)], 350, 300)), vec![t1]);
-    }
-
-    #[test]
-    fn a_table_that_joined_anew_between_two_passes_waits_again() {
-        let t1 = table("tenant_1.outbox");
-        // Taken out and added back (another pg_publication_rel row), or dropped and created
-        // again (another OID), with no pass in between: only its name is the same.
-        let added_back = Joined { membership: Some(16500), ..FIRST };
-        let created_again = Joined { oid: 16600, membership: Some(16610) };
-        let in_all_tables = Joined { oid: 16384, membership: None };
-        for anew in [added_back, created_again, in_all_tables] {
-            let mut seen = SeenPublished::default();
-            assert_eq!(names(seen.servable(&[(t1.clone(), FIRST)], 100, 100)), vec![t1.clone()]);
-            assert_eq!(seen.servable(&[(t1.clone(), anew)], 200, 199), vec![], "{anew:?}");
-            assert_eq!(seen.servable(&[(t1.clone(), anew)], 300, 200), vec![(t1.clone(), anew)]);
-        }
-    }
-
-    fn joined() -> impl Strategy<Value = Option<Joined>> {
-        let membership = prop_oneof![Just(None), Just(Some(10)), Just(Some(11))];
-        let joined = (1u32..3, membership).prop_map(|(oid, membership)| Joined { oid, membership });
-        prop_oneof![Just(None), joined.prop_map(Some)]
-    }
-
-    proptest! {
-        /// Against the rule stated over the whole history of passes: a table is served when
-        /// the slot has confirmed the position of the first pass of the unbroken run of
-        /// passes that saw it as it is now (the same OID and publication row).
-        #[test]
-        fn a_table_is_served_once_confirmed_past_the_start_of_its_unbroken_sighting(
-            passes in proptest::collection::vec(
-                (proptest::collection::vec(joined(), 3), 0u64..300),
-                1..12,
-            ),
-        ) {
-            let names = ["t.a", "t.b", "t.c"].map(table);
-            let mut seen = SeenPublished::default();
-            let mut history: Vec<(u64, Vec<Option<Joined>>)> = Vec::new();
-            let mut confirmed = 0;
-            for (i, (view, lag)) in passes.into_iter().enumerate() {
-                let now = 100 * (i as u64 + 1);
-                confirmed = u64::max(confirmed, now.saturating_sub(lag));
-                history.push((now, view.clone()));
-                let published: Vec<(TableName, Joined)> = names
-                    .iter()
-                    .zip(&view)
-                    .filter_map(|(name, joined)| joined.map(|joined| (name.clone(), joined)))
-                    .collect();
-                let expected: Vec<(TableName, Joined)> = names
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(n, name)| {
-                        let joined = view[n]?;
-                        let run = history.iter().rev().take_while(|(_, v)| v[n] == Some(joined));
-                        let since = run.last().map(|(at, _)| *at)?;
-                        (confirmed >= since).then(|| (name.clone(), joined))
-                    })
-                    .collect();
-                prop_assert_eq!(seen.servable(&published, now, confirmed), expected);
-            }
-        }
-    }
-
-    #[test]
-    fn a_delete_checks_the_membership_it_was_listed_with() {
-        let retained = RetainedTable {
-            table: table("tenant_*.outbox"),
-            pattern: Some("tenant_*.outbox".parse().unwrap()),
-            created_at: "created_at".into(),
-            id: "id".into(),
-        };
-        let t1 = table("tenant_1.outbox");
-        let guarded = retained.delete_batch(&t1, Some(16390));
-        // In both the selection and the recheck of the rows deleted.
-        assert_eq!(guarded.matches("pg_publication_rel WHERE oid = $4::oid").count(), 2);
-        assert!(!retained.delete_batch(&t1, None).contains("$4"));
-    }
-
-    #[test]
-    fn kept_rows_are_kept_in_their_own_table_only() {
-        let kept = KeptRows::default();
-        kept.keep("public.outbox", "7".into());
-        kept.keep_letter_id("billing.outbox", &format!("long{TRUNCATED}"));
-        assert_eq!(kept.snapshot("public.outbox"), (vec!["7".to_owned()], vec![]));
-        assert_eq!(kept.snapshot("billing.outbox"), (vec![], vec!["long".to_owned()]));
-        assert_eq!(kept.snapshot("other.outbox"), (vec![], vec![]));
-    }
-}
+mod tests;

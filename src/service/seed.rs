@@ -41,7 +41,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
-use crate::domain::outbox::{MappingError, RowMapping, TableEntry};
+use crate::domain::outbox::{MappingError, RowMapping};
 use crate::domain::progress::Position;
 use crate::domain::retry::Failure;
 use crate::domain::row::ColumnValue;
@@ -53,12 +53,14 @@ use crate::nats::publisher::{Publisher, PublisherError, ReadFrom};
 use crate::postgres::admin::{self, SetupError};
 use crate::postgres::table_snapshot::{Reader, Selection, TableSnapshot, TaggedBatch};
 use crate::postgres::walsender::ExportedSnapshot;
-use crate::postgres::{ConnectionError, ReplicationConnection, tenant_tables};
+use crate::postgres::{ConnectionError, ReplicationConnection};
 use crate::service::shutdown::Shutdown;
 use crate::settings::config::Config;
 
+mod tables;
 mod temporary_slot;
 
+use tables::tables_in_snapshot;
 pub use temporary_slot::seed_slot;
 use temporary_slot::{DROP_LIMIT, NOT_DROPPED, drop_slot_of, promote_seed_slot};
 
@@ -217,7 +219,7 @@ impl Seed {
             TableSnapshot::session(&config.database, &config.pg_tls, Some(&exported.name)).await?;
         let entries = tables_in_snapshot(&session, config).await?;
         let tables: Vec<_> = entries.iter().map(|e| (&e.table, &e.roles)).collect();
-        let snapshot = TableSnapshot::read_set(session, &tables).await?;
+        let snapshot = TableSnapshot::read_set(session, &tables, &config.trusted_owners).await?;
         // Imported: the exporting session may go.
         conn.terminate().await;
         let mappings = entries
@@ -423,34 +425,6 @@ async fn bound(
         Some(oldest) if oldest < since => Err(SeedError::NoAnchor),
         _ => Ok(Some(since)),
     }
-}
-
-/// The tables the seed reads, each under its entry, as `session`'s snapshot shows them: each
-/// named table, then each table a pattern matches that is in the publication (see the
-/// module doc), unless an earlier entry has it (a table two entries name is the first's).
-async fn tables_in_snapshot(
-    session: &tokio_postgres::Client,
-    config: &Config,
-) -> Result<Vec<TableEntry>, SeedError> {
-    let entries = match config.pipeline.tables.as_slice() {
-        [] => std::slice::from_ref(config.entry()),
-        tables => tables,
-    };
-    let mut read: Vec<TableEntry> =
-        entries.iter().filter(|e| e.pattern.is_none()).cloned().collect();
-    for entry in entries {
-        let Some(pattern) = &entry.pattern else { continue };
-        for matched in tenant_tables::matched(session, pattern, &config.publication).await? {
-            if matched.published && !read.iter().any(|e| e.table == matched.table) {
-                read.push(entry.for_table(matched.table));
-            }
-        }
-    }
-    if read.is_empty() {
-        let patterns: Vec<String> = entries.iter().map(|e| e.table.to_string()).collect();
-        return Err(SeedError::NoTable(patterns.join(", "), config.publication.clone()));
-    }
-    Ok(read)
 }
 
 /// A row of the seed: its position, its table's mapping and its values.

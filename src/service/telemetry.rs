@@ -89,6 +89,11 @@ fn describe() {
         ),
         (names::RETENTION_DELETED, "Outbox rows deleted by --retention."),
         (
+            names::TABLES_UNREAD,
+            "Tables of a --table pattern that joined the publication without the rows they \
+             held being read: an owner pgoutbox does not trust (--trusted-owner).",
+        ),
+        (
             names::STREAM_LOST_EVENTS,
             "Messages the stream lost after acknowledging them, found at a reconnection \
              (each also logged, saying whether the slot still holds them).",
@@ -115,6 +120,11 @@ fn describe() {
         (names::MESSAGES_IN_FLIGHT, "Publishes waiting for their JetStream ack."),
         (names::CONFIRMED_LSN, "The LSN last confirmed to Postgres, as a number."),
         (names::REPLICATION_LAG_BYTES, "Server WAL end minus the confirmed LSN, in bytes."),
+        (
+            names::ADOPTION_ROWS_READ,
+            "Rows the adoption of a pattern's new table under way has read and handed over; \
+             0 when none is under way.",
+        ),
         (names::STREAMING, "1 while the replication stream is open (0 for a hot standby)."),
         (
             names::STALLED,

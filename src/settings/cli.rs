@@ -281,6 +281,14 @@ pub struct CommonArgs {
     /// that schema is not writable by setup or not yours to write in
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_REPLAY_TABLE", value_name = "SCHEMA.TABLE", hide_short_help = true)]
     pub replay_table: Option<String>,
+    /// A role whose tables pgoutbox may read; repeatable (or comma-separated)
+    ///
+    /// Reading a table runs its owner's index expressions, policies and casts as the
+    /// reader, so pgoutbox reads rows (adoption, seed, --recover, --backfill, verify,
+    /// replay) only from tables owned by its own login role, a superuser, or a role named
+    /// here. Other tables still stream from the WAL (see docs/security.md)
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TRUSTED_OWNER", value_delimiter = ',', value_name = "ROLE", hide_short_help = true)]
+    pub trusted_owner: Vec<String>,
     /// Send each row as a CloudEvent 1.0: binary or structured
     ///
     /// The NATS binding: binary puts the attributes in ce- headers and keeps the payload as

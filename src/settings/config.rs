@@ -43,6 +43,9 @@ pub struct Config {
     /// ([`Config::with_slot_args`]); `replay` creates a missing stream with one.
     pub stream_replicas: usize,
     pub pipeline: PipelineConfig,
+    /// The roles besides its own and superusers whose tables pgoutbox reads
+    /// (`--trusted-owner`, `postgres::trust`).
+    pub trusted_owners: crate::postgres::trust::TrustedOwners,
 }
 
 /// Where rows come from and how they become messages.
@@ -82,6 +85,7 @@ impl Config {
             publication: self.publication.clone(),
             replay_table: self.pipeline.replay_table.clone(),
             slot: self.slot.clone(),
+            trusted: self.trusted_owners.clone(),
         }
     }
 
@@ -247,6 +251,9 @@ impl Config {
             publication: args.publication.clone(),
             stream: args.stream.clone(),
             stream_replicas: 1,
+            trusted_owners: crate::postgres::trust::TrustedOwners::new(
+                args.trusted_owner.iter().map(|role| role.trim().to_owned()),
+            ),
         })
     }
 

@@ -30,6 +30,7 @@ pub struct FileSettings {
     slot: Option<String>,
     publication: Option<String>,
     replay_table: Option<String>,
+    trusted_owner: Option<Vec<String>>,
     stream: Option<String>,
     messages_only: Option<bool>,
     // The per-table keys, as defaults for every entry (serde's `flatten` cannot be
@@ -149,6 +150,7 @@ pub fn merge(
     take(&mut a.slot, &file.slot, given("slot"));
     take(&mut a.publication, &file.publication, given("publication"));
     take(&mut a.replay_table, &file.replay_table.clone().map(Some), given("replay_table"));
+    take(&mut a.trusted_owner, &file.trusted_owner, given("trusted_owner"));
     take(&mut a.stream, &file.stream, given("stream"));
     take(&mut a.messages_only, &file.messages_only, given("messages_only"));
     take(

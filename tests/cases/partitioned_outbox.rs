@@ -79,7 +79,7 @@ async fn inheritance_children_are_refused_clearly() {
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("CREATE TABLE outbox_old () INHERITS (outbox)");
-    assert_refused(&pg, &nats, "inheritance children (outbox_old)");
+    assert_refused(&pg, &nats, "inheritance children (public.outbox_old)");
 }
 
 /// `--retention` on a partitioned outbox deletes exactly the old, published rows. It deleted

@@ -12,8 +12,7 @@ use crate::nats::handshake::Dialer;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::Publisher;
 use crate::postgres::acknowledged;
-use crate::postgres::admin::{self, WalStatus};
-use crate::postgres::adoption::Adoptions;
+use crate::postgres::admin::WalStatus;
 use crate::postgres::outbox_table::StreamedTable;
 use crate::postgres::tenant_tables;
 use crate::postgres::{ConnectionError, ReplicationConnection, outbox_table};
@@ -142,9 +141,6 @@ impl Target<'_> {
             && recovery.first().and_then(|r| r.first()).and_then(Option::as_deref) == Some("t")
         {
             return Err(PipelineError::InRecovery { slot: slot.clone() });
-        }
-        if pipeline.tables.iter().any(|entry| entry.pattern.is_some()) {
-            adopt_new_tables(config, pipeline, database).await?;
         }
         let outbox_tables = streamed_tables(&mut conn, pipeline, &config.publication).await?;
         // The source is named by the slot it streams from for good, also while seeding.
@@ -288,42 +284,10 @@ impl Target<'_> {
     }
 }
 
-/// How long an attempt's start goes on adopting new tables of a pattern; the rest are
-/// adopted by the liveness check, or the next attempt.
-const ADOPTING_AT_START: Duration = Duration::from_secs(10);
-
-/// Tables of a pattern created since the last look (between attempts, say), adopted on
-/// an ordinary SQL connection before replication starts (`postgres::adoption`): the slot
-/// is behind their adoption, so their rows come with it. A table pgoutbox's role may not
-/// add is skipped with a warning; the others stream on.
-async fn adopt_new_tables(
-    config: &Config,
-    pipeline: &PipelineConfig,
-    database: &tokio_postgres::Config,
-) -> Result<(), PipelineError> {
-    let retry = |err: &dyn std::fmt::Display| {
-        ConnectionError::Unresponsive(format!("adopting new tables of a pattern: {err}"))
-    };
-    let mut client = admin::connect(database, &config.pg_tls).await.map_err(|e| retry(&e))?;
-    let until = std::time::Instant::now() + ADOPTING_AT_START;
-    let (to, mut warned) = (config.adoption(), Default::default());
-    let mut adoptions = Adoptions { to: &to, streamed: &[], warned: &mut warned, not_streamed: 0 };
-    for entry in pipeline.tables.iter() {
-        let Some(pattern) = &entry.pattern else { continue };
-        let adopted = adoptions.round(&mut client, pattern, &entry.roles, until);
-        if let Some(drift) = adopted.await.map_err(|e| retry(&e))? {
-            return Err(drift.into());
-        }
-    }
-    metrics::gauge!(names::TABLES_NOT_STREAMED).set(adoptions.not_streamed as f64);
-    Ok(())
-}
-
 /// The tables this attempt streams, as the catalog has them now: each exact entry's
 /// (or why it cannot be streamed), then each table a pattern matches, the first entry
 /// naming a table winning. A matched table out of the publication is not streamed
-/// (`adopt_new_tables` adopted those it could just before, and warned of the others; the
-/// liveness check adopts those created while the attempt streams).
+/// (`service::adopter` adopts it beside the stream, from the attempt's start on).
 async fn streamed_tables(
     conn: &mut ReplicationConnection,
     pipeline: &PipelineConfig,

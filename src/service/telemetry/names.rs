@@ -21,6 +21,12 @@ pub const STREAM_LOST_EVENTS: &str = "pgoutbox_stream_lost_events_total";
 /// Tables a `--table` pattern matches that pgoutbox cannot stream (out of the publication,
 /// and pgoutbox may not add them): each also has a warning naming it and what to run.
 pub const TABLES_NOT_STREAMED: &str = "pgoutbox_tables_not_streamed";
+/// Tables a `--table` pattern matches that joined the publication without the rows they
+/// held being read: their owner is not trusted (`--trusted-owner`, docs/security.md).
+pub const TABLES_UNREAD: &str = "pgoutbox_tables_unread_total";
+/// Rows the adoption of a pattern's table under way has read and handed over so far; 0
+/// when none is under way (`service::adopter`).
+pub const ADOPTION_ROWS_READ: &str = "pgoutbox_adoption_rows_read";
 /// What the last `run --verify-every` check found, by table (`service::delivery_check`):
 /// rows created in its period the stream lacks, holds twice, and messages out of order;
 /// and the end of the period it checked, in epoch seconds.
