@@ -20,7 +20,7 @@
 //! not decoded at all from that point, so waiting for the next attempt to notice could
 //! take days. A drift found here stops pgoutbox like one found at the start of an attempt.
 //!
-//! Beside it, and outside its deadline, `service::adopter` adopts the tables of a pattern
+//! Beside it, and outside its deadline, `adopter` adopts the tables of a pattern
 //! that are out of the publication; a drift it finds ends the attempt through the same
 //! verdict.
 
@@ -37,6 +37,8 @@ use crate::postgres::adoption::Handover;
 use crate::postgres::outbox_table::{self, StreamedTable, TableDrift};
 use crate::postgres::tenant_tables;
 use crate::postgres::tls::PgTls;
+
+mod adopter;
 
 /// How often the path to Postgres is checked.
 pub const CHECK_EVERY: Duration = Duration::from_secs(10);
@@ -107,8 +109,12 @@ impl Liveness {
         let (tell, verdict) = watch::channel(None);
         let mut adopting = config.clone();
         adopting.application_name("pgoutbox adopting tables");
-        let adopter =
-            crate::service::adopter::run(adopting, tls.clone(), watched.clone(), tell.clone());
+        let adopter = crate::service::liveness::adopter::run(
+            adopting,
+            tls.clone(),
+            watched.clone(),
+            tell.clone(),
+        );
         let adopter = tokio::spawn(adopter);
         let mut config = config.clone();
         config.application_name("pgoutbox liveness check");

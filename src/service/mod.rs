@@ -1,9 +1,8 @@
 //! The running service: the pipeline (the one loop, and the only place an LSN is
-//! confirmed), its errors, retention, the liveness check and the adopter of new tables
-//! beside it, telemetry and shutdown.
+//! confirmed), its errors, retention, the liveness check (and the adopter of new tables
+//! beside it), telemetry and shutdown.
 
 pub mod acknowledgements;
-pub(crate) mod adopter;
 pub mod delivery_check;
 pub mod error;
 pub mod liveness;

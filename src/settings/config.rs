@@ -8,14 +8,15 @@ use crate::domain::outbox::{
     TablePattern, subjects_overlap,
 };
 use crate::nats::connect::NatsSettings;
-use crate::nats::credentials::NatsAuth;
+
 use crate::postgres::admin::TableName;
-use crate::postgres::conninfo::percent_decode;
+
 use crate::postgres::libpq_env::{self, Files};
 pub use crate::postgres::libpq_env::{Env, ProcessEnv};
 use crate::postgres::password_command::PasswordCommand;
 use crate::settings::cli::{CloudEventsMode, CommonArgs};
 use crate::settings::file::FileSettings;
+use nats_auth::{nats_auth, without_credentials};
 use tables::{chosen_replay_table, table_names};
 
 /// Where the Postgres settings come from, for errors in them.
@@ -458,32 +459,6 @@ fn allowed_nats_headers(names: &[String]) -> anyhow::Result<Vec<String>> {
         .collect()
 }
 
-/// The NATS authentication the arguments and the first server's URL ask for.
-fn nats_auth(args: &CommonArgs, first: &async_nats::ServerAddr) -> NatsAuth {
-    let (user_password, token) = match (first.username(), first.password()) {
-        (Some(user), Some(pass)) => (Some((percent_decode(user), percent_decode(pass))), None),
-        (Some(token), None) => (None, Some(percent_decode(token))),
-        _ => (None, None),
-    };
-    NatsAuth {
-        user_password,
-        token,
-        creds_file: args.nats_creds.clone(),
-        nkey_file: args.nats_nkey.clone(),
-        tls_ca: args.nats_tls_ca.clone(),
-        tls_client: args.nats_tls_cert.clone().zip(args.nats_tls_key.clone()),
-    }
-}
-
-/// The server's address without the user, password or token of its URL.
-fn without_credentials(addr: async_nats::ServerAddr) -> async_nats::ServerAddr {
-    let mut url = addr.clone().into_inner();
-    if url.set_username("").is_err() || url.set_password(None).is_err() {
-        return addr; // a URL that cannot carry credentials carries none
-    }
-    async_nats::ServerAddr::from_url(url).unwrap_or(addr)
-}
-
 fn check_name(flag: &str, value: &str, allowed: impl Fn(char) -> bool) -> anyhow::Result<()> {
     if value.is_empty() || !value.chars().all(allowed) {
         return Err(anyhow!("{flag} {value:?} is not a valid name"));
@@ -501,6 +476,7 @@ fn check_subject(flag: &str, subject: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+mod nats_auth;
 mod partitions;
 mod tables;
 #[cfg(test)]

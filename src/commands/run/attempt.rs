@@ -287,7 +287,7 @@ impl Target<'_> {
 /// The tables this attempt streams, as the catalog has them now: each exact entry's
 /// (or why it cannot be streamed), then each table a pattern matches, the first entry
 /// naming a table winning. A matched table out of the publication is not streamed
-/// (`service::adopter` adopts it beside the stream, from the attempt's start on).
+/// (`service::liveness::adopter` adopts it beside the stream, from the attempt's start on).
 async fn streamed_tables(
     conn: &mut ReplicationConnection,
     pipeline: &PipelineConfig,

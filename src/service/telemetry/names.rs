@@ -25,7 +25,7 @@ pub const TABLES_NOT_STREAMED: &str = "pgoutbox_tables_not_streamed";
 /// held being read: their owner is not trusted (`--trusted-owner`, docs/security.md).
 pub const TABLES_UNREAD: &str = "pgoutbox_tables_unread_total";
 /// Rows the adoption of a pattern's table under way has read and handed over so far; 0
-/// when none is under way (`service::adopter`).
+/// when none is under way (`service::liveness::adopter`).
 pub const ADOPTION_ROWS_READ: &str = "pgoutbox_adoption_rows_read";
 /// What the last `run --verify-every` check found, by table (`service::delivery_check`):
 /// rows created in its period the stream lacks, holds twice, and messages out of order;

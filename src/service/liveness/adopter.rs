@@ -19,9 +19,9 @@ use tokio::sync::watch;
 use tokio_postgres::Client;
 use tracing::warn;
 
+use super::{CHECK_EVERY, Verdict, Watched};
 use crate::postgres::adoption::Adoptions;
 use crate::postgres::tls::PgTls;
-use crate::service::liveness::{CHECK_EVERY, Verdict, Watched};
 use crate::service::telemetry::names;
 
 /// How long a round goes on starting adoptions before it leaves the rest to the next: an
