@@ -6,14 +6,15 @@ use tracing::{info, warn};
 use tokio_postgres::types::PgLsn;
 
 use crate::domain::horizon::Forgotten;
+use crate::domain::outbox::TableEntry;
 use crate::domain::source::Source;
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::large_payloads;
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::acknowledged;
-use crate::postgres::admin::{self, WalStatus};
-use crate::postgres::adoption;
+use crate::postgres::admin::{self, TableName, WalStatus};
+use crate::postgres::adoption::{self, Adopted};
 use crate::postgres::replay_table::{self as replays, public_may_emit_warning};
 use crate::postgres::tenant_tables;
 use crate::service::acknowledgements::stream_identity;
@@ -24,7 +25,8 @@ use crate::settings::cli::{SetupArgs, SlotArgs};
 use crate::settings::config::Config;
 
 pub async fn run(config: &Config, args: &SetupArgs) -> anyhow::Result<()> {
-    let client = prepare_database(config, args.slot.from_standby).await?;
+    let mut client = prepare_database(config, args.slot.from_standby).await?;
+    adopt_pattern_tables(config, &mut client).await?;
     if args.tenant_trigger {
         tenant_trigger(config, &client).await?;
     }
@@ -84,7 +86,7 @@ pub async fn prepare_database(
             for matched in tenant_tables::matched(&client, pattern, publication).await? {
                 match matched.published && exists {
                     true => tables.push(matched.table),
-                    false => unpublished.push((matched.table, pattern)),
+                    false => unpublished.push((matched.table, entry)),
                 }
             }
         }
@@ -92,25 +94,73 @@ pub async fn prepare_database(
             let tables = tables.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
             info!(%publication, %tables, "publication created");
         }
-        // With a slot, `run` adopts them (`postgres::adoption`): the rows it hands over are
-        // decoded only by a slot made before. Without one, they join now, as a new
-        // publication's tables do, and a seed reads their rows from its snapshot.
-        let slot_exists = admin::slot_state(&client, &config.slot).await?.is_some();
-        for (table, pattern) in unpublished.iter().filter(|_| !slot_exists) {
-            match adoption::join_before_slot(&mut client, table, publication).await {
-                Ok(_) => info!(%table, %pattern, %publication, "table added to the publication"),
-                Err(err) => warn!(%table, %pattern, reason = %admin::server_said(&err),
-                    "table not added to the publication: pgoutbox run tries again"),
-            }
-        }
         if !config.pipeline.tables.is_empty() {
             ensure_replay_table(config, &client).await;
         }
+        join_pattern_tables(config, &mut client, &unpublished).await?;
     }
     if !in_recovery {
         ensure_acknowledged_table(config, &client).await;
     }
     Ok(client)
+}
+
+/// A pattern's tables out of the publication, before a slot exists: they join now, as a
+/// new publication's tables do, and a seed reads their rows from its snapshot. (With a
+/// slot, `run` adopts them, or `setup` does: [`adopt_pattern_tables`].) One that cannot
+/// join is named and the others go on.
+async fn join_pattern_tables(
+    config: &Config,
+    client: &mut tokio_postgres::Client,
+    unpublished: &[(TableName, &TableEntry)],
+) -> anyhow::Result<()> {
+    if admin::slot_state(client, &config.slot).await?.is_some() {
+        return Ok(());
+    }
+    let publication = &config.publication;
+    for (table, entry) in unpublished {
+        let pattern = &entry.table;
+        match adoption::join_before_slot(client, table, publication).await {
+            Ok(_) => info!(%table, %pattern, %publication, "table added to the publication"),
+            Err(err) => warn!(%table, %pattern, reason = %admin::server_said(&err),
+                "table not added to the publication: pgoutbox run tries again"),
+        }
+    }
+    Ok(())
+}
+
+/// `setup` with a slot: a pattern's tables out of the publication are adopted
+/// (`postgres::adoption`: the rows handed over are decoded by that slot) with this role's
+/// privileges. A table `run`'s role may not add, `setup` run as the role that set pgoutbox
+/// up adopts, without handing the table to `run`'s role.
+async fn adopt_pattern_tables(
+    config: &Config,
+    client: &mut tokio_postgres::Client,
+) -> anyhow::Result<()> {
+    if admin::slot_state(client, &config.slot).await?.is_none() {
+        return Ok(());
+    }
+    let (publication, to) = (&config.publication, config.adoption());
+    for entry in &config.pipeline.tables {
+        let Some(pattern) = &entry.pattern else { continue };
+        for matched in tenant_tables::matched(client, pattern, publication).await? {
+            let table = &matched.table;
+            if matched.published {
+                continue;
+            }
+            match adoption::adopt(client, (table, &entry.roles), &to, &mut |_| {}).await {
+                Ok(Adopted::Read(rows)) => info!(%table, %pattern, %publication, rows,
+                    "table adopted: added to the publication, its rows handed over"),
+                Ok(Adopted::AlreadyPublished) => {}
+                Ok(Adopted::Unread(why) | Adopted::Refused(why)) => {
+                    warn!(%table, %pattern, "table not adopted in full: {why}")
+                }
+                Err(err) => warn!(%table, %pattern, reason = %admin::server_said(&err),
+                    "table not adopted: pgoutbox run tries again"),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The record of what JetStream acknowledged (`postgres::acknowledged`): without it, a

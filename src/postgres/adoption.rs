@@ -351,14 +351,19 @@ impl Needs {
         if self.unlogged {
             run.push(format!("ALTER TABLE {quoted} SET LOGGED"));
         }
+        // Adding a table takes owning it and the publication. Handing either to pgoutbox's
+        // role would make the table's code its own: a role that owns both adopts it instead.
+        if self.table || self.publication {
+            let run = run.iter().map(|s| format!("run {s}; then ")).collect::<String>();
+            return format!(
+                "{run}run `pgoutbox setup` with the same settings as a role that may add \
+                 {quoted} to publication {publication} (the one that set pgoutbox up): it \
+                 adopts the table, reading it (when its owner is trusted) and never writing it, \
+                 and `pgoutbox setup --tenant-trigger` adds the tables made from then on"
+            );
+        }
         if self.schema {
             run.push(format!("GRANT USAGE ON SCHEMA {} TO {role}", quote_ident(&table.schema)));
-        }
-        if self.table {
-            run.push(format!("ALTER TABLE {quoted} OWNER TO {role}"));
-        }
-        if self.publication {
-            run.push(format!("ALTER PUBLICATION {publication} OWNER TO {role}"));
         }
         if let Some(replay) = &self.replay_table {
             run.push(format!("GRANT INSERT, SELECT, DELETE ON {} TO {role}", replay.quoted()));
@@ -383,18 +388,28 @@ mod tests {
     fn each_lack_gets_the_statement_that_fixes_it_and_none_asks_for_a_superuser() {
         let table: TableName = "tenant_2.outbox".parse().unwrap();
         let replay_table = Some("public.pgoutbox_replay".parse().unwrap());
-        let all =
-            Needs { publication: true, table: true, schema: true, unlogged: true, replay_table };
-        let fix = all.statements(&table, "pgoutbox", "relay");
+        let grants = Needs {
+            publication: false,
+            table: false,
+            schema: true,
+            unlogged: true,
+            replay_table: replay_table.clone(),
+        };
+        let fix = grants.statements(&table, "pgoutbox", "relay");
         for says in [
             "ALTER TABLE \"tenant_2\".\"outbox\" SET LOGGED",
             "GRANT USAGE ON SCHEMA \"tenant_2\" TO \"relay\"",
-            "ALTER TABLE \"tenant_2\".\"outbox\" OWNER TO \"relay\"",
-            "ALTER PUBLICATION \"pgoutbox\" OWNER TO \"relay\"",
             "GRANT INSERT, SELECT, DELETE ON \"public\".\"pgoutbox_replay\" TO \"relay\"",
         ] {
             assert!(fix.contains(says), "no {says} in {fix}");
         }
+        // Owning the table or the publication: never handed to pgoutbox's role, whose
+        // reads and writes would then run the table's code as its own.
+        let all =
+            Needs { publication: true, table: true, schema: true, unlogged: true, replay_table };
+        let fix = all.statements(&table, "pgoutbox", "relay");
+        assert!(fix.contains("SET LOGGED") && fix.contains("run `pgoutbox setup`"), "{fix}");
+        assert!(!fix.contains("OWNER TO") && !fix.contains("superuser"), "{fix}");
         let none = Needs {
             publication: false,
             table: false,

@@ -61,6 +61,9 @@ pub enum Part {
     Table,
     /// A column's type (`column type`): its owner may `CREATE CAST` from it.
     ColumnType(String),
+    /// A function an index, statistics object, policy or constraint of the table calls
+    /// (`name(argument types)`): the planner may fold it, a read may evaluate it.
+    Function(String),
     /// A trigger, by name: its function runs as the role that writes.
     Trigger(String),
 }
@@ -80,6 +83,12 @@ impl std::fmt::Display for Untrusted {
                 f,
                 "pgoutbox does not read table {table}: its column {column} is of a type owned by \
                  role {owner:?}, whose casts would run as the reader ({login})"
+            )?,
+            Part::Function(function) => write!(
+                f,
+                "pgoutbox does not read table {table}: an index, statistics object, policy or \
+                 constraint of it calls function {function}, owned by role {owner:?}, which \
+                 would run as the reader ({login})"
             )?,
             Part::Trigger(trigger) => write!(
                 f,
@@ -103,20 +112,34 @@ pub enum TrustError {
     Sql(#[from] tokio_postgres::Error),
 }
 
-/// The owners of a table's parts, each row: the part's kind (`table`, `type`, `trigger`),
+/// The owners of a table's parts, each row: the part's kind (`table`, `type`, `function`,
+/// `trigger`),
 /// its name, the owner's name, whether the owner is a superuser and pgoutbox's login role,
 /// and that role's name.
 const OWNERS: &str = "\
     WITH t AS (SELECT $1::text::pg_catalog.regclass AS oid), \
+    rels AS (SELECT oid FROM t \
+             UNION SELECT relid FROM pg_catalog.pg_partition_tree((SELECT oid FROM t))), \
     parts AS ( \
-      SELECT 'table' AS kind, '' AS name, c.relowner AS owner FROM pg_catalog.pg_class c, t \
-      WHERE c.oid = t.oid \
-         OR c.oid IN (SELECT relid FROM pg_catalog.pg_partition_tree(t.oid)) \
+      SELECT 'table' AS kind, '' AS name, c.relowner AS owner FROM pg_catalog.pg_class c \
+      WHERE c.oid IN (SELECT oid FROM rels) \
       UNION ALL \
       SELECT 'type', a.attname::text || ' ' || pg_catalog.format_type(a.atttypid, NULL), \
              ty.typowner \
       FROM pg_catalog.pg_attribute a, pg_catalog.pg_type ty, t \
       WHERE a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped AND ty.oid = a.atttypid \
+      UNION ALL \
+      SELECT 'function', p.oid::pg_catalog.regprocedure::text, p.proowner \
+      FROM pg_catalog.pg_depend d, pg_catalog.pg_proc p \
+      WHERE d.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND p.oid = d.refobjid \
+        AND ((d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid IN \
+               (SELECT indexrelid FROM pg_catalog.pg_index WHERE indrelid IN (SELECT oid FROM rels))) \
+          OR (d.classid = 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass AND d.objid IN \
+               (SELECT oid FROM pg_catalog.pg_statistic_ext WHERE stxrelid IN (SELECT oid FROM rels))) \
+          OR (d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN \
+               (SELECT oid FROM pg_catalog.pg_policy WHERE polrelid IN (SELECT oid FROM rels))) \
+          OR (d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid IN \
+               (SELECT oid FROM pg_catalog.pg_constraint WHERE conrelid IN (SELECT oid FROM rels)))) \
       UNION ALL \
       SELECT 'trigger', tg.tgname::text, p.proowner \
       FROM pg_catalog.pg_trigger tg, pg_catalog.pg_proc p, t \
@@ -124,10 +147,13 @@ const OWNERS: &str = "\
         AND p.oid = tg.tgfoid AND $2) \
     SELECT parts.kind, parts.name, r.rolname::text, r.rolsuper, r.rolname = current_user, \
            current_user::text \
-    FROM parts JOIN pg_catalog.pg_roles r ON r.oid = parts.owner";
+    FROM parts JOIN pg_catalog.pg_roles r ON r.oid = parts.owner \
+    ORDER BY parts.kind = 'table' DESC";
 
-/// `Ok(())` when every owner of `table` (its partitions' and its column types' included)
-/// is trusted: pgoutbox may read it.
+/// `Ok(())` when every owner of `table` is trusted, its partitions', its column types' and
+/// those of the functions its indexes, statistics, policies and constraints call included
+/// (a table handed to a trusted role keeps its old owner's expressions): pgoutbox may read
+/// it.
 pub async fn check(
     client: &impl GenericClient,
     table: &TableName,
@@ -161,6 +187,7 @@ async fn check_parts(
         let part = match (row.get::<_, &str>(0), row.get::<_, String>(1)) {
             ("type", column) => Part::ColumnType(column),
             ("trigger", trigger) => Part::Trigger(trigger),
+            ("function", function) => Part::Function(function),
             _ => Part::Table,
         };
         let (table, login) = (table.to_string(), row.get(5));

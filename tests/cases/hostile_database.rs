@@ -104,7 +104,11 @@ async fn every_command_resolves_names_in_pg_catalog_only() {
     .await;
     stop_and_wait_released(&pg, app).await;
     assert_ran(&pgoutbox(&pg, &nats, &[&TABLES[..], &["teardown", "--yes"]].concat()), "teardown");
-    assert_no_trap_ran(&pg, "setup --tenant-trigger, run --recover and teardown");
+    // No slot now: --backfill seeds from the table what the stream lacks, then streams.
+    let app = Pgoutbox::run(&pg, &nats, &[&TABLES[..], &["--backfill"]].concat());
+    wait_until_streaming(&pg, &app).await;
+    stop_and_wait_released(&pg, app).await;
+    assert_no_trap_ran(&pg, "setup --tenant-trigger, run --recover, teardown and --backfill");
 }
 
 /// A pattern of tenants' tables, each on its tenant's subjects.
@@ -424,4 +428,26 @@ async fn one_unpublishable_table_never_fails_the_first_setup() {
     pg.psql(&tenant_rows("tenant_a", 0, 2));
     let stored = stored_per_tenant(&nats, 2, &|| app.log()).await;
     assert_eq!(stored, tenants(&[("tenant_a", 2)]), "{}", app.log());
+}
+
+/// A table handed to pgoutbox's own role (`ALTER TABLE … OWNER TO`) keeps the expressions
+/// its former owner made: its indexes and statistics still call mallory's functions. So a
+/// table is trusted only when the functions its indexes, statistics, policies and
+/// constraints call are too: `verify` refuses it, naming the function, and no trap runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_handed_over_keeps_no_expression_of_its_former_owner_running() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(TRAP);
+    pg.psql(include_str!("../fixtures/hostile/table_traps.sql"));
+    pg.psql("ALTER TABLE tenant_evil.outbox OWNER TO postgres");
+    let table = ["--table", "tenant_evil.outbox"];
+    assert_ran(&pgoutbox(&pg, &nats, &[&table[..], &["setup"]].concat()), "setup");
+    let out = pgoutbox(&pg, &nats, &[&table[..], &["verify"]].concat());
+    assert_no_trap_ran(&pg, "verify of a table handed over");
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "verify read the table: {said}");
+    for says in ["calls function tenant_evil.", "\"mallory\"", "--trusted-owner mallory"] {
+        assert!(said.contains(says), "no {says:?} in {said}");
+    }
 }
