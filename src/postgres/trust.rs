@@ -59,6 +59,9 @@ pub struct Untrusted {
 pub enum Part {
     /// The table itself, or one of its partitions.
     Table,
+    /// The table's schema: its owner may rename it and put another relation (a view) in
+    /// the table's place between two statements.
+    Schema(String),
     /// A column's type (`column type`): its owner may `CREATE CAST` from it.
     ColumnType(String),
     /// A function an index, statistics object, policy or constraint of the table calls
@@ -78,6 +81,12 @@ impl std::fmt::Display for Untrusted {
                  a table runs its owner's index expressions, policies and casts as the reader \
                  ({login}); pgoutbox reads only tables owned by {login}, a superuser or a role \
                  named with --trusted-owner"
+            )?,
+            Part::Schema(schema) => write!(
+                f,
+                "pgoutbox does not read table {table}: its schema {schema} is owned by role \
+                 {owner:?}, who may rename it and put a view of its own in the table's place \
+                 between two of pgoutbox's statements"
             )?,
             Part::ColumnType(column) => write!(
                 f,
@@ -112,8 +121,8 @@ pub enum TrustError {
     Sql(#[from] tokio_postgres::Error),
 }
 
-/// The owners of a table's parts, each row: the part's kind (`table`, `type`, `function`,
-/// `trigger`),
+/// The owners of a table's parts, each row: the part's kind (`table`, `schema`, `type`,
+/// `function`, `trigger`),
 /// its name, the owner's name, whether the owner is a superuser and pgoutbox's login role,
 /// and that role's name.
 const OWNERS: &str = "\
@@ -123,6 +132,14 @@ const OWNERS: &str = "\
     parts AS ( \
       SELECT 'table' AS kind, '' AS name, c.relowner AS owner FROM pg_catalog.pg_class c \
       WHERE c.oid IN (SELECT oid FROM rels) \
+      UNION ALL \
+      SELECT 'schema', n.nspname::text, \
+             CASE WHEN o.rolname = 'pg_database_owner' \
+                  THEN (SELECT datdba FROM pg_catalog.pg_database \
+                        WHERE datname = pg_catalog.current_database()) \
+                  ELSE n.nspowner END \
+      FROM pg_catalog.pg_class c, pg_catalog.pg_namespace n, pg_catalog.pg_roles o, t \
+      WHERE c.oid = t.oid AND n.oid = c.relnamespace AND o.oid = n.nspowner \
       UNION ALL \
       SELECT 'type', a.attname::text || ' ' || pg_catalog.format_type(a.atttypid, NULL), \
              ty.typowner \
@@ -150,7 +167,9 @@ const OWNERS: &str = "\
     FROM parts JOIN pg_catalog.pg_roles r ON r.oid = parts.owner \
     ORDER BY parts.kind = 'table' DESC";
 
-/// `Ok(())` when every owner of `table` is trusted, its partitions', its column types' and
+/// `Ok(())` when every owner of `table` is trusted, its schema's (whose owner could swap a
+/// view in under its name; `public`'s `pg_database_owner` is the database's owner), its
+/// partitions', its column types' and
 /// those of the functions its indexes, statistics, policies and constraints call included
 /// (a table handed to a trusted role keeps its old owner's expressions): pgoutbox may read
 /// it.
@@ -185,6 +204,7 @@ async fn check_parts(
             continue;
         }
         let part = match (row.get::<_, &str>(0), row.get::<_, String>(1)) {
+            ("schema", schema) => Part::Schema(schema),
             ("type", column) => Part::ColumnType(column),
             ("trigger", trigger) => Part::Trigger(trigger),
             ("function", function) => Part::Function(function),

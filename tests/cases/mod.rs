@@ -30,6 +30,7 @@ mod nats_forgets;
 mod nats_version_reported;
 mod nemesis_soak;
 mod one_source_per_stream;
+mod one_table_never_holds_the_rest;
 mod ops_http;
 mod order_under_lost_publish;
 mod outbox_table_drift;
