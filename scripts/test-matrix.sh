@@ -46,6 +46,7 @@ tests=(
   several_tables::tables_of_a_pattern # tenant_*.outbox: the catalog's LIKE and publication
   tenant_table_created_while_running  # the event trigger, adoption's lock and ALTER PUBLICATION
   hostile_database             # no name outside pg_catalog, no untrusted table read: PUBLIC's public on 14
+  one_table_never_holds_the_rest # adoption beside the stream, UNLOGGED under FOR ALL TABLES
 )
 
 oldest=14
