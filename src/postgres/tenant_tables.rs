@@ -2,9 +2,9 @@
 //! each is in the publication; and the event trigger that publishes a new tenant table in
 //! the transaction that creates it.
 //!
-//! A matching table out of the publication is never left alone: `setup` (and so `run`'s
-//! start), each attempt's start and the liveness check every 10 s adopt it
-//! (`postgres::adoption`). `pgoutbox setup --tenant-trigger` ([`trigger_sql`]) makes the
+//! A matching table out of the publication is never left alone: `setup` joins it (no slot
+//! yet) or adopts it, and while `run` streams the adopter beside the liveness check does,
+//! as each attempt starts and every 10 s (`postgres::adoption`, `service::liveness`). `pgoutbox setup --tenant-trigger` ([`trigger_sql`]) makes the
 //! question moot for tables created from then on: they join in their creating transaction.
 //!
 //! Temporary tables never match: any role may make one (`TEMPORARY` is PUBLIC's), none can
