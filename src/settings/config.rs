@@ -281,16 +281,20 @@ impl Config {
             return match tables.as_slice() {
                 [one] if one.pattern.is_none() => Ok(one.clone()),
                 [one] => Err(anyhow!(
-                    "replay with a table pattern ({}) needs --from-table <schema.table>, the \
-                     one table it matches whose rows to replay",
+                    "with a table pattern ({}), --from-table <schema.table> names the one \
+                     table it matches whose rows to read",
                     one.table
                 )),
-                _ => Err(anyhow!(
-                    "replay with several tables needs --from-table, one of: {}",
-                    list()
-                )),
+                _ => Err(anyhow!("with several tables, --from-table names one of: {}", list())),
             };
         };
+        if named.contains('*') {
+            return Err(anyhow!(
+                "--from-table {named}: names one table, not a pattern: name a table the \
+                 pattern matches (such as {})",
+                named.replacen('*', "1", 1)
+            ));
+        }
         let table: TableName = named.parse()?;
         if let Some(exact) = tables.iter().find(|e| e.pattern.is_none() && e.table == table) {
             return Ok(exact.clone());

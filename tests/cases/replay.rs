@@ -235,7 +235,7 @@ async fn a_replay_of_one_of_two_tables_goes_out_once_on_its_subject() {
     let refused = refused.expect("replay runs");
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success(), "{said}");
-    assert!(said.contains("needs --from-table, one of: public.outbox, billing.outbox"), "{said}");
+    assert!(said.contains("--from-table names one of: public.outbox, billing.outbox"), "{said}");
     let unknown = command(&pg, &nats)
         .args(TABLES)
         .args(["replay", "--from-table", "sales.outbox", "--ids", "1"])
@@ -353,7 +353,7 @@ async fn a_replay_of_one_tenants_table_goes_out_once_on_its_subject() {
         (output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned())
     };
     let (ok, said) = replay(&["--ids", "1"]);
-    assert!(!ok && said.contains("needs --from-table"), "{said}");
+    assert!(!ok && said.contains("--from-table <schema.table> names the one"), "{said}");
     let (ok, said) = replay(&["--from-table", "other.outbox", "--ids", "1"]);
     assert!(!ok && said.contains("matched by no configured pattern"), "{said}");
     // Matched by the pattern, not in the publication (here: no such table).

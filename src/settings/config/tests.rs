@@ -201,7 +201,7 @@ fn a_replay_names_its_table_when_there_are_several() {
     assert_eq!(one.replay_entry(None).unwrap().table.to_string(), "public.outbox");
     let two = config(&["--table", "public.outbox,billing.outbox"], &base).unwrap();
     let refused = two.replay_entry(None).unwrap_err().to_string();
-    assert!(refused.contains("needs --from-table, one of: public.outbox, billing.outbox"));
+    assert!(refused.contains("--from-table names one of: public.outbox, billing.outbox"));
     let named = two.replay_entry(Some("billing.outbox")).unwrap();
     assert_eq!(named.table.to_string(), "billing.outbox");
     assert_eq!(named.message_id, MessageId::Qualified);
@@ -215,7 +215,10 @@ fn a_replay_of_a_pattern_names_one_of_its_tables_and_uses_the_patterns_replay_ta
     let base = [("DATABASE_URL", "dbname=x")];
     let tenants = config(&["--table", "tenant_*.outbox"], &base).unwrap();
     let refused = tenants.replay_entry(None).unwrap_err().to_string();
-    assert!(refused.contains("pattern (tenant_*.outbox) needs --from-table"), "{refused}");
+    assert!(refused.contains("pattern (tenant_*.outbox), --from-table"), "{refused}");
+    // The pattern itself is no table: named as such, before any SQL is sent.
+    let pattern = tenants.replay_entry(Some("tenant_*.outbox")).unwrap_err().to_string();
+    assert!(pattern.contains("not a pattern") && pattern.contains("tenant_1.outbox"), "{pattern}");
     let one = tenants.replay_entry(Some("tenant_7.outbox")).unwrap();
     assert_eq!(one.table.to_string(), "tenant_7.outbox");
     let other = tenants.replay_entry(Some("other.outbox")).unwrap_err().to_string();
