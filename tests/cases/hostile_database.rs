@@ -118,6 +118,29 @@ async fn every_command_resolves_names_in_pg_catalog_only() {
     assert_no_trap_ran(&pg, "setup --tenant-trigger, run --recover, teardown and --backfill");
 }
 
+/// S1j alone, with the database's search path as PostgreSQL ships it: the one overload
+/// `to_jsonb(pg_replication_slots)` in a schema named after pgoutbox's role. `status`,
+/// `status --json` and `setup` once the slot exists run none of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_never_calls_a_to_jsonb_of_another_role() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql(TRAP);
+    pg.psql(
+        "SET ROLE mallory; CREATE SCHEMA postgres; GRANT USAGE ON SCHEMA postgres TO PUBLIC; \
+         CREATE FUNCTION postgres.to_jsonb(pg_catalog.pg_replication_slots) RETURNS jsonb \
+         LANGUAGE sql SET search_path = pg_catalog AS \
+           $$ SELECT CASE WHEN mallory_first.trap('to_jsonb') THEN to_jsonb($1) END $$; \
+         RESET ROLE;",
+    );
+    for args in [&["setup"][..], &["setup"], &["status"], &["status", "--json"]] {
+        let out = pgoutbox(&pg, &nats, args);
+        assert!(out.status.code().is_some(), "{} ended by a signal", args.join(" "));
+        assert_no_trap_ran(&pg, &args.join(" "));
+    }
+}
+
 /// A pattern of tenants' tables, each on its tenant's subjects.
 pub(super) const TENANTS: [&str; 4] =
     ["--table", "tenant_*.outbox", "--subject-template", "tenants.{$schema}.{event_type}"];
