@@ -220,6 +220,16 @@ pub struct Adoptions<'a> {
 }
 
 impl Adoptions<'_> {
+    /// Records `why` as the reason table `oid` is not streamed: `true` when it is new for
+    /// that table, and so worth a warning.
+    fn new_reason(&mut self, oid: u32, why: &str) -> bool {
+        let new = self.warned.get(&oid).is_none_or(|said| said != why);
+        if new {
+            self.warned.insert(oid, why.to_owned());
+        }
+        new
+    }
+
     /// Adopts each table `pattern` matches that is out of the publication ([`adopt`]),
     /// until `until` (the rest wait for the next round). `Some(drift)`: a table that was
     /// streamed was taken out of the publication, and pgoutbox must stop. A table that
@@ -239,7 +249,7 @@ impl Adoptions<'_> {
                 // out): a tenant's doing, which must not stop the others' stream.
                 self.not_streamed += 1;
                 let why = format!("it is UNLOGGED: run ALTER TABLE {} SET LOGGED", table.quoted());
-                if self.warned.insert(missed.oid, why.clone()).as_ref() != Some(&why) {
+                if self.new_reason(missed.oid, &why) {
                     warn!(%table, %pattern, "a table of the pattern is no longer streamed, \
                         its rows no longer in the WAL ({why}); the other tables stream on");
                 }
@@ -271,7 +281,7 @@ impl Adoptions<'_> {
                 Ok(Adopted::Refused(refusal)) => {
                     self.not_streamed += 1;
                     let why = refusal.to_string();
-                    if self.warned.insert(missed.oid, why.clone()).as_ref() != Some(&why) {
+                    if self.new_reason(missed.oid, &why) {
                         warn!(%table, %pattern, replay_table = %self.to.replay_table,
                             "a table of the pattern is not adopted: the rows it holds would be \
                              handed over through the replay table, and {why}");
@@ -283,8 +293,7 @@ impl Adoptions<'_> {
                 Err(err) if err.as_db_error().is_some() => {
                     self.not_streamed += 1;
                     let why = crate::postgres::admin::server_said(&err);
-                    if self.warned.get(&missed.oid) != Some(&why) {
-                        self.warned.insert(missed.oid, why.clone());
+                    if self.new_reason(missed.oid, &why) {
                         let fix = fix(client, (missed.oid, table), self.to).await?;
                         warn!(%table, %pattern, reason = %why, %fix,
                             "a table of the pattern cannot be streamed and is skipped; \
