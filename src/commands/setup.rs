@@ -187,7 +187,7 @@ async fn tenant_trigger(config: &Config, client: &tokio_postgres::Client) -> any
         );
     }
     let superuser: bool = client
-        .query_one("SELECT rolsuper FROM pg_roles WHERE rolname = current_user", &[])
+        .query_one("SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user", &[])
         .await?
         .get(0);
     if !superuser {
@@ -388,7 +388,7 @@ pub async fn ensure_stream_and_slot(
             if args.from_standby && admin::in_recovery(client).await? {
                 info!(slot = %name, "creating the slot on a standby waits for the primary's \
                     next running-transactions record (up to 15 s; `SELECT \
-                    pg_log_standby_snapshot()` on the primary hurries it)");
+                    pg_catalog.pg_log_standby_snapshot()` on the primary hurries it)");
             }
             create_slot(client, name, args.failover).await?;
         }

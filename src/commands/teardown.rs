@@ -26,7 +26,7 @@ pub async fn run(config: &Config, yes: bool, only_table: Option<&str>) -> anyhow
     let client = admin::connect(&config.database, &config.pg_tls).await?;
     let trigger = crate::postgres::tenant_tables::trigger_name(&config.publication);
     let triggered = client
-        .query_opt("SELECT 1 FROM pg_event_trigger WHERE evtname = $1", &[&trigger])
+        .query_opt("SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = $1", &[&trigger])
         .await?
         .is_some();
     if triggered {

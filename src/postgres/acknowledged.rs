@@ -36,9 +36,11 @@ pub async fn ensure(client: &Client, table: &TableName) -> Result<(), tokio_post
     }
     client
         .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {} (slot text PRIMARY KEY, stream text NOT NULL, \
-         stream_created text NOT NULL, stream_sequence bigint NOT NULL, commit_lsn pg_lsn NOT \
-         NULL, index bigint NOT NULL, at timestamptz NOT NULL DEFAULT now())",
+            "CREATE TABLE IF NOT EXISTS {} (slot pg_catalog.text PRIMARY KEY, \
+             stream pg_catalog.text NOT NULL, stream_created pg_catalog.text NOT NULL, \
+             stream_sequence pg_catalog.int8 NOT NULL, commit_lsn pg_catalog.pg_lsn NOT NULL, \
+             index pg_catalog.int8 NOT NULL, \
+             at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now())",
             table.quoted()
         ))
         .await
@@ -55,8 +57,10 @@ pub struct StreamIdentity {
 pub async fn writable(client: &Client, table: &TableName) -> Result<bool, tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT coalesce((SELECT relowner = (SELECT oid FROM pg_roles WHERE rolname = \
-             current_user) FROM pg_class WHERE oid = to_regclass($1)), false)",
+            "SELECT coalesce((SELECT relowner = (SELECT oid FROM pg_catalog.pg_roles \
+                                                 WHERE rolname = current_user) \
+                              FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)), \
+                             false)",
             &[&table.quoted()],
         )
         .await?;
@@ -76,7 +80,7 @@ pub async fn record(
          VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (slot) DO UPDATE SET stream = \
          excluded.stream, stream_created = excluded.stream_created, stream_sequence = \
          excluded.stream_sequence, commit_lsn = excluded.commit_lsn, index = excluded.index, \
-         at = now()",
+         at = pg_catalog.now()",
         table.quoted()
     );
     let sequence = i64::try_from(stored.sequence).unwrap_or(i64::MAX);
@@ -118,7 +122,7 @@ pub async fn forget(
 /// The query asking whether the table exists; then [`read_sql`]. Both run on the
 /// replication connection, which answers simple queries only.
 pub fn exists_sql(table: &TableName) -> String {
-    format!("SELECT to_regclass({}) IS NOT NULL", escape_literal(&table.quoted()))
+    format!("SELECT pg_catalog.to_regclass({}) IS NOT NULL", escape_literal(&table.quoted()))
 }
 
 /// The query reading `slot`'s record, as one text row (`parse_recorded` reads it): only
@@ -127,9 +131,11 @@ pub fn exists_sql(table: &TableName) -> String {
 pub fn read_sql(table: &TableName, slot: &str) -> String {
     let quoted = table.quoted();
     format!(
-        "SELECT stream, stream_created, stream_sequence::text, commit_lsn::text, index::text \
-         FROM {quoted} WHERE slot = {} AND (SELECT relowner FROM pg_class WHERE oid = {}::regclass) \
-         = (SELECT oid FROM pg_roles WHERE rolname = current_user)",
+        "SELECT stream, stream_created, stream_sequence::pg_catalog.text, \
+                commit_lsn::pg_catalog.text, index::pg_catalog.text \
+         FROM {quoted} WHERE slot = {} \
+           AND (SELECT relowner FROM pg_catalog.pg_class WHERE oid = {}::pg_catalog.regclass) \
+             = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)",
         escape_literal(slot),
         escape_literal(&quoted),
     )

@@ -146,8 +146,9 @@ pub async fn check_prerequisites(
     check_server(client).await?;
     let columns: Vec<String> = client
         .query(
-            "SELECT a.attname::text FROM pg_attribute a \
-             WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+            "SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a \
+             WHERE a.attrelid = pg_catalog.to_regclass($1) AND a.attnum > 0 \
+               AND NOT a.attisdropped",
             &[&table.quoted()],
         )
         .await?
@@ -177,8 +178,8 @@ pub async fn check_server(client: &Client) -> Result<(), SetupError> {
     }
     let row = client
         .query_one(
-            "SELECT r.rolreplication OR r.rolsuper, current_user::text FROM pg_roles r \
-             WHERE r.rolname = current_user",
+            "SELECT r.rolreplication OR r.rolsuper, current_user::pg_catalog.text \
+             FROM pg_catalog.pg_roles r WHERE r.rolname = current_user",
             &[],
         )
         .await?;
@@ -224,7 +225,8 @@ pub async fn ensure_publication(
     }
     let existing = client
         .query_opt(
-            "SELECT p.pubinsert, p.pubviaroot FROM pg_publication p WHERE p.pubname = $1",
+            "SELECT p.pubinsert, p.pubviaroot FROM pg_catalog.pg_publication p \
+             WHERE p.pubname = $1",
             &[&publication],
         )
         .await?;
@@ -270,9 +272,11 @@ async fn publishable(client: &Client, table: &TableName) -> Result<bool, SetupEr
     let shape = client
         .query_one(
             "SELECT c.relkind = 'p', \
-                    (SELECT string_agg(i.inhrelid::regclass::text, ', ') FROM pg_inherits i \
-                     WHERE i.inhparent = c.oid) \
-             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                    (SELECT pg_catalog.string_agg( \
+                              i.inhrelid::pg_catalog.regclass::pg_catalog.text, ', ') \
+                     FROM pg_catalog.pg_inherits i WHERE i.inhparent = c.oid) \
+             FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = $1 AND c.relname = $2",
             // By name in the catalog, not `to_regclass`, which needs USAGE on the schema:
             // a tenant's schema need not grant pgoutbox's role anything.
@@ -290,14 +294,15 @@ async fn publishable(client: &Client, table: &TableName) -> Result<bool, SetupEr
 
 /// Whether the server is in recovery: a standby, or a standby being promoted.
 pub async fn in_recovery(client: &Client) -> Result<bool, SetupError> {
-    Ok(client.query_one("SELECT pg_is_in_recovery()", &[]).await?.get(0))
+    Ok(client.query_one("SELECT pg_catalog.pg_is_in_recovery()", &[]).await?.get(0))
 }
 
 /// The server's version as `server_version_num` (e.g. 170010) and as shown (`17.10`).
 pub async fn server_version(client: &Client) -> Result<(i32, String), SetupError> {
     let row = client
         .query_one(
-            "SELECT current_setting('server_version_num')::int, current_setting('server_version')",
+            "SELECT pg_catalog.current_setting('server_version_num')::pg_catalog.int4, \
+                    pg_catalog.current_setting('server_version')",
             &[],
         )
         .await?;
@@ -313,7 +318,7 @@ pub const STANDBY_DECODING_SINCE: i32 = 160_000;
 pub async fn publication_exists(client: &Client, publication: &str) -> Result<bool, SetupError> {
     let row = client
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)",
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1)",
             &[&publication],
         )
         .await?;
@@ -326,13 +331,17 @@ pub async fn create_slot(client: &Client, slot: &str, failover: bool) -> Result<
     let created = if failover {
         client
             .query_one(
-                "SELECT pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)",
+                "SELECT pg_catalog.pg_create_logical_replication_slot( \
+                   $1, 'pgoutput', false, false, true)",
                 &[&slot],
             )
             .await
     } else {
         client
-            .query_one("SELECT pg_create_logical_replication_slot($1, 'pgoutput')", &[&slot])
+            .query_one(
+                "SELECT pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')",
+                &[&slot],
+            )
             .await
     };
     match created {
@@ -346,8 +355,8 @@ pub async fn create_slot(client: &Client, slot: &str, failover: bool) -> Result<
 pub async fn teardown_slot(client: &Client, slot: &str) -> Result<(), SetupError> {
     client
         .execute(
-            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-             WHERE slot_name = $1",
+            "SELECT pg_catalog.pg_drop_replication_slot(slot_name) \
+             FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
@@ -363,8 +372,9 @@ pub async fn drop_from_publication(
 ) -> Result<bool, SetupError> {
     let published = client
         .query_opt(
-            "SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid \
-             WHERE p.pubname = $1 AND r.prrelid = $2::text::regclass",
+            "SELECT 1 FROM pg_catalog.pg_publication_rel r \
+             JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid \
+             WHERE p.pubname = $1 AND r.prrelid = $2::pg_catalog.text::pg_catalog.regclass",
             &[&publication, &table.quoted()],
         )
         .await?
@@ -398,7 +408,8 @@ pub async fn publishes(
 ) -> Result<bool, tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables t \
+            "SELECT EXISTS ( \
+               SELECT 1 FROM pg_catalog.pg_publication_tables t \
                WHERE t.pubname = $1 AND t.schemaname = $2 AND t.tablename = $3)",
             &[&publication, &table.schema, &table.name],
         )

@@ -107,8 +107,11 @@ pub async fn adopt(
     let columns: Vec<String> = relation.columns.iter().map(|c| quote_ident(&c.name)).collect();
     let in_transaction = insert_order(&relation, &roles.id);
     let order = match relation.columns.iter().any(|c| c.name == roles.created_at) {
-        true => format!("{}, xmin::text::bigint, {in_transaction}", quote_ident(&roles.created_at)),
-        false => format!("xmin::text::bigint, {in_transaction}"),
+        true => format!(
+            "{}, xmin::pg_catalog.text::pg_catalog.int8, {in_transaction}",
+            quote_ident(&roles.created_at)
+        ),
+        false => format!("xmin::pg_catalog.text::pg_catalog.int8, {in_transaction}"),
     };
     tx.batch_execute(&format!(
         "DECLARE pgoutbox_adopted NO SCROLL CURSOR FOR SELECT {} FROM {quoted} ORDER BY {order}",
@@ -154,7 +157,7 @@ async fn held_rows(
             "SELECT pg_catalog.pg_relation_size(t.c) > 0 OR EXISTS (\
                SELECT FROM pg_catalog.pg_partition_tree(t.c) p \
                WHERE pg_catalog.pg_relation_size(p.relid) > 0) \
-             FROM (SELECT $1::text::pg_catalog.regclass AS c) t",
+             FROM (SELECT $1::pg_catalog.text::pg_catalog.regclass AS c) t",
             &[&table.quoted()],
         )
         .await?;
@@ -318,17 +321,19 @@ async fn fix(
 ) -> Result<String, tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT current_user::text, \
-               coalesce((SELECT pg_has_role(pubowner, 'USAGE') FROM pg_publication \
-                         WHERE pubname = $2), true), \
-               pg_has_role(c.relowner, 'USAGE'), has_schema_privilege(c.relnamespace, 'USAGE'), \
+            "SELECT current_user::pg_catalog.text, \
+               coalesce((SELECT pg_catalog.pg_has_role(pubowner, 'USAGE') \
+                         FROM pg_catalog.pg_publication WHERE pubname = $2), true), \
+               pg_catalog.pg_has_role(c.relowner, 'USAGE'), \
+               pg_catalog.has_schema_privilege(c.relnamespace, 'USAGE'), \
                c.relpersistence = 'u', \
-               coalesce((SELECT has_table_privilege(r.oid, 'INSERT') \
-                           AND has_table_privilege(r.oid, 'SELECT') \
-                           AND has_table_privilege(r.oid, 'DELETE') \
-                         FROM pg_class r JOIN pg_namespace rn ON rn.oid = r.relnamespace \
+               coalesce((SELECT pg_catalog.has_table_privilege(r.oid, 'INSERT') \
+                           AND pg_catalog.has_table_privilege(r.oid, 'SELECT') \
+                           AND pg_catalog.has_table_privilege(r.oid, 'DELETE') \
+                         FROM pg_catalog.pg_class r \
+                         JOIN pg_catalog.pg_namespace rn ON rn.oid = r.relnamespace \
                          WHERE rn.nspname = $3 AND r.relname = $4), true) \
-             FROM pg_class c WHERE c.oid = $1",
+             FROM pg_catalog.pg_class c WHERE c.oid = $1",
             &[&oid, &to.publication, &to.replay_table.schema, &to.replay_table.name],
         )
         .await?;

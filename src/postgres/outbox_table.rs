@@ -68,9 +68,10 @@ pub fn replay_table(table: &TableName) -> TableName {
 
 /// Its columns: the slot the row is for (a pgoutbox takes only its own), the replay's id,
 /// the place of the frame's last row in it, and the frame (`postgres::pgoutput::ReplayFrame`).
-pub const REPLAY_TABLE_COLUMNS: &str = "slot text NOT NULL, replay_id text NOT NULL, \
-     row_index bigint NOT NULL, total bigint NOT NULL, frame bytea NOT NULL, \
-     handed_at timestamptz NOT NULL DEFAULT now()";
+pub const REPLAY_TABLE_COLUMNS: &str = "slot pg_catalog.text NOT NULL, \
+     replay_id pg_catalog.text NOT NULL, row_index pg_catalog.int8 NOT NULL, \
+     total pg_catalog.int8 NOT NULL, frame pg_catalog.bytea NOT NULL, \
+     handed_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now()";
 
 /// The query [`judge`] reads: the table's OID, whether the publication exists, publishes
 /// inserts, and holds the table, the table's columns, and the OID of `replay`
@@ -79,11 +80,11 @@ pub fn query(table: &TableName, publication: &str, replay: Option<&TableName>) -
     let (schema, name, publication) =
         (escape_literal(&table.schema), escape_literal(&table.name), escape_literal(publication));
     let replay = match replay {
-        None => "NULL::text".to_owned(),
+        None => "NULL::pg_catalog.text".to_owned(),
         Some(replay) => format!(
-            "(SELECT r.oid::text FROM pg_publication_tables t \
-              JOIN pg_namespace rn ON rn.nspname = t.schemaname \
-              JOIN pg_class r ON r.relnamespace = rn.oid AND r.relname = t.tablename \
+            "(SELECT r.oid::pg_catalog.text FROM pg_catalog.pg_publication_tables t \
+              JOIN pg_catalog.pg_namespace rn ON rn.nspname = t.schemaname \
+              JOIN pg_catalog.pg_class r ON r.relnamespace = rn.oid AND r.relname = t.tablename \
               WHERE t.pubname = {publication} AND t.schemaname = {} AND t.tablename = {})",
             escape_literal(&replay.schema),
             escape_literal(&replay.name)
@@ -91,15 +92,17 @@ pub fn query(table: &TableName, publication: &str, replay: Option<&TableName>) -
     };
     let held = held_in_snapshot(&publication);
     format!(
-        "SELECT c.oid::text, (p.oid IS NOT NULL)::text, coalesce(p.pubinsert, false)::text, \
-                (EXISTS (SELECT 1 FROM pg_publication_tables t WHERE t.pubname = {publication} \
-                         AND t.schemaname = n.nspname AND t.tablename = c.relname) \
-                 OR {held})::text, \
-                (SELECT string_agg(a.attname, ',') FROM pg_attribute a \
+        "SELECT c.oid::pg_catalog.text, (p.oid IS NOT NULL)::pg_catalog.text, \
+                coalesce(p.pubinsert, false)::pg_catalog.text, \
+                (EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables t \
+                         WHERE t.pubname = {publication} \
+                           AND t.schemaname = n.nspname AND t.tablename = c.relname) \
+                 OR {held})::pg_catalog.text, \
+                (SELECT pg_catalog.string_agg(a.attname, ',') FROM pg_catalog.pg_attribute a \
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), \
                 {replay} \
-         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         LEFT JOIN pg_publication p ON p.pubname = {publication} \
+         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         LEFT JOIN pg_catalog.pg_publication p ON p.pubname = {publication} \
          WHERE n.nspname = {schema} AND c.relname = {name}"
     )
 }
@@ -115,10 +118,10 @@ pub fn query(table: &TableName, publication: &str, replay: Option<&TableName>) -
 /// does not exist on 14.
 pub fn held_in_snapshot(publication: &str) -> String {
     format!(
-        "EXISTS (SELECT 1 FROM pg_publication pb WHERE pb.pubname = {publication} \
+        "EXISTS (SELECT 1 FROM pg_catalog.pg_publication pb WHERE pb.pubname = {publication} \
                  AND (c.relkind = 'r' OR pb.pubviaroot) \
                  AND ((pb.puballtables AND c.relpersistence = 'p') \
-                      OR EXISTS (SELECT 1 FROM pg_publication_rel r \
+                      OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r \
                                  WHERE r.prpubid = pb.oid AND r.prrelid = c.oid)))"
     )
 }

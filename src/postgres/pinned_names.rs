@@ -30,28 +30,4 @@ pub(crate) fn pinned(config: &tokio_postgres::Config) -> tokio_postgres::Config 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_pin_comes_last_so_that_no_option_of_the_operator_overrides_it() {
-        assert_eq!(startup_options(None), "-c search_path=pg_catalog,pg_temp");
-        assert_eq!(startup_options(Some("  ")), "-c search_path=pg_catalog,pg_temp");
-        assert_eq!(
-            startup_options(Some("-c search_path=app -c statement_timeout=0")),
-            "-c search_path=app -c statement_timeout=0 -c search_path=pg_catalog,pg_temp"
-        );
-    }
-
-    #[test]
-    fn a_tokio_postgres_config_keeps_everything_else() {
-        let config: tokio_postgres::Config =
-            "host=db user=relay options='-c work_mem=64MB'".parse().unwrap();
-        let pinned = pinned(&config);
-        assert_eq!(
-            pinned.get_options(),
-            Some("-c work_mem=64MB -c search_path=pg_catalog,pg_temp")
-        );
-        assert_eq!(pinned.get_user(), Some("relay"));
-    }
-}
+mod tests;

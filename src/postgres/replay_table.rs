@@ -69,9 +69,9 @@ pub async fn ensure(
         // administrator's setup, for a pgoutbox granted its rows).
         let row = client
             .query_one(
-                "SELECT r.rolname::text, current_user::text, r.rolsuper \
+                "SELECT r.rolname::pg_catalog.text, current_user::pg_catalog.text, r.rolsuper \
                  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles r ON r.oid = c.relowner \
-                 WHERE c.oid = $1::text::pg_catalog.regclass",
+                 WHERE c.oid = $1::pg_catalog.text::pg_catalog.regclass",
                 &[&replay.quoted()],
             )
             .await?;
@@ -117,15 +117,19 @@ pub async fn hand_over<C: GenericClient>(
     let (indexes, frames): (Vec<i64>, Vec<&[u8]>) =
         frames.iter().map(|(index, frame)| (*index, frame.as_slice())).unzip();
     let table = table.quoted();
+    // Two arrays side by side: `ROWS FROM`, since `unnest(a, b)` is grammar only unqualified.
     let insert = format!(
         "INSERT INTO {table} (slot, replay_id, row_index, total, frame) \
-         SELECT $1, $2, i, $3, f FROM unnest($4::bigint[], $5::bytea[]) AS u(i, f) \
-         RETURNING ctid::text"
+         SELECT $1, $2, i, $3, f \
+         FROM ROWS FROM (pg_catalog.unnest($4::pg_catalog.int8[]), \
+                         pg_catalog.unnest($5::pg_catalog.bytea[])) AS u (i, f) \
+         RETURNING ctid::pg_catalog.text"
     );
     let total = total as i64;
     let rows = client.query(&insert, &[&slot, &replay_id, &total, &indexes, &frames]).await?;
     let ctids = rows.iter().map(|row| row.try_get(0)).collect::<Result<Vec<&str>, _>>()?;
-    let delete = format!("DELETE FROM {table} WHERE ctid = ANY($1::text[]::tid[])");
+    let delete =
+        format!("DELETE FROM {table} WHERE ctid = ANY($1::pg_catalog.text[]::pg_catalog.tid[])");
     client.execute(&delete, &[&ctids]).await?;
     Ok(())
 }
@@ -138,8 +142,9 @@ async fn state(
 ) -> Result<(bool, bool), tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_publication_tables \
-               WHERE pubname = $2 AND schemaname = $3 AND tablename = $4)",
+            "SELECT pg_catalog.to_regclass($1) IS NOT NULL, \
+                    EXISTS (SELECT 1 FROM pg_catalog.pg_publication_tables \
+                            WHERE pubname = $2 AND schemaname = $3 AND tablename = $4)",
             &[&replay.quoted(), &publication, &replay.schema, &replay.name],
         )
         .await?;
@@ -161,8 +166,10 @@ pub async fn check_may_replay(
     }
     let row = client
         .query_one(
-            "SELECT current_user::text, has_table_privilege($1, 'INSERT') \
-                AND has_table_privilege($1, 'SELECT') AND has_table_privilege($1, 'DELETE')",
+            "SELECT current_user::pg_catalog.text, \
+                    pg_catalog.has_table_privilege($1, 'INSERT') \
+                AND pg_catalog.has_table_privilege($1, 'SELECT') \
+                AND pg_catalog.has_table_privilege($1, 'DELETE')",
             &[&replay.quoted()],
         )
         .await?;
@@ -179,8 +186,10 @@ pub async fn check_may_replay(
 pub async fn public_may_emit(client: &Client) -> Result<Option<String>, tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT string_agg(DISTINCT p.oid::regprocedure::text, ', ') \
-             FROM pg_proc p, aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a \
+            "SELECT pg_catalog.string_agg( \
+                      DISTINCT p.oid::pg_catalog.regprocedure::pg_catalog.text, ', ') \
+             FROM pg_catalog.pg_proc p, pg_catalog.aclexplode( \
+                    coalesce(p.proacl, pg_catalog.acldefault('f', p.proowner))) a \
              WHERE p.proname = 'pg_logical_emit_message' AND a.grantee = 0 \
                AND a.privilege_type = 'EXECUTE'",
             &[],

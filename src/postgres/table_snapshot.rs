@@ -169,7 +169,7 @@ impl TableSnapshot {
     pub async fn oldest_key(&self) -> Result<Option<f64>, tokio_postgres::Error> {
         let mut oldest: Option<f64> = None;
         for table in &self.tables {
-            let sql = format!("SELECT min({}) FROM {}", table.key, table.table);
+            let sql = format!("SELECT pg_catalog.min({}) FROM {}", table.key, table.table);
             let key: Option<f64> = self.client.query_one(&sql, &[]).await?.get(0);
             oldest = match (oldest, key) {
                 (Some(a), Some(b)) => Some(a.min(b)),
@@ -189,7 +189,7 @@ impl TableSnapshot {
     ) -> Result<Vec<(Option<f64>, Vec<ColumnValue>)>, tokio_postgres::Error> {
         let Some(table) = self.tables.get(index) else { return Ok(Vec::new()) };
         let sql = format!(
-            "SELECT {}, {} FROM {} WHERE {}::text = {}",
+            "SELECT {}, {} FROM {} WHERE {}::pg_catalog.text = {}",
             table.key,
             table.columns().join(", "),
             table.table,
@@ -214,7 +214,11 @@ impl TableSnapshot {
     pub async fn count(&self, selection: &Selection) -> Result<u64, tokio_postgres::Error> {
         let mut total = 0;
         for table in &self.tables {
-            let sql = format!("SELECT count(*) FROM {}{}", table.table, table.filter(selection));
+            let sql = format!(
+                "SELECT pg_catalog.count(*) FROM {}{}",
+                table.table,
+                table.filter(selection)
+            );
             let count: i64 = self.client.query_one(&sql, &[]).await?.get(0);
             total += count.max(0) as u64;
         }
@@ -225,7 +229,7 @@ impl TableSnapshot {
     /// a selection that matched none.
     pub async fn some_ids(&self, limit: i64) -> Result<Vec<String>, tokio_postgres::Error> {
         let table = &self.tables[0];
-        let sql = format!("SELECT {}::text FROM {} LIMIT $1", table.id, table.table);
+        let sql = format!("SELECT {}::pg_catalog.text FROM {} LIMIT $1", table.id, table.table);
         let rows = self.client.query(&sql, &[&limit]).await?;
         Ok(rows.iter().filter_map(|row| row.get::<_, Option<String>>(0)).collect())
     }
@@ -291,10 +295,12 @@ impl SnapshotTable {
         let created_at = escape_identifier(&roles.created_at);
         let key = match (order, has(&roles.created_at)) {
             (RowOrder::CommitTime, true) => format!(
-                "extract(epoch FROM coalesce(pg_xact_commit_timestamp(xmin), {created_at}))"
+                "extract(epoch FROM \
+                 coalesce(pg_catalog.pg_xact_commit_timestamp(xmin), {created_at}))"
             ),
             (RowOrder::CommitTime, false) => {
-                "coalesce(extract(epoch FROM pg_xact_commit_timestamp(xmin)), 0)".to_owned()
+                "coalesce(extract(epoch FROM pg_catalog.pg_xact_commit_timestamp(xmin)), 0)"
+                    .to_owned()
             }
             (RowOrder::CreatedAt, true) => format!("extract(epoch FROM {created_at})"),
             (RowOrder::CreatedAt, false) => {
@@ -304,7 +310,7 @@ impl SnapshotTable {
         let insert_order = insert_order(&relation, &roles.id);
         Ok(SnapshotTable {
             relation,
-            key: format!("{key}::float8"),
+            key: format!("{key}::pg_catalog.float8"),
             id: escape_identifier(&roles.id),
             insert_order,
             created_at,
@@ -323,17 +329,18 @@ impl SnapshotTable {
             Selection::Ids(ids) if ids.is_empty() => " WHERE false".to_owned(),
             Selection::Ids(ids) => {
                 let ids: Vec<String> = ids.iter().map(|id| escape_literal(id)).collect();
-                format!(" WHERE {}::text IN ({})", self.id, ids.join(", "))
+                format!(" WHERE {}::pg_catalog.text IN ({})", self.id, ids.join(", "))
             }
             Selection::Created { from, to } => {
                 let mut conditions = vec!["true".to_owned()];
                 if let Some(from) = from {
                     let from = escape_literal(from);
-                    conditions.push(format!("{} >= {from}::timestamptz", self.created_at));
+                    conditions
+                        .push(format!("{} >= {from}::pg_catalog.timestamptz", self.created_at));
                 }
                 if let Some(to) = to {
                     conditions.push(format!(
-                        "{} < {}::timestamptz",
+                        "{} < {}::pg_catalog.timestamptz",
                         self.created_at,
                         escape_literal(to)
                     ));
@@ -352,9 +359,10 @@ pub async fn relation_of(
 ) -> Result<Relation, tokio_postgres::Error> {
     let rows = client
         .query(
-            "SELECT c.oid, a.attname::text, a.atttypid, a.atttypmod FROM pg_attribute a \
-             JOIN pg_class c ON c.oid = a.attrelid \
-             WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped \
+            "SELECT c.oid, a.attname::pg_catalog.text, a.atttypid, a.atttypmod \
+             FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid \
+             WHERE a.attrelid = $1::pg_catalog.text::pg_catalog.regclass \
+               AND a.attnum > 0 AND NOT a.attisdropped \
                AND a.attgenerated = '' ORDER BY a.attnum",
             &[&table.quoted()],
         )

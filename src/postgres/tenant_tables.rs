@@ -47,16 +47,18 @@ pub fn query(pattern: &TablePattern, publication: &str) -> String {
         (escape_literal(&schema), escape_literal(&name), escape_literal(publication));
     let held = crate::postgres::outbox_table::held_in_snapshot(&publication);
     format!(
-        "SELECT c.oid::text, n.nspname::text, c.relname::text, (p.tablename IS NOT NULL OR {held})::text, \
-                (SELECT string_agg(a.attname, ',') FROM pg_attribute a \
+        "SELECT c.oid::pg_catalog.text, n.nspname::pg_catalog.text, c.relname::pg_catalog.text, \
+                (p.tablename IS NOT NULL OR {held})::pg_catalog.text, \
+                (SELECT pg_catalog.string_agg(a.attname, ',') FROM pg_catalog.pg_attribute a \
                  WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), \
-                (SELECT r.oid::text FROM pg_publication_rel r \
-                 JOIN pg_publication pb ON pb.oid = r.prpubid \
+                (SELECT r.oid::pg_catalog.text FROM pg_catalog.pg_publication_rel r \
+                 JOIN pg_catalog.pg_publication pb ON pb.oid = r.prpubid \
                  WHERE pb.pubname = {publication} AND r.prrelid = c.oid), \
-                (c.relowner = (SELECT oid FROM pg_roles WHERE rolname = current_user))::text, \
-                (c.relpersistence = 'u')::text \
-         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-         LEFT JOIN (SELECT schemaname, tablename FROM pg_publication_tables \
+                (c.relowner = (SELECT oid FROM pg_catalog.pg_roles \
+                               WHERE rolname = current_user))::pg_catalog.text, \
+                (c.relpersistence = 'u')::pg_catalog.text \
+         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+         LEFT JOIN (SELECT schemaname, tablename FROM pg_catalog.pg_publication_tables \
                     WHERE pubname = {publication}) p \
            ON p.schemaname = n.nspname AND p.tablename = c.relname \
          WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition AND c.relpersistence <> 't' \
@@ -121,8 +123,11 @@ pub fn trigger_name(publication: &str) -> String {
 /// `publication` at the end of its `CREATE TABLE`, in the creating transaction, so its
 /// rows are decoded from the first (fact 4). `SECURITY DEFINER`: adding a table needs
 /// ownership of it and of the publication, so the function runs as the superuser who
-/// made it. A failure (the publication dropped) fails the `CREATE TABLE`: it fails
-/// closed. Partitions and temporary tables are skipped (their root is published; a
+/// made it, in the session of whoever creates a table. So it names every function, type
+/// and catalog with `pg_catalog.`, and its `search_path` is `pg_catalog, pg_temp`: left
+/// out, `pg_temp` would come first, and a temporary view named `pg_class` that the
+/// creating role made would run as the superuser. A failure (the publication dropped)
+/// fails the `CREATE TABLE`: it fails closed. Partitions and temporary tables are skipped (their root is published; a
 /// temporary table cannot be). `CREATE TABLE AS` is left
 /// out on purpose: its rows are written before the trigger runs and would be missed;
 /// such a table is found unpublished and adopted instead.
@@ -144,22 +149,24 @@ pub fn trigger_sql(publication: &str, patterns: &[TablePattern]) -> String {
     let matches = if matches.is_empty() { "false".to_owned() } else { matches };
     let publication_literal = escape_literal(publication);
     format!(
-        "CREATE OR REPLACE FUNCTION {function}() RETURNS event_trigger \
-         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $pgoutbox$ \
+        "CREATE OR REPLACE FUNCTION {function}() RETURNS pg_catalog.event_trigger \
+         LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $pgoutbox$ \
          DECLARE created record; \
          BEGIN \
-           FOR created IN SELECT objid FROM pg_event_trigger_ddl_commands() \
+           FOR created IN SELECT objid FROM pg_catalog.pg_event_trigger_ddl_commands() \
                           WHERE command_tag = 'CREATE TABLE' AND object_type = 'table' LOOP \
-             IF EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             IF EXISTS (SELECT 1 FROM pg_catalog.pg_class c \
+                        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
                         WHERE c.oid = created.objid AND c.relkind IN ('r', 'p') \
                           AND NOT c.relispartition AND c.relpersistence <> 't' \
                           AND ({matches})) \
-                AND NOT EXISTS (SELECT 1 FROM pg_publication_rel r \
-                                JOIN pg_publication p ON p.oid = r.prpubid \
+                AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r \
+                                JOIN pg_catalog.pg_publication p ON p.oid = r.prpubid \
                                 WHERE p.pubname = {publication_literal} \
                                   AND r.prrelid = created.objid) THEN \
-               EXECUTE format('ALTER PUBLICATION %I ADD TABLE %s', {publication_literal}, \
-                              created.objid::regclass); \
+               EXECUTE pg_catalog.format('ALTER PUBLICATION %I ADD TABLE %s', \
+                                         {publication_literal}, \
+                                         created.objid::pg_catalog.regclass); \
              END IF; \
            END LOOP; \
          END $pgoutbox$; \

@@ -126,14 +126,14 @@ pub enum TrustError {
 /// its name, the owner's name, whether the owner is a superuser and pgoutbox's login role,
 /// and that role's name.
 const OWNERS: &str = "\
-    WITH t AS (SELECT $1::text::pg_catalog.regclass AS oid), \
+    WITH t AS (SELECT $1::pg_catalog.text::pg_catalog.regclass AS oid), \
     rels AS (SELECT oid FROM t \
              UNION SELECT relid FROM pg_catalog.pg_partition_tree((SELECT oid FROM t))), \
     parts AS ( \
       SELECT 'table' AS kind, '' AS name, c.relowner AS owner FROM pg_catalog.pg_class c \
       WHERE c.oid IN (SELECT oid FROM rels) \
       UNION ALL \
-      SELECT 'schema', n.nspname::text, \
+      SELECT 'schema', n.nspname::pg_catalog.text, \
              CASE WHEN o.rolname = 'pg_database_owner' \
                   THEN (SELECT datdba FROM pg_catalog.pg_database \
                         WHERE datname = pg_catalog.current_database()) \
@@ -141,12 +141,13 @@ const OWNERS: &str = "\
       FROM pg_catalog.pg_class c, pg_catalog.pg_namespace n, pg_catalog.pg_roles o, t \
       WHERE c.oid = t.oid AND n.oid = c.relnamespace AND o.oid = n.nspowner \
       UNION ALL \
-      SELECT 'type', a.attname::text || ' ' || pg_catalog.format_type(a.atttypid, NULL), \
+      SELECT 'type', \
+             a.attname::pg_catalog.text || ' ' || pg_catalog.format_type(a.atttypid, NULL), \
              ty.typowner \
       FROM pg_catalog.pg_attribute a, pg_catalog.pg_type ty, t \
       WHERE a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped AND ty.oid = a.atttypid \
       UNION ALL \
-      SELECT 'function', p.oid::pg_catalog.regprocedure::text, p.proowner \
+      SELECT 'function', p.oid::pg_catalog.regprocedure::pg_catalog.text, p.proowner \
       FROM pg_catalog.pg_depend d, pg_catalog.pg_proc p \
       WHERE d.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND p.oid = d.refobjid \
         AND ((d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid IN \
@@ -158,12 +159,12 @@ const OWNERS: &str = "\
           OR (d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid IN \
                (SELECT oid FROM pg_catalog.pg_constraint WHERE conrelid IN (SELECT oid FROM rels)))) \
       UNION ALL \
-      SELECT 'trigger', tg.tgname::text, p.proowner \
+      SELECT 'trigger', tg.tgname::pg_catalog.text, p.proowner \
       FROM pg_catalog.pg_trigger tg, pg_catalog.pg_proc p, t \
       WHERE tg.tgrelid = t.oid AND NOT tg.tgisinternal AND tg.tgenabled <> 'D' \
         AND p.oid = tg.tgfoid AND $2) \
-    SELECT parts.kind, parts.name, r.rolname::text, r.rolsuper, r.rolname = current_user, \
-           current_user::text \
+    SELECT parts.kind, parts.name, r.rolname::pg_catalog.text, r.rolsuper, \
+           r.rolname = current_user, current_user::pg_catalog.text \
     FROM parts JOIN pg_catalog.pg_roles r ON r.oid = parts.owner \
     ORDER BY parts.kind = 'table' DESC";
 

@@ -206,7 +206,7 @@ impl Check {
         };
         let row = connected
             .query_opt(
-                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                "SELECT active_pid FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
                 &[&self.slot],
             )
             .await?;

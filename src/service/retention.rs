@@ -171,13 +171,16 @@ impl RetainedTable {
     fn delete_batch(&self, table: &TableName, membership: Option<u32>) -> String {
         let still_joined = match membership {
             Some(_) => {
-                " AND EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel WHERE oid = $4::oid)"
+                " AND EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel \
+                   WHERE oid = $4::pg_catalog.oid)"
             }
             None => "",
         };
         let conditions = format!(
-            "{created_at} < to_timestamp($1::float8) AND NOT ({id}::text = ANY($2::text[])) \
-             AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) AS p WHERE starts_with({id}::text, p))\
+            "{created_at} < pg_catalog.to_timestamp($1::pg_catalog.float8) \
+             AND NOT ({id}::pg_catalog.text = ANY($2::pg_catalog.text[])) \
+             AND NOT EXISTS (SELECT 1 FROM pg_catalog.unnest($3::pg_catalog.text[]) AS p \
+                             WHERE pg_catalog.starts_with({id}::pg_catalog.text, p))\
              {still_joined}",
             created_at = quote_ident(&self.created_at),
             id = quote_ident(&self.id),
@@ -345,8 +348,9 @@ async fn servable(
     let matched = tenant_tables::matched(db, pattern, &scope.publication).await?;
     let row = db
         .query_one(
-            "SELECT pg_current_wal_insert_lsn(), \
-                    (SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1)",
+            "SELECT pg_catalog.pg_current_wal_insert_lsn(), \
+                    (SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots \
+                     WHERE slot_name = $1)",
             &[&scope.slot],
         )
         .await?;

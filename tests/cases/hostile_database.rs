@@ -141,6 +141,30 @@ async fn status_never_calls_a_to_jsonb_of_another_role() {
     }
 }
 
+/// The event trigger of `setup --tenant-trigger` runs as the superuser who made it
+/// (`SECURITY DEFINER`) in the session of whoever creates a table. mallory makes a
+/// temporary view named `pg_class` (a session's `pg_temp` is searched first for relations
+/// unless the path lists it), then a table the pattern matches: the trigger reads the
+/// catalog, not mallory's view. Failed before: the function's path was `pg_catalog` alone,
+/// and mallory became a superuser at its `CREATE TABLE`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tenant_trigger_never_reads_a_temporary_view_of_the_creating_role() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql(TRAP);
+    let trigger = pgoutbox(&pg, &nats, &[&TABLES[..], &["setup", "--tenant-trigger"]].concat());
+    assert_ran(&trigger, "setup --tenant-trigger");
+    // Not `psql` for the trap: this session is mallory's, not the test's.
+    pg.psql(&format!(
+        "SET application_name = 'mallory'; SET ROLE mallory;          CREATE TEMP VIEW pg_class AS SELECT * FROM pg_catalog.pg_class            WHERE mallory_first.trap('temporary view pg_class');          {} RESET ROLE;",
+        tenant_table("tenant_m")
+    ));
+    let published = "SELECT count(*) FROM pg_publication_tables WHERE schemaname = 'tenant_m'";
+    assert_eq!(pg.psql(published), "1", "the trigger still adds the new table");
+    assert_no_trap_ran(&pg, "a table made by mallory under the tenant trigger");
+}
+
 /// A pattern of tenants' tables, each on its tenant's subjects.
 pub(super) const TENANTS: [&str; 4] =
     ["--table", "tenant_*.outbox", "--subject-template", "tenants.{$schema}.{event_type}"];

@@ -63,7 +63,7 @@ impl Slot<'_> {
     /// made durable first (`synchronous_commit` is on in this session), so the position
     /// is past them.
     async fn now(&self) -> anyhow::Result<u64> {
-        let row = self.client.query_one("SELECT pg_current_wal_lsn()", &[]).await?;
+        let row = self.client.query_one("SELECT pg_catalog.pg_current_wal_lsn()", &[]).await?;
         Ok(u64::from(row.try_get::<_, PgLsn>(0)?))
     }
 
@@ -73,7 +73,7 @@ impl Slot<'_> {
         let row = self
             .client
             .query_opt(
-                "SELECT confirmed_flush_lsn, active FROM pg_replication_slots \
+                "SELECT confirmed_flush_lsn, active FROM pg_catalog.pg_replication_slots \
                  WHERE slot_name = $1",
                 &[&self.name],
             )
@@ -110,7 +110,10 @@ pub(super) async fn streamed_from(client: &Client, slot: &str) -> anyhow::Result
     let deadline = Instant::now() + BETWEEN_ATTEMPTS;
     loop {
         let active = client
-            .query_opt("SELECT active FROM pg_replication_slots WHERE slot_name = $1", &[&slot])
+            .query_opt(
+                "SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
             .await?
             .map(|row| row.try_get::<_, bool>(0))
             .transpose()?;
@@ -322,7 +325,7 @@ impl Handover<'_> {
         };
         handed.await.context("handing replayed rows over through the replay table")?;
         frames.clear();
-        let row = client.query_one("SELECT pg_current_wal_lsn()", &[]).await?;
+        let row = client.query_one("SELECT pg_catalog.pg_current_wal_lsn()", &[]).await?;
         Ok(u64::from(row.try_get::<_, PgLsn>(0)?))
     }
 }

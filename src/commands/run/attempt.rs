@@ -136,7 +136,7 @@ impl Target<'_> {
         let slot = memory.seed.as_ref().map_or(&config.slot, |seed| &seed.slot);
         let identity = conn.identify_system().await?;
         // A standby (or one being promoted) has no say about the slot yet: wait.
-        let recovery = conn.simple_query("SELECT pg_is_in_recovery()").await?;
+        let recovery = conn.simple_query("SELECT pg_catalog.pg_is_in_recovery()").await?;
         if !from_standby
             && recovery.first().and_then(|r| r.first()).and_then(Option::as_deref) == Some("t")
         {
@@ -188,9 +188,10 @@ impl Target<'_> {
         };
         let rows = conn
             .simple_query(&format!(
-                "SELECT confirmed_flush_lsn::text, wal_status, active, \
-                        to_jsonb(s) ->> 'failover', to_jsonb(s) ->> 'invalidation_reason' \
-                 FROM pg_replication_slots s \
+                "SELECT confirmed_flush_lsn::pg_catalog.text, wal_status, active, \
+                        pg_catalog.to_jsonb(s) ->> 'failover', \
+                        pg_catalog.to_jsonb(s) ->> 'invalidation_reason' \
+                 FROM pg_catalog.pg_replication_slots s \
                  WHERE slot_name = {}",
                 postgres_protocol::escape::escape_literal(slot)
             ))

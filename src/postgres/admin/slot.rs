@@ -70,18 +70,21 @@ pub struct SlotState {
 pub async fn slot_state(client: &Client, slot: &str) -> Result<Option<SlotState>, SetupError> {
     let row = client
         .query_opt(
-            "SELECT plugin::text, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, \
-                    wal_status, safe_wal_size, w.lsn::text, \
-                    pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn)::bigint, \
-                    pg_wal_lsn_diff(w.lsn, restart_lsn)::bigint, \
-                    extract(epoch FROM r.flush_lag)::float8, r.application_name, \
-                    r.client_addr::text, s.database = current_database(), \
-                    (to_jsonb(s) ->> 'failover')::bool, (to_jsonb(s) ->> 'synced')::bool, \
-                    to_jsonb(s) ->> 'invalidation_reason' \
-             FROM pg_replication_slots s \
-             LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid \
-             CROSS JOIN (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                                     ELSE pg_current_wal_lsn() END AS lsn) w \
+            "SELECT plugin::pg_catalog.text, active, active_pid, \
+                    confirmed_flush_lsn::pg_catalog.text, restart_lsn::pg_catalog.text, \
+                    wal_status, safe_wal_size, w.lsn::pg_catalog.text, \
+                    pg_catalog.pg_wal_lsn_diff(w.lsn, confirmed_flush_lsn)::pg_catalog.int8, \
+                    pg_catalog.pg_wal_lsn_diff(w.lsn, restart_lsn)::pg_catalog.int8, \
+                    extract(epoch FROM r.flush_lag)::pg_catalog.float8, r.application_name, \
+                    r.client_addr::pg_catalog.text, s.database = pg_catalog.current_database(), \
+                    (pg_catalog.to_jsonb(s) ->> 'failover')::pg_catalog.bool, \
+                    (pg_catalog.to_jsonb(s) ->> 'synced')::pg_catalog.bool, \
+                    pg_catalog.to_jsonb(s) ->> 'invalidation_reason' \
+             FROM pg_catalog.pg_replication_slots s \
+             LEFT JOIN pg_catalog.pg_stat_replication r ON r.pid = s.active_pid \
+             CROSS JOIN (SELECT CASE WHEN pg_catalog.pg_is_in_recovery() \
+                                     THEN pg_catalog.pg_last_wal_replay_lsn() \
+                                     ELSE pg_catalog.pg_current_wal_lsn() END AS lsn) w \
              WHERE slot_name = $1",
             &[&slot],
         )

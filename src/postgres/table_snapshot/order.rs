@@ -16,11 +16,11 @@ pub fn insert_order(relation: &Relation, id: &str) -> String {
     const INTEGERS: [u32; 3] = [20, 21, 23]; // int8, int2, int4
     let integral = relation.columns.iter().any(|c| c.name == id && INTEGERS.contains(&c.type_oid));
     let id = if integral {
-        format!("{}::bigint", escape_identifier(id))
+        format!("{}::pg_catalog.int8", escape_identifier(id))
     } else {
-        "NULL::bigint".to_owned()
+        "NULL::pg_catalog.int8".to_owned()
     };
-    format!("cmin::text::bigint, {id}, tableoid, ctid")
+    format!("cmin::pg_catalog.text::pg_catalog.int8, {id}, tableoid, ctid")
 }
 
 /// The query of [`TableSnapshot::read_all`]: each row's table index first, then its columns.
@@ -36,7 +36,8 @@ pub fn insert_order(relation: &Relation, id: &str) -> String {
 pub(super) fn tagged_query(tables: &[SnapshotTable], selection: &Selection) -> String {
     if let [table] = tables {
         return format!(
-            "SELECT 0, {} FROM {}{} ORDER BY {} NULLS FIRST, xmin::text::bigint, {}, {}::text",
+            "SELECT 0, {} FROM {}{} ORDER BY {} NULLS FIRST, \
+             xmin::pg_catalog.text::pg_catalog.int8, {}, {}::pg_catalog.text",
             table.columns().join(", "),
             table.table,
             table.filter(selection),
@@ -54,18 +55,22 @@ pub(super) fn tagged_query(tables: &[SnapshotTable], selection: &Selection) -> S
                 .columns()
                 .iter()
                 .map(|c| {
-                    format!("CASE WHEN num_nulls({c}) = 1 THEN NULL ELSE format('%s', {c}) END")
+                    format!(
+                        "CASE WHEN pg_catalog.num_nulls({c}) = 1 THEN NULL \
+                         ELSE pg_catalog.format('%s', {c}) END"
+                    )
                 })
                 .collect();
-            values.resize(widest, "NULL::text".to_owned());
+            values.resize(widest, "NULL::pg_catalog.text".to_owned());
             let values: Vec<String> = values
                 .into_iter()
                 .enumerate()
                 .map(|(i, value)| format!("{value} AS pgoutbox_c{i}"))
                 .collect();
             format!(
-                "SELECT {entry} AS pgoutbox_entry, {} AS pgoutbox_key, xmin::text::bigint AS \
-                 pgoutbox_xid, ROW({}) AS pgoutbox_insert, {}::text AS pgoutbox_id, {} FROM {}{}",
+                "SELECT {entry} AS pgoutbox_entry, {} AS pgoutbox_key, \
+                 xmin::pg_catalog.text::pg_catalog.int8 AS pgoutbox_xid, \
+                 ROW({}) AS pgoutbox_insert, {}::pg_catalog.text AS pgoutbox_id, {} FROM {}{}",
                 table.key,
                 table.insert_order,
                 table.id,

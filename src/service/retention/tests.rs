@@ -120,7 +120,7 @@ fn a_delete_checks_the_membership_it_was_listed_with() {
     let t1 = table("tenant_1.outbox");
     let guarded = retained.delete_batch(&t1, Some(16390));
     // In both the selection and the recheck of the rows deleted.
-    assert_eq!(guarded.matches("pg_publication_rel WHERE oid = $4::oid").count(), 2);
+    assert_eq!(guarded.matches("pg_publication_rel WHERE oid = $4::pg_catalog.oid").count(), 2);
     assert!(!retained.delete_batch(&t1, None).contains("$4"));
 }
 

@@ -27,8 +27,8 @@ pub(super) async fn promote_seed_slot(
     // Copied already if an earlier try was cut off between the copy and the drop.
     client
         .execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2) WHERE NOT EXISTS \
-             (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2)",
+            "SELECT pg_catalog.pg_copy_logical_replication_slot($1, $2) WHERE NOT EXISTS \
+             (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = $2)",
             &[&seed, &slot],
         )
         .await?;
@@ -78,8 +78,10 @@ async fn drop_when_released(
     loop {
         let dropped = client
             .execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
-                 WHERE slot_name = $1 AND ($2::pg_lsn IS NULL OR confirmed_flush_lsn = $2)",
+                "SELECT pg_catalog.pg_drop_replication_slot(slot_name) \
+                 FROM pg_catalog.pg_replication_slots \
+                 WHERE slot_name = $1 \
+                   AND ($2::pg_catalog.pg_lsn IS NULL OR confirmed_flush_lsn = $2)",
                 &[&slot, &from],
             )
             .await;
