@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches};
 use pgoutbox::commands;
 use pgoutbox::postgres::libpq_env::RealFiles;
-use pgoutbox::settings::cli::{Cli, Command, LogFormat};
+use pgoutbox::settings::cli::{Cli, Command, CommonArgs, LogFormat};
 use pgoutbox::settings::config::{Config, ProcessEnv};
 
 /// mimalloc: glibc's allocator spent a quarter of the drain's CPU in malloc/free and
@@ -25,6 +25,15 @@ fn main() -> ExitCode {
         Command::Run(_) => "info",
         _ => "warn",
     };
+    // The file --config names may set the log format: it is read first.
+    let given_format = cli.common.log_format;
+    let (cli, tables) = match pgoutbox::settings::file::resolve(cli, &matches, &ProcessEnv) {
+        Ok(resolved) => resolved,
+        Err(err) => {
+            init_tracing(given_format, default_level);
+            return report(&err, given_format);
+        }
+    };
     let log_format = cli.common.log_format;
     init_tracing(log_format, default_level);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -34,28 +43,31 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(dispatch(cli, &matches));
+    let result = runtime.block_on(dispatch(cli, &tables));
     match result {
         Ok(code) => code,
         Err(err) if err.downcast_ref::<commands::replay::NothingSelected>().is_some() => {
             eprintln!("{err}");
             ExitCode::from(commands::replay::NothingSelected::EXIT_CODE)
         }
-        Err(err) => {
-            // Once: as a JSON log line for a log pipeline, else as one plain line.
-            match log_format {
-                LogFormat::Json => tracing::error!("{err:#}"),
-                LogFormat::Text => eprintln!("error: {err:#}"),
-            }
-            ExitCode::FAILURE
-        }
+        Err(err) => report(&err, log_format),
     }
 }
 
-async fn dispatch(cli: Cli, matches: &clap::ArgMatches) -> anyhow::Result<ExitCode> {
-    let given = |id: &str| pgoutbox::settings::cli::explicit(matches, id);
+/// Says why pgoutbox stops, once: as a JSON log line for a log pipeline, else as one plain
+/// line.
+fn report(err: &anyhow::Error, log_format: LogFormat) -> ExitCode {
+    match log_format {
+        LogFormat::Json => tracing::error!("{err:#}"),
+        LogFormat::Text => eprintln!("error: {err:#}"),
+    }
+    ExitCode::FAILURE
+}
+
+/// `tables`: the arguments of each `[[table]]` entry of `--config`.
+async fn dispatch(cli: Cli, tables: &[CommonArgs]) -> anyhow::Result<ExitCode> {
     // `completions` and `man` read no setting: a mistake in one must not stop them.
-    let config = || Config::load(&cli.common, &given, &ProcessEnv, &RealFiles);
+    let config = || Config::load(&cli.common, tables, &ProcessEnv, &RealFiles);
     match cli.command {
         Command::Run(args) => {
             let config = config()?.with_slot_args(&args.slot);

@@ -12,16 +12,50 @@ mod examples;
 
 pub use commands::{ReplayArgs, RunArgs, SetupArgs, SlotArgs, StatusArgs, VerifyArgs};
 
-/// Whether argument `id` was given on the command line or by its variable, before or
-/// after the subcommand (a default was not): such a value wins over `--config`'s top level.
-pub fn explicit(matches: &clap::ArgMatches, id: &str) -> bool {
-    use clap::parser::ValueSource;
-    let given = |m: &clap::ArgMatches| {
-        let source = m.try_get_raw(id).ok().and_then(|_| m.value_source(id));
-        matches!(source, Some(ValueSource::CommandLine | ValueSource::EnvVariable))
-    };
-    given(matches) || matches.subcommand().is_some_and(|(_, sub)| given(sub))
-}
+/// The arguments of one invocation: a command's selection, its confirmation, how it prints.
+/// They are flags alone, with no `PGOUTBOX_*` variable and no `--config` key: a file or a
+/// variable shared by every run must not select rows, confirm a teardown or change a
+/// report's format. Every other flag is a setting: a flag, the variable `PGOUTBOX_<FLAG>`
+/// and a key of `--config` (`settings::file`), checked by the tests of `cli`.
+pub const ONE_OFF: [(&str, &str); 17] = [
+    ("status", "json"),
+    ("status", "watch"),
+    ("replay", "ids"),
+    ("replay", "created_from"),
+    ("replay", "created_to"),
+    ("replay", "dead_letters"),
+    ("replay", "dry_run"),
+    ("replay", "rate"),
+    ("replay", "replay_id"),
+    ("replay", "from_table"),
+    ("verify", "created_from"),
+    ("verify", "created_to"),
+    ("verify", "from_table"),
+    ("verify", "replay_missing"),
+    ("verify", "json"),
+    ("teardown", "yes"),
+    ("teardown", "only_table"),
+];
+
+/// The settings each `[[table]]` entry of `--config` may set for its table: each defaults
+/// to the file's top level, then to the flag (`settings::file`).
+pub const PER_TABLE: [&str; 15] = [
+    "subject_template",
+    "dead_letter_subject",
+    "id_column",
+    "payload_column",
+    "headers_column",
+    "aggregate_type_column",
+    "aggregate_id_column",
+    "event_type_column",
+    "created_at_column",
+    "cloudevents",
+    "cloudevents_source",
+    "ttl_column",
+    "schedule_column",
+    "allow_nats_header",
+    "partitions",
+];
 
 /// `--help` groups the flags under these headings, in this order in every subcommand:
 /// clap lists a heading where its first flag is defined, and a subcommand's own flags come
@@ -152,21 +186,23 @@ pub enum LogFormat {
 /// fallbacks in `config`, since clap reads one environment variable per argument.
 #[derive(Args, Clone)]
 pub struct CommonArgs {
-    /// A TOML file of settings, keys spelled as these flags
+    /// A TOML file of settings, keys spelled as the flags: retention = "7d"
     ///
-    /// Keys such as database-url, stream, ...; [[table]] entries name several tables, each
-    /// with its own subject-template, dead-letter-subject, column roles, cloudevents and
-    /// ttl-column. A flag or variable given wins over the file's top level, never over a
-    /// [[table]] key (see docs/operations.md, Several tables)
+    /// Every setting of every command is a key (one file serves them all; each command reads
+    /// its own); a command's one-off flags are not. [[table]] entries name several tables,
+    /// each with its own subject-template, dead-letter-subject, column roles, cloudevents,
+    /// ttl-column, schedule-column, allow-nats-header and partitions. A flag or variable
+    /// given wins over the file's top level, never over a [[table]] key (see
+    /// docs/operations.md, Several tables)
     #[arg(long, global = true, env = "PGOUTBOX_CONFIG", value_name = "FILE", display_order = LAST)]
     pub config: Option<std::path::PathBuf>,
-    /// Postgres connection string [env: PGOUTBOX_DATABASE_URL, DATABASE_URL]
+    /// Postgres connection string (or DATABASE_URL)
     ///
     /// A URL or key=value, as libpq reads it; unset parameters come from a service
     /// (service=, PGSERVICE), then libpq's PG* variables (PGHOST, PGPORT, PGUSER,
     /// PGDATABASE, PGSSLMODE, ...), the password from ~/.pgpass or PGPASSFILE if none is
     /// given
-    #[arg(help_heading = POSTGRES, long, global = true, value_name = "URL")]
+    #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_DATABASE_URL", hide_env_values = true, value_name = "URL")]
     pub database_url: Option<String>,
     /// Logical replication slot name
     #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_SLOT", default_value = "pgoutbox", value_name = "NAME")]
@@ -183,11 +219,11 @@ pub struct CommonArgs {
     /// How long --database-password-command may take before it is killed
     #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_DATABASE_PASSWORD_COMMAND_TIMEOUT", default_value = "10s", value_parser = crate::settings::units::parse_duration, value_name = "DURATION", hide_short_help = true)]
     pub database_password_command_timeout: std::time::Duration,
-    /// NATS server URL(s), comma-separated [env: PGOUTBOX_NATS_URL, NATS_URL]
+    /// NATS server URL(s), comma-separated (or NATS_URL)
     ///
     /// nats://user:password@host or nats://token@host for those methods [default:
     /// nats://127.0.0.1:4222]
-    #[arg(help_heading = NATS, long, global = true, value_name = "URL")]
+    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_URL", hide_env_values = true, value_name = "URL")]
     pub nats_url: Option<String>,
     /// JetStream stream name
     #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_STREAM", default_value = "OUTBOX", value_name = "NAME")]
@@ -328,9 +364,12 @@ pub struct CommonArgs {
     /// Repeatable, or comma-separated; any other Nats- header makes the row a dead letter.
     /// Those pgoutbox's ordering relies on (Nats-Msg-Id, Nats-Expected-*, Nats-Rollup,
     /// Nats-Schedule*, ...) are refused
-    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_ALLOW_NATS_HEADERS", value_delimiter = ',', value_name = "HEADER", hide_short_help = true)]
+    #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_ALLOW_NATS_HEADER", value_delimiter = ',', value_name = "HEADER", hide_short_help = true)]
     pub allow_nats_header: Vec<String>,
     /// Log format
     #[arg(help_heading = OPS, long, global = true, env = "PGOUTBOX_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, value_name = "FORMAT", display_order = LAST)]
     pub log_format: LogFormat,
 }
+
+#[cfg(test)]
+mod tests;

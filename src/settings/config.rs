@@ -15,7 +15,6 @@ use crate::postgres::libpq_env::{self, Files};
 pub use crate::postgres::libpq_env::{Env, ProcessEnv};
 use crate::postgres::password_command::PasswordCommand;
 use crate::settings::cli::{CloudEventsMode, CommonArgs};
-use crate::settings::file::FileSettings;
 use nats_auth::{nats_auth, without_credentials};
 use tables::{chosen_replay_table, table_names};
 
@@ -101,45 +100,29 @@ impl Config {
         Self::with_tables(args, &[], env, files)
     }
 
-    /// The settings `args` give with the file `--config` names read in: `given(id)` says
-    /// whether clap's argument `id` came from the command line or its variable, which
-    /// then wins over the file's top level (`settings::file`).
+    /// The settings `args` give, and `per_table` the arguments of each `[[table]]` entry of
+    /// `--config` (none: `--table` names the tables, which share `args`), as
+    /// `settings::file::resolve` gives them.
     pub fn load(
         args: &CommonArgs,
-        given: &dyn Fn(&str) -> bool,
+        per_table: &[CommonArgs],
         env: &dyn Env,
         files: &dyn Files,
     ) -> anyhow::Result<Config> {
-        match &args.config {
-            None => Self::from_args(args, env, files),
-            Some(path) => {
-                let file = FileSettings::read(path)?;
-                // clap sees no variable for these two: `from_args` reads their fallbacks.
-                let fallbacks = |id: &str| match id {
-                    "database_url" => ["PGOUTBOX_DATABASE_URL", "DATABASE_URL"],
-                    "nats_url" => ["PGOUTBOX_NATS_URL", "NATS_URL"],
-                    _ => ["", ""],
-                };
-                let given = |id: &str| {
-                    given(id) || fallbacks(id).iter().any(|v| !v.is_empty() && env.var(v).is_some())
-                };
-                let (args, tables) = crate::settings::file::merge(args.clone(), &file, &given)?;
-                Self::with_tables(&args, &tables, env, files)
-            }
-        }
+        Self::with_tables(args, per_table, env, files)
     }
 
-    /// `per_table`: the arguments of each `[[table]]` entry of the file (none: `--table`
-    /// names the tables, which share `args`).
+    /// `per_table`: as [`Config::load`].
     fn with_tables(
         args: &CommonArgs,
         per_table: &[CommonArgs],
         env: &dyn Env,
         files: &dyn Files,
     ) -> anyhow::Result<Config> {
-        let database_url = args
-            .database_url
-            .clone()
+        refuse_former_variables(env)?;
+        // clap reads PGOUTBOX_DATABASE_URL, empty or not; libpq's way is to skip empty ones.
+        let database_url = (args.database_url.clone())
+            .filter(|url| !url.is_empty())
             .or_else(|| env.var("PGOUTBOX_DATABASE_URL"))
             .or_else(|| env.var("DATABASE_URL"));
         let password_command = args
@@ -164,9 +147,8 @@ impl Config {
         }
         database.ssl_mode(pg_tls.tokio_postgres_mode());
         tcp.apply(&mut database);
-        let nats_url = args
-            .nats_url
-            .clone()
+        let nats_url = (args.nats_url.clone())
+            .filter(|url| !url.is_empty())
             .or_else(|| env.var("PGOUTBOX_NATS_URL"))
             .or_else(|| env.var("NATS_URL"))
             .unwrap_or_else(|| DEFAULT_NATS_URL.to_owned());
@@ -450,6 +432,18 @@ fn table_entry(
         }
     }
     Ok(TableEntry { table, pattern, roles, template, dead_letter_subject, message_id })
+}
+
+/// A variable of a former name, which clap would ignore: rows whose headers it allowed
+/// would become dead letters.
+fn refuse_former_variables(env: &dyn Env) -> anyhow::Result<()> {
+    if env.var("PGOUTBOX_ALLOW_NATS_HEADERS").is_some() {
+        return Err(anyhow!(
+            "PGOUTBOX_ALLOW_NATS_HEADERS is now PGOUTBOX_ALLOW_NATS_HEADER, named after its \
+             flag --allow-nats-header: rename the variable"
+        ));
+    }
+    Ok(())
 }
 
 /// `--allow-nats-header`, lowercase, each checked.

@@ -1,81 +1,76 @@
 //! `--config <file>`: the settings in a TOML file, keys spelled as the flags.
 //!
-//! Top-level keys are the flags shared by every command; `[[table]]` entries take the
-//! per-table keys, each defaulting to the top level, then to the flag's default. A flag
-//! given on the command line or by its `PGOUTBOX_*` variable wins over the file's top
-//! level, never over a `[[table]]` key: an entry names one table on purpose. Unknown keys
-//! are refused with their line (`deny_unknown_fields`): a misspelt key silently ignored
-//! would stream with a default nobody chose.
+//! clap's definition is the only one: a key is the long name of a flag, its value is read
+//! by that flag's own parser (units, validation, conflicts), and the key of a flag of any
+//! command is accepted, so that one file serves `run`, `setup` and `status` alike; each
+//! command reads the keys of its own flags and ignores the others. A command's one-off
+//! flags (`cli::ONE_OFF`) are not keys. A key no command knows is refused with its line
+//! and the nearest known key: a misspelt key silently ignored would stream with a default
+//! nobody chose.
+//!
+//! `[[table]]` entries take the per-table keys (`cli::PER_TABLE`), each defaulting to the
+//! top level, then to the flag's default. A flag given on the command line or by its
+//! `PGOUTBOX_*` variable wins over the file's top level, never over a `[[table]]` key: an
+//! entry names one table on purpose. How: [`resolve`] parses the command line again with
+//! the file's values as arguments (`argv`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, anyhow};
-use serde::Deserialize;
+use toml::de::{DeTable, DeValue};
 
-use crate::settings::cli::{CloudEventsMode, CommonArgs};
+use crate::settings::cli::{Cli, Command, CommonArgs};
+use crate::settings::config::Env;
 
-/// The file's top level: the shared flags, and the tables.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+mod argv;
+mod keys;
+
+/// The file's settings: its top-level keys and its `[[table]]` entries.
+#[derive(Debug, Default)]
 pub struct FileSettings {
-    database_url: Option<String>,
-    database_password_command: Option<String>,
-    database_password_command_timeout: Option<String>,
-    nats_url: Option<String>,
-    nats_creds: Option<PathBuf>,
-    nats_nkey: Option<PathBuf>,
-    nats_tls_ca: Option<PathBuf>,
-    nats_tls_cert: Option<PathBuf>,
-    nats_tls_key: Option<PathBuf>,
-    slot: Option<String>,
-    publication: Option<String>,
-    replay_table: Option<String>,
-    trusted_owner: Option<Vec<String>>,
-    stream: Option<String>,
-    messages_only: Option<bool>,
-    // The per-table keys, as defaults for every entry (serde's `flatten` cannot be
-    // combined with `deny_unknown_fields`, so they are spelt twice).
-    subject_template: Option<String>,
-    dead_letter_subject: Option<String>,
-    id_column: Option<String>,
-    payload_column: Option<String>,
-    headers_column: Option<String>,
-    aggregate_type_column: Option<String>,
-    aggregate_id_column: Option<String>,
-    event_type_column: Option<String>,
-    created_at_column: Option<String>,
-    cloudevents: Option<CloudEventsMode>,
-    cloudevents_source: Option<String>,
-    ttl_column: Option<String>,
-    schedule_column: Option<String>,
-    schedule_subject_prefix: Option<String>,
-    allow_nats_header: Option<Vec<String>>,
-    partitions: Option<u32>,
-    /// `[[table]]` entries.
-    #[serde(default)]
-    table: Vec<TableSettings>,
+    top: Vec<Key>,
+    tables: Vec<Entry>,
 }
 
-/// One `[[table]]` entry: its table and the keys that are its own.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct TableSettings {
+/// One key of the file, with its line and its value as argument text.
+#[derive(Debug)]
+struct Key {
+    name: String,
+    line: usize,
+    value: Value,
+}
+
+#[derive(Debug)]
+enum Value {
+    /// `true` or `false`: a switch given or not.
+    Bool(bool),
+    /// A string or number, or a list of them: the flag given once per item.
+    Items(Vec<String>),
+}
+
+/// A `[[table]]` entry: the table it names and its own keys.
+#[derive(Debug)]
+struct Entry {
     table: String,
-    subject_template: Option<String>,
-    dead_letter_subject: Option<String>,
-    id_column: Option<String>,
-    payload_column: Option<String>,
-    headers_column: Option<String>,
-    aggregate_type_column: Option<String>,
-    aggregate_id_column: Option<String>,
-    event_type_column: Option<String>,
-    created_at_column: Option<String>,
-    cloudevents: Option<CloudEventsMode>,
-    cloudevents_source: Option<String>,
-    ttl_column: Option<String>,
-    schedule_column: Option<String>,
-    allow_nats_header: Option<Vec<String>>,
-    partitions: Option<u32>,
+    line: usize,
+    keys: Vec<Key>,
+}
+
+/// The command line with the file `--config` names read in: every setting from the
+/// command line or its variable, else from the file, else its default; and the arguments
+/// of each `[[table]]` entry (empty: no entries, `--table` names the tables). The file is
+/// not read without `--config`, nor by `completions` and `man`, which read no setting.
+pub fn resolve(
+    cli: Cli,
+    matches: &clap::ArgMatches,
+    env: &dyn Env,
+) -> anyhow::Result<(Cli, Vec<CommonArgs>)> {
+    let reads_settings = !matches!(cli.command, Command::Completions { .. } | Command::Man { .. });
+    let Some(path) = cli.common.config.clone().filter(|_| reads_settings) else {
+        return Ok((cli, Vec::new()));
+    };
+    let file = FileSettings::read(&path)?;
+    argv::apply(&file, matches, env).map_err(|err| anyhow!("--config {}: {err}", path.display()))
 }
 
 impl FileSettings {
@@ -88,12 +83,89 @@ impl FileSettings {
 
     /// The settings in `text`, or one line saying where and why not.
     pub(super) fn parse(text: &str) -> Result<FileSettings, FileError> {
-        toml::from_str(text).map_err(|err: toml::de::Error| FileError {
-            line: err
-                .span()
-                .map(|span| text.get(..span.start).unwrap_or(text).matches('\n').count() + 1),
+        let line_of = |offset: usize| text.get(..offset).unwrap_or(text).matches('\n').count() + 1;
+        let document = DeTable::parse(text).map_err(|err| FileError {
+            line: err.span().map(|span| line_of(span.start)),
             message: err.message().replace('\n', " "),
-        })
+        })?;
+        let known = keys::Known::of(&<Cli as clap::CommandFactory>::command());
+        let mut file = FileSettings::default();
+        for (key, value) in document.get_ref() {
+            let (name, line) = (key.get_ref().as_ref(), line_of(key.span().start));
+            let at = |message: String| FileError { line: Some(line), message };
+            match (name, value.get_ref()) {
+                ("table", DeValue::Array(items))
+                    if items.iter().any(|i| i.get_ref().is_table()) =>
+                {
+                    for item in items {
+                        let start = line_of(item.span().start);
+                        file.tables.push(entry(item.get_ref(), start, &known, &line_of)?);
+                    }
+                }
+                ("table", DeValue::Table(_)) => {
+                    return Err(at("[table] is written [[table]], once per table".into()));
+                }
+                _ => {
+                    known.top_level(name).map_err(at)?;
+                    let value = setting(name, value.get_ref()).map_err(at)?;
+                    file.top.push(Key { name: name.to_owned(), line, value });
+                }
+            }
+        }
+        Ok(file)
+    }
+}
+
+/// One `[[table]]` entry (`value`, at `line`): its table and its per-table keys.
+fn entry(
+    value: &DeValue<'_>,
+    line: usize,
+    known: &keys::Known,
+    line_of: &dyn Fn(usize) -> usize,
+) -> Result<Entry, FileError> {
+    let at = |line: usize| move |message: String| FileError { line: Some(line), message };
+    let Some(table) = value.as_table() else {
+        return Err(at(line)("table: either [[table]] entries or a list of tables".into()));
+    };
+    let mut entry = Entry { table: String::new(), line, keys: Vec::new() };
+    for (key, value) in table {
+        let (name, line) = (key.get_ref().as_ref(), line_of(key.span().start));
+        match (name, value.get_ref().as_str()) {
+            ("table", Some(named)) => entry.table = named.to_owned(),
+            ("table", None) => return Err(at(line)("[[table]] table: a string".into())),
+            _ => {
+                known.per_table(name).map_err(at(line))?;
+                let value = setting(name, value.get_ref()).map_err(at(line))?;
+                entry.keys.push(Key { name: name.to_owned(), line, value });
+            }
+        }
+    }
+    if entry.table.is_empty() {
+        return Err(at(line)("[[table]] without table = \"schema.table\"".into()));
+    }
+    Ok(entry)
+}
+
+/// `key`'s value as argument text: a boolean, or a string, an integer or a list of them.
+fn setting(key: &str, value: &DeValue<'_>) -> Result<Value, String> {
+    let item = |value: &DeValue<'_>| match value {
+        DeValue::String(text) => Ok(text.to_string()),
+        DeValue::Integer(number) => i128::from_str_radix(number.as_str(), number.radix())
+            .map(|n| n.to_string())
+            .map_err(|_| format!("{key}: {number} is too large")),
+        DeValue::Boolean(on) => Ok(on.to_string()),
+        other => Err(format!(
+            "{key}: a {} is no value of a flag; give a string, an integer, true or false, \
+             or a list of them",
+            other.type_str()
+        )),
+    };
+    match value {
+        DeValue::Boolean(on) => Ok(Value::Bool(*on)),
+        DeValue::Array(items) => {
+            items.iter().map(|i| item(i.get_ref())).collect::<Result<_, _>>().map(Value::Items)
+        }
+        other => item(other).map(|text| Value::Items(vec![text])),
     }
 }
 
@@ -104,159 +176,6 @@ impl FileSettings {
 pub struct FileError {
     line: Option<usize>,
     message: String,
-}
-
-/// Sets `target` to `value` when the file has it and `flag` was not given explicitly.
-fn take<T: Clone>(target: &mut T, value: &Option<T>, explicit: bool) {
-    if let (false, Some(value)) = (explicit, value) {
-        *target = value.clone();
-    }
-}
-
-/// `args` with the file's top level where no flag or variable was given (`given(id)`:
-/// whether clap's argument `id` came from the command line or the environment), and the
-/// arguments of each `[[table]]` entry, the entry's keys over those (empty: no entries,
-/// `--table` names the tables).
-pub fn merge(
-    mut args: CommonArgs,
-    file: &FileSettings,
-    given: &dyn Fn(&str) -> bool,
-) -> anyhow::Result<(CommonArgs, Vec<CommonArgs>)> {
-    if !file.table.is_empty() && given("table") {
-        return Err(anyhow!(
-            "--table (or PGOUTBOX_TABLE) and [[table]] entries in --config both name tables: \
-             name them in one place"
-        ));
-    }
-    let a = &mut args;
-    take(&mut a.database_url, &file.database_url.clone().map(Some), given("database_url"));
-    take(
-        &mut a.database_password_command,
-        &file.database_password_command.clone().map(Some),
-        given("database_password_command"),
-    );
-    if let (false, Some(timeout)) =
-        (given("database_password_command_timeout"), &file.database_password_command_timeout)
-    {
-        a.database_password_command_timeout = crate::settings::units::parse_duration(timeout)
-            .map_err(|err| anyhow!("--config: database-password-command-timeout: {err}"))?;
-    }
-    take(&mut a.nats_url, &file.nats_url.clone().map(Some), given("nats_url"));
-    take(&mut a.nats_creds, &file.nats_creds.clone().map(Some), given("nats_creds"));
-    take(&mut a.nats_nkey, &file.nats_nkey.clone().map(Some), given("nats_nkey"));
-    take(&mut a.nats_tls_ca, &file.nats_tls_ca.clone().map(Some), given("nats_tls_ca"));
-    take(&mut a.nats_tls_cert, &file.nats_tls_cert.clone().map(Some), given("nats_tls_cert"));
-    take(&mut a.nats_tls_key, &file.nats_tls_key.clone().map(Some), given("nats_tls_key"));
-    take(&mut a.slot, &file.slot, given("slot"));
-    take(&mut a.publication, &file.publication, given("publication"));
-    take(&mut a.replay_table, &file.replay_table.clone().map(Some), given("replay_table"));
-    take(&mut a.trusted_owner, &file.trusted_owner, given("trusted_owner"));
-    take(&mut a.stream, &file.stream, given("stream"));
-    take(&mut a.messages_only, &file.messages_only, given("messages_only"));
-    take(
-        &mut a.schedule_subject_prefix,
-        &file.schedule_subject_prefix.clone().map(Some),
-        given("schedule_subject_prefix"),
-    );
-    let top = TableKeys::of_file(file);
-    top.apply(a, given);
-    let tables = file
-        .table
-        .iter()
-        .map(|entry| {
-            let mut own = args.clone();
-            own.table = vec![entry.table.clone()];
-            TableKeys::of_entry(entry).apply(&mut own, &|_| false);
-            own
-        })
-        .collect();
-    Ok((args, tables))
-}
-
-/// The per-table keys, from the top level or from an entry.
-struct TableKeys<'a> {
-    subject_template: &'a Option<String>,
-    dead_letter_subject: &'a Option<String>,
-    id_column: &'a Option<String>,
-    payload_column: &'a Option<String>,
-    headers_column: &'a Option<String>,
-    aggregate_type_column: &'a Option<String>,
-    aggregate_id_column: &'a Option<String>,
-    event_type_column: &'a Option<String>,
-    created_at_column: &'a Option<String>,
-    cloudevents_source: &'a Option<String>,
-    ttl_column: &'a Option<String>,
-    schedule_column: &'a Option<String>,
-    cloudevents: &'a Option<CloudEventsMode>,
-    allow_nats_header: &'a Option<Vec<String>>,
-    partitions: &'a Option<u32>,
-}
-
-impl<'a> TableKeys<'a> {
-    fn of_file(f: &'a FileSettings) -> Self {
-        TableKeys {
-            subject_template: &f.subject_template,
-            dead_letter_subject: &f.dead_letter_subject,
-            id_column: &f.id_column,
-            payload_column: &f.payload_column,
-            headers_column: &f.headers_column,
-            aggregate_type_column: &f.aggregate_type_column,
-            aggregate_id_column: &f.aggregate_id_column,
-            event_type_column: &f.event_type_column,
-            created_at_column: &f.created_at_column,
-            cloudevents_source: &f.cloudevents_source,
-            ttl_column: &f.ttl_column,
-            schedule_column: &f.schedule_column,
-            cloudevents: &f.cloudevents,
-            allow_nats_header: &f.allow_nats_header,
-            partitions: &f.partitions,
-        }
-    }
-
-    fn of_entry(t: &'a TableSettings) -> Self {
-        TableKeys {
-            subject_template: &t.subject_template,
-            dead_letter_subject: &t.dead_letter_subject,
-            id_column: &t.id_column,
-            payload_column: &t.payload_column,
-            headers_column: &t.headers_column,
-            aggregate_type_column: &t.aggregate_type_column,
-            aggregate_id_column: &t.aggregate_id_column,
-            event_type_column: &t.event_type_column,
-            created_at_column: &t.created_at_column,
-            cloudevents_source: &t.cloudevents_source,
-            ttl_column: &t.ttl_column,
-            schedule_column: &t.schedule_column,
-            cloudevents: &t.cloudevents,
-            allow_nats_header: &t.allow_nats_header,
-            partitions: &t.partitions,
-        }
-    }
-
-    /// Sets each key `args` did not get explicitly (`given`).
-    fn apply(&self, a: &mut CommonArgs, given: &dyn Fn(&str) -> bool) {
-        take(&mut a.subject_template, self.subject_template, given("subject_template"));
-        take(&mut a.dead_letter_subject, self.dead_letter_subject, given("dead_letter_subject"));
-        take(&mut a.id_column, self.id_column, given("id_column"));
-        take(&mut a.payload_column, self.payload_column, given("payload_column"));
-        take(&mut a.headers_column, self.headers_column, given("headers_column"));
-        take(
-            &mut a.aggregate_type_column,
-            self.aggregate_type_column,
-            given("aggregate_type_column"),
-        );
-        take(&mut a.aggregate_id_column, self.aggregate_id_column, given("aggregate_id_column"));
-        take(&mut a.event_type_column, self.event_type_column, given("event_type_column"));
-        take(&mut a.created_at_column, self.created_at_column, given("created_at_column"));
-        take(&mut a.cloudevents, &self.cloudevents.map(Some), given("cloudevents"));
-        let source = self.cloudevents_source.clone().map(Some);
-        take(&mut a.cloudevents_source, &source, given("cloudevents_source"));
-        take(&mut a.ttl_column, &self.ttl_column.clone().map(Some), given("ttl_column"));
-        let schedule = self.schedule_column.clone().map(Some);
-        take(&mut a.schedule_column, &schedule, given("schedule_column"));
-        take(&mut a.allow_nats_header, self.allow_nats_header, given("allow_nats_header"));
-        take(&mut a.partitions, &self.partitions.map(Some), given("partitions"));
-    }
 }
 
 #[cfg(test)]

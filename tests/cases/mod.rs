@@ -4,6 +4,7 @@ mod authenticates_with_each_method;
 mod claim_released;
 mod cli_contract;
 mod cloudevents;
+mod config_file;
 mod configuration_doc;
 mod connects_like_psql;
 mod container_route;

@@ -173,7 +173,7 @@ pub struct SetupArgs {
     /// Creates the event trigger that adds each new table a --table pattern matches to the
     /// publication in the transaction that creates it, so a new tenant's rows are streamed
     /// from the first (see docs/operations.md, Tenant tables)
-    #[arg(help_heading = TABLE, long)]
+    #[arg(help_heading = TABLE, long, env = "PGOUTBOX_TENANT_TRIGGER")]
     pub tenant_trigger: bool,
 }
 

@@ -31,8 +31,8 @@ Examples:
   pgoutbox completions bash > ~/.local/share/bash-completion/completions/pgoutbox
   pgoutbox man > pgoutbox.1
 
-Each command's --help has its flags in full and more examples. Every flag has a
-PGOUTBOX_ variable; --config reads them from a TOML file.";
+Each command's --help has its flags in full and more examples. Every setting is also a
+PGOUTBOX_ variable and a key of the TOML file --config names: retention = \"7d\".";
 
 /// `run --help`: examples, then the OpenTelemetry variables, read by `run` only.
 pub const RUN: &str = "\

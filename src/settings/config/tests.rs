@@ -129,12 +129,13 @@ fn several_tables_share_the_settings_and_qualify_their_ids() {
     assert!(err.contains("names public.t twice"), "{err}");
 }
 
-/// `Config::load` with a file holding `toml`; `explicit`: the arguments given.
+/// `Config::load` with a file holding `toml`, the command line `args` before `status`.
 fn loaded(
     toml: &str,
     args: &[&str],
     env: &[(&'static str, &'static str)],
 ) -> anyhow::Result<Config> {
+    use clap::{CommandFactory, FromArgMatches};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("pgoutbox.toml");
     std::fs::write(&path, toml).unwrap();
@@ -142,12 +143,12 @@ fn loaded(
     let mut argv = vec!["pgoutbox", "--config", path.as_str()];
     argv.extend_from_slice(args);
     argv.push("status");
-    let cli = Cli::try_parse_from(argv)?;
-    let given: Vec<String> =
-        args.iter().filter_map(|a| a.strip_prefix("--")).map(|a| a.replace('-', "_")).collect();
-    let explicit = |id: &str| given.iter().any(|g| g == id);
+    let matches = Cli::command().try_get_matches_from(argv)?;
+    let env = FakeEnv(env.iter().copied().collect());
+    let (cli, tables) =
+        crate::settings::file::resolve(Cli::from_arg_matches(&matches)?, &matches, &env)?;
     let files = crate::postgres::libpq_env::RealFiles;
-    Config::load(&cli.common, &explicit, &FakeEnv(env.iter().copied().collect()), &files)
+    Config::load(&cli.common, &tables, &env, &files)
 }
 
 #[test]
@@ -175,7 +176,8 @@ fn a_config_file_gives_each_table_its_subjects() {
         "orders.* covers orders.dead_letter; outbox.*.* is the emitted messages'"
     );
     assert_eq!(c.dead_letter_subjects(), ["orders.dead_letter", "events.dead_letter"]);
-    // PGOUTBOX_DATABASE_URL, read by pgoutbox rather than clap, wins over the file too.
+    // PGOUTBOX_DATABASE_URL wins over the file too (clap reads it; here, as libpq's
+    // DATABASE_URL, the environment `config` is given).
     let c = loaded(toml, &[], &[("PGOUTBOX_DATABASE_URL", "dbname=env")]).unwrap();
     assert_eq!(c.database.get_dbname(), Some("env"));
     let tenants = "[[table]]\ntable = \"tenant_*.outbox\"\n\
@@ -288,4 +290,11 @@ fn partitions_and_their_placeholder_come_together_or_are_refused_in_one_line() {
         let err = format!("{err:#}");
         assert!(err.contains(why) && !err.contains('\n'), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn the_former_name_of_allow_nats_headers_variable_is_refused_saying_the_new_one() {
+    let env = [("DATABASE_URL", "dbname=x"), ("PGOUTBOX_ALLOW_NATS_HEADERS", "Nats-A")];
+    let err = config(&[], &env).err().unwrap().to_string();
+    assert!(err.contains("is now PGOUTBOX_ALLOW_NATS_HEADER"), "{err}");
 }

@@ -1,0 +1,94 @@
+//! The keys a `--config` file may hold, read from clap's definition: the long name of every
+//! flag of every command but the one-off ones (`cli::ONE_OFF`), so that one file serves
+//! every command. A key no command knows is named with the nearest one that is.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use clap::{Arg, ArgAction};
+
+use crate::settings::cli::{ONE_OFF, PER_TABLE};
+
+/// The keys of every command, and the one-off flags with the commands that take them.
+pub(super) struct Known {
+    settings: BTreeSet<String>,
+    one_off: BTreeMap<String, Vec<String>>,
+}
+
+impl Known {
+    /// The keys `cli`'s definition gives (the pgoutbox command, with its subcommands).
+    pub(super) fn of(cli: &clap::Command) -> Known {
+        let mut known = Known { settings: BTreeSet::new(), one_off: BTreeMap::new() };
+        let commands = std::iter::once(cli).chain(cli.get_subcommands());
+        for command in commands {
+            for arg in command.get_arguments().filter(|arg| is_setting_like(arg)) {
+                let long = arg.get_long().unwrap_or_default().to_owned();
+                if is_one_off(command.get_name(), arg.get_id().as_str()) {
+                    known.one_off.entry(long).or_default().push(command.get_name().into());
+                } else {
+                    known.settings.insert(long);
+                }
+            }
+        }
+        known.settings.remove("config");
+        known
+    }
+
+    /// Whether `key` may be set at the top level of the file; else why not, in one line.
+    pub(super) fn top_level(&self, key: &str) -> Result<(), String> {
+        if self.settings.contains(key) {
+            return Ok(());
+        }
+        if key == "config" {
+            return Err("config: a file names no other file; set its keys here".into());
+        }
+        if let Some(commands) = self.one_off.get(key) {
+            return Err(format!(
+                "{key} is a one-off flag of {}, given on its command line, not a key",
+                commands.join(" and ")
+            ));
+        }
+        Err(unknown(key, self.settings.iter().map(String::as_str)))
+    }
+
+    /// Whether `key` may be set in a `[[table]]` entry; else why not, in one line.
+    pub(super) fn per_table(&self, key: &str) -> Result<(), String> {
+        let keys = PER_TABLE.map(|id| id.replace('_', "-"));
+        if keys.iter().any(|k| k == key) {
+            return Ok(());
+        }
+        if self.settings.contains(key) {
+            return Err(format!(
+                "[[table]] {key}: a setting of every table, at the top level of the file"
+            ));
+        }
+        Err(unknown(key, keys.iter().map(String::as_str).chain(["table"])))
+    }
+}
+
+/// A flag a file could set: one with a long name that is no help or version.
+pub(super) fn is_setting_like(arg: &Arg) -> bool {
+    let informational = matches!(
+        arg.get_action(),
+        ArgAction::Help | ArgAction::HelpShort | ArgAction::HelpLong | ArgAction::Version
+    );
+    arg.get_long().is_some() && !informational
+}
+
+/// Whether argument `id` of `command` is one of its one-off flags.
+pub(super) fn is_one_off(command: &str, id: &str) -> bool {
+    ONE_OFF.contains(&(command, id))
+}
+
+/// `unknown key "retension"; did you mean "retention"?`: the nearest of `known` by
+/// Jaro-Winkler similarity, which weighs a shared beginning (`subject` is nearer
+/// `subject-template` than `table`), ties broken by edit distance.
+fn unknown<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> String {
+    let distance = |k: &str| {
+        let similarity = (strsim::jaro_winkler(key, k) * 1e6) as i64;
+        (-similarity, strsim::levenshtein(key, k))
+    };
+    match known.min_by_key(|k| distance(k)) {
+        Some(nearest) => format!("unknown key {key:?}; did you mean {nearest:?}?"),
+        None => format!("unknown key {key:?}"),
+    }
+}
