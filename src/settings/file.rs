@@ -31,6 +31,7 @@ pub struct FileSettings {
     publication: Option<String>,
     replay_table: Option<String>,
     trusted_owner: Option<Vec<String>>,
+    durability_horizon: Option<String>,
     stream: Option<String>,
     messages_only: Option<bool>,
     // The per-table keys, as defaults for every entry (serde's `flatten` cannot be
@@ -151,6 +152,10 @@ pub fn merge(
     take(&mut a.publication, &file.publication, given("publication"));
     take(&mut a.replay_table, &file.replay_table.clone().map(Some), given("replay_table"));
     take(&mut a.trusted_owner, &file.trusted_owner, given("trusted_owner"));
+    if let (false, Some(horizon)) = (given("durability_horizon"), &file.durability_horizon) {
+        a.durability_horizon = crate::settings::units::parse_duration_or_zero(horizon)
+            .map_err(|err| anyhow!("--config: durability-horizon: {err}"))?;
+    }
     take(&mut a.stream, &file.stream, given("stream"));
     take(&mut a.messages_only, &file.messages_only, given("messages_only"));
     take(
