@@ -9,6 +9,7 @@
 #[allow(unused_imports, dead_code)]
 mod support;
 
+mod durability;
 mod floor;
 mod large_payloads;
 mod small_transactions;
@@ -127,6 +128,14 @@ fn main() {
             runtime.block_on(large_payloads::run(&mut figures));
         }
         return large_payloads::print(&figures);
+    }
+    if args.iter().any(|a| a == "--durability") {
+        let mut figures = durability::Figures::default();
+        for run in 0..settings.runs.min(2) {
+            eprintln!("run {} of {}", run + 1, settings.runs.min(2));
+            runtime.block_on(durability::run(&mut figures));
+        }
+        return durability::print(&figures);
     }
     let mut figures = Figures::default();
     for run in 0..settings.runs {

@@ -146,7 +146,8 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
         eprintln!(
             "replay {id}: waiting for pgoutbox to publish what this replay handed over before"
         );
-        handover::settle_earlier_runs(&client, &config.slot).await?;
+        let record = crate::postgres::acknowledged::table_beside(&config.pipeline.replay_table);
+        handover::settle_earlier_runs(&client, (&config.slot, &record)).await?;
     }
 
     let selection = selection(config, &entry, args, &publisher).await?;

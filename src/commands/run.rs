@@ -14,7 +14,7 @@ use crate::domain::stall::Progress;
 use crate::nats::handshake::Dialer;
 use crate::nats::publisher::Publisher;
 use crate::postgres::{acknowledged, admin};
-use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
+use crate::service::error::{NatsFailureKind, PipelineError};
 use crate::service::pipeline::{Ended, Memory};
 use crate::service::seed::SeedKind;
 use crate::service::shutdown::Shutdown;
@@ -69,6 +69,9 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
     let labels: Vec<String> =
         config.pipeline.tables.iter().map(TableEntry::metrics_label).chain(emitted).collect();
     Metrics::tables(labels.iter().map(String::as_str));
+    let horizon = config.pipeline.durability_horizon.as_secs_f64();
+    metrics::gauge!(crate::service::telemetry::names::DURABILITY_HORIZON_SECONDS).set(horizon);
+    announce_durability(config.pipeline.durability_horizon);
     let readiness = Arc::new(Readiness::default());
     let http_addr = match args.http_addr {
         Some(addr) => Some(
@@ -226,6 +229,7 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
             slot: config.slot.clone(),
             publication: config.publication.clone(),
             trusted: config.trusted_owners.clone(),
+            acknowledged: memory.acknowledged.clone(),
         };
         tasks.spawn(crate::service::retention::run(
             config.database.clone(),
@@ -258,7 +262,6 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         config,
         pipeline: PipelineConfig {
             max_in_flight_bytes: args.max_in_flight_bytes,
-            durability_horizon: args.durability_horizon,
             message_prefix: Some(args.message_prefix.clone()).filter(|p| !p.is_empty()),
             ..config.pipeline.clone()
         },
@@ -306,7 +309,7 @@ async fn attempts(
                 );
                 return Ok(());
             }
-            Ok(Some(Ended::Seeded)) => match finish_seed(target, memory, shutdown).await {
+            Ok(Some(Ended::Seeded)) => match finish_seed(target, memory).await {
                 Ok(()) => continue,
                 Err(err) => err,
             },
@@ -375,35 +378,17 @@ async fn attempts(
 }
 
 /// Every row of the seed is in the stream: its slot becomes the slot, and streaming goes on
-/// from where the seed's snapshot ended. Behind a durability horizon, only once the stream
-/// still holds the seed's last message a horizon after it was acknowledged
-/// ([`seed_outlived_the_horizon`]): the seed's rows come from the table, and once its slot
-/// is the slot nothing would publish them again. Without the rows, the seed begins again.
-async fn finish_seed(
-    target: &Target<'_>,
-    memory: &mut Memory,
-    shutdown: &mut Shutdown,
-) -> Result<(), PipelineError> {
-    let horizon = target.pipeline.durability_horizon;
-    if let Some(stored) = memory.stored.filter(|_| !horizon.is_zero() && memory.seed.is_some()) {
-        match seed_outlived_the_horizon(&target.publisher, stored, horizon, shutdown).await {
-            Some(true) => {}
-            Some(false) => {
-                if let Some(seed) = memory.seed.take() {
-                    seed.abandon(target.config).await;
-                }
-                let lost = format!(
-                    "the stream lost the seed's messages (sequence {} is gone) within the \
-                     durability horizon: seeding again",
-                    stored.sequence
-                );
-                return Err(NatsFailure::new(NatsFailureKind::Request, lost).into());
-            }
-            None => return Ok(()), // shutdown: the seed's slot is dropped on the way out
-        }
-    }
+/// from where the seed's snapshot ended.
+async fn finish_seed(target: &Target<'_>, memory: &mut Memory) -> Result<(), PipelineError> {
     if let Some(seed) = memory.seed.take() {
+        let end = seed.consistent_point;
         seed.finish(target.config, &target.config.slot).await?;
+        // Its rows come from the table, which the slot cannot give back: nothing past the
+        // seed's end is confirmed until the stream still holds its last row a horizon
+        // later, and a loss found before that seeds them again (`attempt::seed_again`).
+        if let (Some(horizon), Some(stored)) = (memory.horizon.as_mut(), memory.stored) {
+            horizon.pin(stored, std::time::Instant::now(), end);
+        }
     }
     memory.seed_wanted = None;
     memory.forget_seed_rows();
@@ -411,28 +396,22 @@ async fn finish_seed(
     Ok(())
 }
 
-/// Whether the stream still holds `stored`, asked a `horizon` after its acknowledgement (the
-/// seed has just ended, so it was acknowledged a moment ago): a server that syncs at least
-/// once a horizon and still holds it then has it on disk (`domain::horizon`). Asked again
-/// while JetStream does not answer; `None` on shutdown.
-async fn seed_outlived_the_horizon(
-    publisher: &Publisher,
-    stored: crate::domain::horizon::Stored,
-    horizon: std::time::Duration,
-    shutdown: &mut Shutdown,
-) -> Option<bool> {
-    info!(?horizon, "seed published; its slot becomes the slot once the stream kept it a horizon");
-    let mut wait = horizon;
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(wait) => {}
-            () = shutdown.requested() => return None,
-        }
-        match publisher.still_holds(stored).await {
-            Ok(holds) => return Some(holds),
-            Err(err) => tracing::debug!(error = %err, "looking at the stream for the seed"),
-        }
-        wait = std::time::Duration::from_secs(1);
+/// One line on what the durability horizon keeps, or, at `0s`, what that gives up.
+fn announce_durability(horizon: std::time::Duration) {
+    if horizon.is_zero() {
+        warn!(
+            "--durability-horizon 0s: an event JetStream acknowledged is confirmed at once, \
+            so a nats-server that loses power (or any crash of an R1 stream without \
+            sync_interval: always) loses what it had not synced, up to 2 min of events; table \
+            rows then come back only with `pgoutbox run --recover`, emitted events not at all"
+        );
+    } else {
+        info!(
+            horizon_s = horizon.as_secs_f64(),
+            "durability horizon: the slot is confirmed \
+            only once the stream still holds, that long after, what JetStream acknowledged; a \
+            power loss of nats-server within it is published again from the WAL"
+        );
     }
 }
 

@@ -3,9 +3,6 @@
 use anyhow::Context;
 use tracing::{info, warn};
 
-use tokio_postgres::types::PgLsn;
-
-use crate::domain::horizon::Forgotten;
 use crate::domain::outbox::TableEntry;
 use crate::domain::source::Source;
 use crate::nats::claim::{Claim, Claims};
@@ -17,12 +14,16 @@ use crate::postgres::admin::{self, TableName, WalStatus};
 use crate::postgres::adoption::{self, Adopted};
 use crate::postgres::replay_table::{self as replays, public_may_emit_warning};
 use crate::postgres::tenant_tables;
-use crate::service::acknowledgements::stream_identity;
 use crate::service::error::PipelineError;
 use crate::service::seed::{SeedKind, seed_slot};
 use crate::service::telemetry::names;
 use crate::settings::cli::{SetupArgs, SlotArgs};
 use crate::settings::config::Config;
+
+mod durability;
+use durability::{
+    forgotten_past_the_slot, say_if_the_stream_was_made_again, say_what_the_stream_can_lose,
+};
 
 pub async fn run(config: &Config, args: &SetupArgs) -> anyhow::Result<()> {
     let mut client = prepare_database(config, args.slot.from_standby).await?;
@@ -228,25 +229,6 @@ pub async fn warn_if_public_may_emit(client: &tokio_postgres::Client) {
     }
 }
 
-/// One line on what the stream can lose of what it acknowledged (`status` says it too): a
-/// warning for a stream that loses writes at any crash (memory storage, async persistence),
-/// information for one replica without `--durability-horizon`, which loses them only when
-/// its host loses power and is what a first try runs (issue 46).
-async fn say_what_the_stream_can_lose(config: &Config, publisher: &Publisher) {
-    use async_nats::jetstream::stream::{PersistenceMode, StorageType};
-    let Ok(Some(info)) = publisher.stream_info().await else { return };
-    let horizon = config.pipeline.durability_horizon;
-    let said = crate::nats::durability::durability(&info.config, horizon);
-    let stream = &config.stream;
-    if info.config.storage == StorageType::Memory
-        || info.config.persist_mode == Some(PersistenceMode::Async)
-    {
-        warn!(%stream, "the stream can lose acknowledged events: {said}");
-    } else if info.config.num_replicas <= 1 && horizon.is_zero() {
-        info!(%stream, "{said}");
-    }
-}
-
 /// Creates the stream and the slot when missing, after claiming the stream for this
 /// source (`crate::nats::claim`). A missing slot is created only when this source never wrote the
 /// stream, or when the operator asked for it: a slot that vanished means events may have
@@ -277,6 +259,7 @@ pub async fn ensure_stream_and_slot(
         .await
         .with_context(|| format!("preparing stream {}", config.stream))?;
     say_what_the_stream_can_lose(config, publisher).await;
+    say_if_the_stream_was_made_again(config, client, publisher).await;
     if let Some(large) = &config.pipeline.large_payloads {
         let stream = publisher.stream_info().await?.map(|info| info.config).unwrap_or_default();
         large_payloads::ensure_bucket(publisher.context(), large, &stream).await?;
@@ -459,28 +442,4 @@ async fn create_slot(
         info!(slot = %name, failover, "replication slot created");
     }
     Ok(())
-}
-
-/// What the stream forgot of what JetStream acknowledged, by the record in Postgres
-/// (`postgres::acknowledged`), when the slot confirmed past it: the WAL cannot bring it back.
-async fn forgotten_past_the_slot(
-    config: &Config,
-    client: &tokio_postgres::Client,
-    publisher: &Publisher,
-    slot: &admin::SlotState,
-) -> anyhow::Result<Option<Forgotten>> {
-    let Some(stream) = stream_identity(publisher, &config.stream).await else { return Ok(None) };
-    let table = acknowledged::table_beside(&config.pipeline.replay_table);
-    let Some(stored) = acknowledged::recorded(client, &table, &config.slot, &stream).await? else {
-        return Ok(None);
-    };
-    let confirmed = slot.confirmed_flush_lsn.as_deref().and_then(|l| l.parse::<PgLsn>().ok());
-    let tail = publisher.tail().await?;
-    let judged = Forgotten::judge(
-        stored,
-        tail.last_sequence,
-        tail.origin.position,
-        confirmed.map_or(0, u64::from),
-    );
-    Ok(judged.filter(|forgotten| !forgotten.refilled()))
 }

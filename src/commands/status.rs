@@ -15,6 +15,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::nats::publisher::ReplayRecord;
+use crate::postgres::acknowledged;
 use crate::postgres::admin::{self, SlotState, WalStatus};
 use crate::postgres::replay_table;
 use crate::service::telemetry;
@@ -113,9 +114,14 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                 if let Some(Some(revoke)) = revoke {
                     report["postgres"]["emit_message_fix"] = json!(revoke);
                 }
-                let nats = nats::report(config, state.is_some() || seed.is_some()).await;
+                let mut nats = nats::report(config, state.is_some() || seed.is_some()).await;
                 health = health.max(nats.health);
                 problems.extend(nats.problems);
+                if let Some(line) = made_again(config, &client, &nats.stream).await {
+                    nats.stream["recreated"] = json!(line);
+                    problems.push(line);
+                    health = health.max(Health::Warning);
+                }
                 report["problems"] = json!(problems);
                 report["nats"] = nats.nats;
                 report["stream"] = nats.stream;
@@ -137,6 +143,24 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
         Health::Critical => "critical",
     });
     (report, health)
+}
+
+/// A line when the stream is not the one pgoutbox recorded under its name (deleted and
+/// created again: its history is gone from it), from the record in Postgres.
+async fn made_again(
+    config: &Config,
+    client: &tokio_postgres::Client,
+    stream: &serde_json::Value,
+) -> Option<String> {
+    let created = stream["created_unix_ns"].as_str()?.to_owned();
+    let now = acknowledged::StreamIdentity { name: config.stream.clone(), created };
+    let table = acknowledged::table_beside(&config.pipeline.replay_table);
+    let before = acknowledged::made_again(client, &table, &config.slot, &now).await.ok()??;
+    Some(format!(
+        "stream {} was deleted and created again ({before}): what the old one held is not in \
+         it unless `pgoutbox run --backfill` refilled it from the outbox tables",
+        config.stream
+    ))
 }
 
 fn judge(state: Option<&SlotState>, max_lag_bytes: i64) -> (Health, Vec<String>) {
@@ -323,6 +347,10 @@ async fn process_report(addr: SocketAddr) -> serde_json::Value {
             "stalled": gauge(names::STALLED) == Some(1.0),
             // Events the stream lost after acknowledging them (logged with what came back).
             "stream_lost_events": gauge(names::STREAM_LOST_EVENTS).unwrap_or(0.0) as u64,
+            "stream_recreated": gauge(names::STREAM_RECREATED).unwrap_or(0.0) as u64,
+            // What the durability horizon holds back to publish again after a power loss.
+            "durability_horizon_seconds": gauge(names::DURABILITY_HORIZON_SECONDS),
+            "durability_held_bytes": gauge(names::DURABILITY_HELD_BYTES).map(|b| b as u64),
             "tables_not_streamed": gauge(names::TABLES_NOT_STREAMED).unwrap_or(0.0) as u64,
             // A pattern's tables joined without their earlier rows read (owner not trusted),
             // and the rows the adoption under way has read.

@@ -29,6 +29,12 @@ use std::time::{Duration, Instant};
 
 use crate::domain::progress::Position;
 
+/// The default horizon: nats-server's default `sync_interval` (2 minutes) and 30 s for the
+/// pass that syncs. Its timer is re-armed only once a pass ends (`server/filestore.go`,
+/// `syncBlocks` → `setSyncTimer`), and a block's write that lands after the pass cleared
+/// its flag waits for the next pass: up to the interval plus the length of two passes.
+pub const DEFAULT: &str = "150s";
+
 /// Positions acknowledged within this of each other wait as one.
 pub const GRAIN: Duration = Duration::from_millis(100);
 
@@ -41,6 +47,12 @@ pub struct Horizon {
     released: u64,
     /// The newest message the stream was seen holding, and when that look was asked for.
     vouched: Option<(Stored, Instant)>,
+    /// Whether a position that rests on no acknowledgement waits by time alone: unless the
+    /// stream was seen to hold nothing of ours past the slot's start.
+    unknown_before_first_ack: bool,
+    /// A message that must be vouched for before anything past `.2` is released (a seed's
+    /// last row, which the WAL cannot give back), and when it was acknowledged.
+    pinned: Option<(Stored, Instant, u64)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -57,7 +69,14 @@ impl Horizon {
     /// A horizon of `span` (zero: every confirmable position is released at once) over a
     /// slot confirmed up to `start`.
     pub fn new(span: Duration, start: u64) -> Horizon {
-        Horizon { span, held: VecDeque::new(), released: start, vouched: None }
+        Horizon {
+            span,
+            held: VecDeque::new(),
+            released: start,
+            vouched: None,
+            unknown_before_first_ack: true,
+            pinned: None,
+        }
     }
 
     /// The same horizon for an attempt that starts from the slot at `start`: positions up to
@@ -98,9 +117,31 @@ impl Horizon {
             return None;
         }
         let ripe = self.held.iter().take_while(|held| now >= held.acked_at + self.span);
-        let newest = ripe.filter(|held| held.stored.is_some()).last()?;
-        let stored = newest.stored?;
-        (!self.covers(stored, newest.acked_at)).then_some(stored)
+        let held = ripe.filter_map(|held| Some((held.stored?, held.acked_at))).last();
+        let pinned = self.pinned.map(|(stored, acked_at, _)| (stored, acked_at));
+        let pinned = pinned.filter(|(stored, acked_at)| {
+            now >= *acked_at + self.span && !self.covers(*stored, *acked_at)
+        });
+        let held = held.filter(|(stored, acked_at)| !self.covers(*stored, *acked_at));
+        match (held, pinned) {
+            (Some(held), Some(pinned)) if pinned.0.sequence > held.0.sequence => Some(pinned.0),
+            (held, pinned) => held.or(pinned).map(|(stored, _)| stored),
+        }
+    }
+
+    /// Holds every position past `at` until `stored`, acknowledged at `acked_at`, is seen in
+    /// the stream a horizon later: a seed's last row, whose slot took over at `at` and which
+    /// only the table can give back. [`Horizon::pin_waits`] says whether it still waits.
+    pub fn pin(&mut self, stored: Stored, acked_at: Instant, at: u64) {
+        if !self.span.is_zero() {
+            self.pinned = Some((stored, acked_at, at));
+        }
+    }
+
+    /// Whether a pinned message still waits to be vouched for: a loss found now may have
+    /// taken it.
+    pub fn pin_waits(&self) -> bool {
+        self.pinned.is_some()
     }
 
     /// Whether what the stream was seen holding vouches for `stored`, acknowledged at
@@ -109,6 +150,13 @@ impl Horizon {
         self.vouched.is_some_and(|(vouched, asked_at)| {
             vouched.sequence >= stored.sequence && asked_at >= acked_at + self.span
         })
+    }
+
+    /// The stream holds nothing of ours past the slot's start (it is empty, or its last
+    /// message of ours is at or before it): a position that rests on no acknowledgement
+    /// has nothing the stream could lose, and is released at once.
+    pub fn nothing_past_the_start(&mut self) {
+        self.unknown_before_first_ack = false;
     }
 
     /// A request sent at `asked_at` found `stored` still in the stream.
@@ -120,10 +168,20 @@ impl Horizon {
 
     /// The furthest position that may be confirmed at `now`.
     pub fn release(&mut self, now: Instant) -> u64 {
+        if let Some((stored, acked_at, at)) = self.pinned {
+            if !self.covers(stored, acked_at) {
+                return self.release_held(now).min(at);
+            }
+            self.pinned = None;
+        }
+        self.release_held(now)
+    }
+
+    fn release_held(&mut self, now: Instant) -> u64 {
         while let Some(&held) = self.held.front() {
             let durable = self.span.is_zero()
                 || match held.stored {
-                    None => now >= held.acked_at + self.span,
+                    None => !self.unknown_before_first_ack || now >= held.acked_at + self.span,
                     Some(stored) => self.covers(stored, held.acked_at),
                 };
             if !durable {
@@ -235,209 +293,4 @@ impl fmt::Display for Forgotten {
 }
 
 #[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    fn at(commit_lsn: u64, index: u32) -> Position {
-        Position { commit_lsn, index }
-    }
-
-    #[test]
-    fn a_shorter_stream_is_judged_refilled_when_the_slot_is_behind_its_tail() {
-        let stored = Stored { sequence: 1_000, position: at(0x9000, 0) };
-        assert_eq!(Forgotten::judge(stored, 1_000, Some(at(0x9000, 0)), 0x9100), None);
-        let held = Forgotten::judge(stored, 600, Some(at(0x6000, 0)), 0x5000).unwrap();
-        assert!(held.refilled() && held.lost() == 400);
-        assert!(held.to_string().contains("published again"), "{held}");
-        let gone = Forgotten::judge(stored, 600, Some(at(0x6000, 0)), 0x9100).unwrap();
-        assert!(!gone.refilled());
-        assert!(gone.to_string().contains("--durability-horizon"), "{gone}");
-        let emptied = Forgotten::judge(stored, 0, None, 0x5000).unwrap();
-        assert!(emptied.refilled() && emptied.lost() == 1_000);
-        let emptied_past = Forgotten::judge(stored, 0, None, 0x9100).unwrap();
-        assert!(!emptied_past.refilled());
-    }
-
-    /// The message of sequence `n`.
-    fn message(n: u64) -> Option<Stored> {
-        Some(Stored { sequence: n, position: at(n, 0) })
-    }
-
-    #[test]
-    fn no_horizon_releases_at_once() {
-        let now = Instant::now();
-        let mut horizon = Horizon::new(Duration::ZERO, 10);
-        horizon.offer(20, now, message(1));
-        assert_eq!(horizon.due(now), None);
-        assert_eq!(horizon.release(now), 20);
-    }
-
-    #[test]
-    fn a_position_waits_until_the_stream_is_seen_holding_its_ack_a_horizon_later() {
-        let t0 = Instant::now();
-        let secs = |s| t0 + Duration::from_secs(s);
-        let span = Duration::from_secs(120);
-        let mut horizon = Horizon::new(span, 10);
-        horizon.offer(20, t0, message(1));
-        horizon.offer(30, secs(60), message(2));
-        assert_eq!(horizon.due(secs(119)), None);
-        assert_eq!(horizon.release(secs(119)), 10);
-        // Old enough, but nobody looked: time alone releases nothing.
-        assert_eq!(horizon.release(secs(500)), 10);
-        assert_eq!(horizon.due(secs(120)), message(1));
-        // A look asked for before the horizon passed vouches for nothing.
-        horizon.vouched(message(1).unwrap(), secs(119));
-        assert_eq!(horizon.release(secs(500)), 10);
-        horizon.vouched(message(1).unwrap(), secs(120));
-        assert_eq!(horizon.release(secs(120)), 20);
-        assert_eq!(horizon.due(secs(179)), None);
-        assert_eq!(horizon.due(secs(180)), message(2));
-        horizon.vouched(message(2).unwrap(), secs(181));
-        assert_eq!(horizon.release(secs(181)), 30);
-    }
-
-    #[test]
-    fn an_idle_keepalive_after_an_old_ack_is_released_with_the_next_look() {
-        let t0 = Instant::now();
-        let mut horizon = Horizon::new(Duration::from_secs(120), 10);
-        horizon.offer(20, t0, message(1));
-        let later = t0 + Duration::from_secs(600);
-        horizon.offer(900, t0, message(1)); // a keepalive, nothing acknowledged since t0
-        assert_eq!(horizon.due(later), message(1));
-        horizon.vouched(message(1).unwrap(), later);
-        assert_eq!(horizon.release(later), 900);
-        horizon.offer(950, t0, message(1)); // the next keepalive needs no other look
-        assert_eq!(horizon.due(later), None);
-        assert_eq!(horizon.release(later), 950);
-    }
-
-    #[test]
-    fn a_horizon_resumed_by_the_next_attempt_keeps_what_waits_beyond_its_start() {
-        let t0 = Instant::now();
-        let span = Duration::from_secs(10);
-        let mut horizon = Horizon::new(span, 10);
-        horizon.offer(20, t0, message(1));
-        horizon.offer(30, t0 + Duration::from_secs(5), message(2));
-        let mut horizon = horizon.resumed_at(20);
-        assert_eq!(horizon.release(t0), 20);
-        let later = t0 + Duration::from_secs(15);
-        assert_eq!(horizon.due(later), message(2));
-        horizon.vouched(message(2).unwrap(), later);
-        assert_eq!(horizon.release(later), 30);
-    }
-
-    #[test]
-    fn before_the_first_ack_a_position_waits_by_time_alone() {
-        let t0 = Instant::now();
-        let mut horizon = Horizon::new(Duration::from_secs(120), 10);
-        horizon.offer(20, t0, None);
-        assert_eq!(horizon.due(t0 + Duration::from_secs(120)), None);
-        assert_eq!(horizon.release(t0 + Duration::from_secs(119)), 10);
-        assert_eq!(horizon.release(t0 + Duration::from_secs(120)), 20);
-    }
-
-    #[test]
-    fn positions_within_a_grain_wait_as_one() {
-        let t0 = Instant::now();
-        let mut horizon = Horizon::new(Duration::from_secs(120), 0);
-        for i in 1..=1_000u64 {
-            horizon.offer(i, t0 + Duration::from_millis(i), message(i));
-        }
-        assert!(horizon.waiting() <= 11, "{}", horizon.waiting());
-    }
-
-    /// What the property test below does at each step.
-    #[derive(Debug, Clone, Copy)]
-    enum Step {
-        /// A message published and acknowledged.
-        Publish,
-        /// A keepalive: confirmable without a new acknowledgement.
-        Keepalive,
-        /// The message [`Horizon::due`] names looked for in the stream.
-        Look,
-        /// The server loses power and restarts with what it synced.
-        PowerLoss,
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            4 => Just(Step::Publish),
-            1 => Just(Step::Keepalive),
-            3 => Just(Step::Look),
-            1 => Just(Step::PowerLoss),
-        ]
-    }
-
-    proptest! {
-        /// A server that syncs at least once a horizon and loses power at any moment, and a
-        /// pgoutbox that may be paused for any time between any two steps (the gaps): no
-        /// position is ever released past a message the server lost, before or after the
-        /// loss; what is released never goes back, and once the stream is looked at a
-        /// horizon after the last acknowledgement, everything offered is released.
-        #[test]
-        fn nothing_the_server_forgets_is_released(
-            steps in proptest::collection::vec((step(), 0u64..3_000), 1..80),
-            span_ms in 1u64..2_000,
-            sync_fraction in 1u64..=100,
-        ) {
-            let t0 = Instant::now();
-            let ms = |n: u64| t0 + Duration::from_millis(n);
-            let sync_every = (span_ms * sync_fraction / 100).max(1);
-            let mut horizon = Horizon::new(Duration::from_millis(span_ms), 0);
-            // The server: each message's sequence (= position) and when it was stored.
-            let mut server: Vec<(u64, u64)> = Vec::new();
-            let (mut now, mut sequence, mut released) = (0u64, 0u64, 0u64);
-            let mut lost_from: Option<u64> = None;
-            let mut last_ack: Option<(u64, u64)> = None;
-            for (step, gap) in steps {
-                now += gap;
-                match step {
-                    // After a loss the chain guard refuses every publish of this attempt.
-                    Step::Publish if lost_from.is_none() => {
-                        sequence += 1;
-                        server.push((sequence, now));
-                        last_ack = Some((sequence, now));
-                        horizon.offer(10 * sequence, ms(now), message(sequence));
-                    }
-                    Step::Publish => {}
-                    Step::Keepalive => {
-                        if let Some((acked, at)) = last_ack {
-                            horizon.offer(10 * sequence + 5, ms(at), message(acked));
-                        }
-                    }
-                    Step::Look => {
-                        if let Some(stored) = horizon.due(ms(now))
-                            && server.iter().any(|&(n, _)| n == stored.sequence)
-                        {
-                            horizon.vouched(stored, ms(now));
-                        }
-                    }
-                    Step::PowerLoss => {
-                        let synced = now / sync_every * sync_every;
-                        if let Some(&(first, _)) = server.iter().find(|&&(_, at)| at > synced) {
-                            let first = 10 * first;
-                            prop_assert!(first > released, "released {released}, lost from {first}");
-                            lost_from = Some(lost_from.map_or(first, |f| f.min(first)));
-                        }
-                        server.retain(|&(_, at)| at <= synced);
-                    }
-                }
-                let now_released = horizon.release(ms(now));
-                prop_assert!(now_released >= released);
-                released = now_released;
-                if let Some(first) = lost_from {
-                    prop_assert!(released < first, "released {released} past lost {first}");
-                }
-            }
-            if lost_from.is_none() && let Some((_, at)) = last_ack {
-                let later = at + span_ms;
-                if let Some(stored) = horizon.due(ms(later)) {
-                    horizon.vouched(stored, ms(later));
-                }
-                prop_assert!(horizon.release(ms(later)) >= 10 * sequence);
-            }
-        }
-    }
-}
+mod tests;

@@ -5,7 +5,10 @@
 //! replay table's schema: the stream (and when it was created: a stream deleted and made
 //! again is another one), its last sequence acknowledged and that message's position.
 //! Written at most once a second, so it trails the acknowledgements by up to a second: a
-//! loss of the newest second alone is not seen after a cold restart.
+//! loss of the newest second alone is not seen after a cold restart. It also holds the
+//! position up to which everything decoded was acknowledged (`acknowledged_lsn`, keepalives
+//! included), ahead of the slot by the durability horizon: `pgoutbox replay` waits for that,
+//! not for the slot.
 //!
 //! pgoutbox writes only a table its own role owns: a trigger on it would run as pgoutbox.
 
@@ -31,19 +34,33 @@ pub fn table_beside(replay_table: &TableName) -> TableName {
 /// is left as it is.
 pub async fn ensure(client: &Client, table: &TableName) -> Result<(), tokio_postgres::Error> {
     let exists: bool = client.query_one(&exists_sql(table), &[]).await?.try_get(0)?;
-    if exists {
-        return Ok(());
+    if !exists {
+        client
+            .batch_execute(&format!(
+                "CREATE TABLE IF NOT EXISTS {} (slot pg_catalog.text PRIMARY KEY, \
+                 stream pg_catalog.text NOT NULL, stream_created pg_catalog.text NOT NULL, \
+                 stream_sequence pg_catalog.int8 NOT NULL, commit_lsn pg_catalog.pg_lsn NOT \
+                 NULL, index pg_catalog.int8 NOT NULL, \
+                 at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now())",
+                table.quoted()
+            ))
+            .await?;
     }
-    client
-        .batch_execute(&format!(
-            "CREATE TABLE IF NOT EXISTS {} (slot pg_catalog.text PRIMARY KEY, \
-             stream pg_catalog.text NOT NULL, stream_created pg_catalog.text NOT NULL, \
-             stream_sequence pg_catalog.int8 NOT NULL, commit_lsn pg_catalog.pg_lsn NOT NULL, \
-             index pg_catalog.int8 NOT NULL, \
-             at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now())",
-            table.quoted()
-        ))
-        .await
+    add_acknowledged_lsn(client, table).await
+}
+
+/// Adds the columns a table made by an earlier version lacks; only pgoutbox's own table is
+/// altered ([`writable`] first).
+pub async fn add_acknowledged_lsn(
+    client: &Client,
+    table: &TableName,
+) -> Result<(), tokio_postgres::Error> {
+    let sql = format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS acknowledged_lsn pg_catalog.pg_lsn, \
+         ADD COLUMN IF NOT EXISTS stream_replaced pg_catalog.text",
+        table.quoted()
+    );
+    client.batch_execute(&sql).await
 }
 
 /// The stream a record is about: its name and its creation time as JetStream reports it.
@@ -67,28 +84,78 @@ pub async fn writable(client: &Client, table: &TableName) -> Result<bool, tokio_
     row.try_get(0)
 }
 
-/// Records `stored` for `slot` in `stream`.
+/// What JetStream acknowledged: the last message stored, and the position up to which
+/// everything decoded was acknowledged (keepalives included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Acknowledged {
+    pub stored: Stored,
+    pub up_to: u64,
+}
+
+/// Records `acknowledged` for `slot` in `stream`.
 pub async fn record(
     client: &Client,
     table: &TableName,
     slot: &str,
     stream: &StreamIdentity,
-    stored: Stored,
+    acknowledged: Acknowledged,
 ) -> Result<(), tokio_postgres::Error> {
+    // Within one stream's life the last message recorded never goes back: a stream that
+    // lost acknowledged events and took new ones numbers them again from its shorter tail,
+    // and the record keeps the loss visible to `run --recover` until the stream is longer.
+    let newer = "(a.stream IS DISTINCT FROM excluded.stream OR a.stream_created IS DISTINCT \
+                 FROM excluded.stream_created OR a.stream_sequence <= excluded.stream_sequence)";
     let sql = format!(
-        "INSERT INTO {} AS a (slot, stream, stream_created, stream_sequence, commit_lsn, index) \
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (slot) DO UPDATE SET stream = \
-         excluded.stream, stream_created = excluded.stream_created, stream_sequence = \
-         excluded.stream_sequence, commit_lsn = excluded.commit_lsn, index = excluded.index, \
-         at = pg_catalog.now()",
+        "INSERT INTO {} AS a (slot, stream, stream_created, stream_sequence, commit_lsn, index, \
+         acknowledged_lsn) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (slot) DO UPDATE \
+         SET stream = excluded.stream, stream_created = excluded.stream_created, \
+         stream_sequence = CASE WHEN {newer} THEN excluded.stream_sequence \
+                                ELSE a.stream_sequence END, \
+         commit_lsn = CASE WHEN {newer} THEN excluded.commit_lsn ELSE a.commit_lsn END, \
+         index = CASE WHEN {newer} THEN excluded.index ELSE a.index END, \
+         stream_replaced = CASE WHEN a.stream = excluded.stream AND a.stream_created \
+                                IS DISTINCT FROM excluded.stream_created \
+                                THEN a.stream_created ELSE a.stream_replaced END, \
+         acknowledged_lsn = excluded.acknowledged_lsn, at = pg_catalog.now()",
         table.quoted()
     );
+    let Acknowledged { stored, up_to } = acknowledged;
     let sequence = i64::try_from(stored.sequence).unwrap_or(i64::MAX);
     let lsn = PgLsn::from(stored.position.commit_lsn);
     let index = i64::from(stored.position.index);
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-        [&slot, &stream.name, &stream.created, &sequence, &lsn, &index];
+    let up_to = PgLsn::from(up_to);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+        [&slot, &stream.name, &stream.created, &sequence, &lsn, &index, &up_to];
     client.execute(&sql, &params).await.map(drop)
+}
+
+/// The position up to which pgoutbox recorded everything decoded from `slot` as
+/// acknowledged; none without the table, the column, or a record. Read only from a table
+/// whose owner may replicate (as pgoutbox's role must): a role that may only log in cannot
+/// make a record up that ends a replay's wait early.
+pub async fn acknowledged_up_to(
+    client: &Client,
+    table: &TableName,
+    slot: &str,
+) -> Result<Option<u64>, tokio_postgres::Error> {
+    let readable: bool = client
+        .query_one(
+            "SELECT coalesce((SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT') \
+             AND (o.rolreplication OR o.rolsuper) FROM pg_catalog.pg_class c \
+             JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
+             JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid \
+             AND a.attname = 'acknowledged_lsn' AND NOT a.attisdropped \
+             WHERE c.oid = pg_catalog.to_regclass($1)), false)",
+            &[&table.quoted()],
+        )
+        .await?
+        .try_get(0)?;
+    if !readable {
+        return Ok(None);
+    }
+    let sql = format!("SELECT acknowledged_lsn FROM {} WHERE slot = $1", table.quoted());
+    let row = client.query_opt(&sql, &[&slot]).await?;
+    Ok(row.and_then(|row| row.get::<_, Option<PgLsn>>(0)).map(u64::from))
 }
 
 /// `slot`'s record in `stream`, read on an ordinary connection (see [`parse_recorded`]);
@@ -107,6 +174,41 @@ pub async fn recorded(
     let rows: Vec<Vec<Option<String>>> =
         rows.iter().map(|row| (0..5).map(|i| row.get::<_, Option<String>>(i)).collect()).collect();
     Ok(parse_recorded(&rows, stream))
+}
+
+/// What the record says of a stream named `name` other than the one of that name now:
+/// the creation time and last sequence of the one it recorded, when that one was deleted
+/// and the stream created again since (it is no longer there to say so), or the one
+/// before, once the new one's acknowledgements were recorded.
+pub async fn made_again(
+    client: &Client,
+    table: &TableName,
+    slot: &str,
+    now: &StreamIdentity,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let exists: bool = client.query_one(&exists_sql(table), &[]).await?.try_get(0)?;
+    if !exists {
+        return Ok(None);
+    }
+    // Through to_jsonb: a table made by an earlier version has no `stream_replaced` yet.
+    let sql = format!(
+        "SELECT a.stream, a.stream_created, pg_catalog.to_jsonb(a) ->> 'stream_replaced' \
+         FROM {quoted} a WHERE a.slot = $1 AND (SELECT relowner FROM pg_catalog.pg_class \
+         WHERE oid = $2::pg_catalog.text::pg_catalog.regclass) = (SELECT oid FROM pg_catalog.pg_roles \
+         WHERE rolname = current_user)",
+        quoted = table.quoted()
+    );
+    let Some(row) = client.query_opt(&sql, &[&slot, &table.quoted()]).await? else {
+        return Ok(None);
+    };
+    let (name, created): (Option<String>, Option<String>) = (row.try_get(0)?, row.try_get(1)?);
+    let replaced: Option<String> = row.try_get(2)?;
+    Ok(match (name, created) {
+        (Some(name), Some(created)) if name == now.name && created != now.created => {
+            Some(format!("it replaces one created at {created} (unix ns)"))
+        }
+        _ => replaced.map(|before| format!("it replaced one created at {before} (unix ns)")),
+    })
 }
 
 /// Drops `slot`'s record (`teardown`).

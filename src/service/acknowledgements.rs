@@ -8,23 +8,30 @@ use tracing::{info, warn};
 
 use crate::domain::horizon::Stored;
 use crate::nats::publisher::Publisher;
-use crate::postgres::acknowledged::{self, StreamIdentity};
+use crate::postgres::acknowledged::{self, Acknowledged, StreamIdentity};
 use crate::postgres::admin::{self, TableName};
 use crate::service::shutdown::Shutdown;
 
-/// The last message JetStream acknowledged as stored, shared by the pipeline (which sets
-/// it at each acknowledgement) and the task that records it.
+/// What JetStream acknowledged last, shared by the pipeline (which sets it at each tick)
+/// and the task that records it.
 #[derive(Debug, Clone, Default)]
-pub struct LastAcknowledged(Arc<Mutex<Option<Stored>>>);
+pub struct LastAcknowledged(Arc<Mutex<Option<Acknowledged>>>);
 
 impl LastAcknowledged {
-    pub fn set(&self, stored: Stored) {
+    /// `stored` is the last message acknowledged, `up_to` the position up to which
+    /// everything decoded was.
+    pub fn set(&self, stored: Stored, up_to: u64) {
         if let Ok(mut last) = self.0.lock() {
-            *last = Some(stored);
+            *last = Some(Acknowledged { stored, up_to });
         }
     }
 
-    fn get(&self) -> Option<Stored> {
+    /// The position up to which everything decoded was acknowledged; 0 before any ack.
+    pub fn up_to(&self) -> u64 {
+        self.get().map_or(0, |acknowledged| acknowledged.up_to)
+    }
+
+    fn get(&self) -> Option<Acknowledged> {
         self.0.lock().ok().and_then(|last| *last)
     }
 }
@@ -47,21 +54,24 @@ pub async fn record_every(
     mut shutdown: Shutdown,
 ) {
     let mut client = None;
-    let mut recorded: Option<Stored> = None;
+    let mut recorded: Option<Acknowledged> = None;
     let mut checked = false;
     loop {
         tokio::select! {
             () = tokio::time::sleep(acknowledged::EVERY) => {}
             () = shutdown.requested() => return,
         }
-        let Some(stored) = last.get().filter(|s| Some(*s) != recorded) else { continue };
+        let Some(acknowledged) = last.get().filter(|a| Some(*a) != recorded) else { continue };
         if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
             client = admin::connect(&database, &tls).await.ok();
         }
         let Some(db) = client.as_ref() else { continue };
         if !checked {
             match acknowledged::writable(db, &table).await {
-                Ok(true) => checked = true,
+                Ok(true) => match acknowledged::add_acknowledged_lsn(db, &table).await {
+                    Ok(()) => checked = true,
+                    Err(_) => continue,
+                },
                 Ok(false) => {
                     info!(%table, "no record of what JetStream acknowledged is kept: the table \
                         is missing or owned by another role (run `pgoutbox setup`); a restart \
@@ -72,8 +82,8 @@ pub async fn record_every(
             }
         }
         let Some(stream) = stream_identity(&publisher, publisher.stream()).await else { continue };
-        match acknowledged::record(db, &table, &slot, &stream, stored).await {
-            Ok(()) => recorded = Some(stored),
+        match acknowledged::record(db, &table, &slot, &stream, acknowledged).await {
+            Ok(()) => recorded = Some(acknowledged),
             Err(err) => warn!(%table, error = %admin::server_said(&err),
                 "could not record what JetStream acknowledged; trying again"),
         }

@@ -169,6 +169,7 @@ impl<'a> Pipeline<'a> {
         postgres_dead: tokio::sync::watch::Receiver<Option<Verdict>>,
         publisher: &Publisher,
     ) -> Self {
+        let horizon = durability::horizon_for(memory, config.durability_horizon, &resume);
         let start_lsn = resume.lsn;
         let start = Start {
             lsn: start_lsn,
@@ -179,7 +180,6 @@ impl<'a> Pipeline<'a> {
         let traces = memory.tracer.clone().map(Traces::new);
         let mut nats_disconnects = memory.nats_disconnects.clone();
         nats_disconnects.mark_unchanged();
-        let horizon = durability::horizon_for(memory, config.durability_horizon, start_lsn);
         Pipeline {
             nats_disconnects,
             unsent_row: false,
@@ -354,13 +354,6 @@ impl<'a> Pipeline<'a> {
                 }
             }
         }
-    }
-
-    /// Whether the writer (`.0`) and the window of unacknowledged messages (`.1`) have room
-    /// for another row.
-    fn room(&self) -> (bool, bool) {
-        let most = MAX_IN_FLIGHT.min(self.protocol.send_limit());
-        (self.outbound.has_room(), self.in_flight.has_room(most, self.config.max_in_flight_bytes))
     }
 
     async fn on_message(&mut self, message: ReplicationMessage) -> Result<(), PipelineError> {

@@ -15,8 +15,9 @@
 //! A pattern's tables (`tenant_*.outbox`) are listed again on every pass. One that joins
 //! the publication later is adopted: its rows are inserted again, keeping their created-at,
 //! in the adopting transaction, which the newest published commit says nothing about. So
-//! a matched table is served only once the slot has confirmed the WAL position at which it
-//! was first seen in the publication ([`SeenPublished`]): every transaction visible then,
+//! a matched table is served only once JetStream acknowledged everything up to the WAL
+//! position at which it was first seen in the publication (or the slot confirmed it; the
+//! slot trails by the durability horizon) ([`SeenPublished`]): every transaction visible then,
 //! its adoption included, committed before that position. A table is known by its OID and
 //! the publication's row for it, not its name, so joining anew between two passes counts;
 //! and each delete checks that row again ([`RetainedTable::delete_batch`]), for an
@@ -203,6 +204,9 @@ pub struct Scope {
     pub publication: String,
     /// Whose tables, and whose trigger functions, may run as pgoutbox (`--trusted-owner`).
     pub trusted: TrustedOwners,
+    /// What JetStream acknowledged, ahead of the slot by the durability horizon: a table's
+    /// adoption is published once either passed it.
+    pub acknowledged: crate::service::acknowledgements::LastAcknowledged,
 }
 
 /// Deletes published rows older than `keep` from every table until shutdown; errors are
@@ -356,6 +360,7 @@ async fn servable(
         .await?;
     let now = u64::from(row.try_get::<_, PgLsn>(0)?);
     let confirmed = row.try_get::<_, Option<PgLsn>>(1)?.map_or(0, u64::from);
+    let confirmed = confirmed.max(scope.acknowledged.up_to());
     // A table without the pattern's columns has its rows dead-lettered, not deleted; a
     // table of another owner is never written: its delete triggers would run as pgoutbox.
     let fits = |m: &tenant_tables::Matched| {

@@ -317,6 +317,18 @@ pub struct CommonArgs {
     /// that schema is not writable by setup or not yours to write in
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_REPLAY_TABLE", value_name = "SCHEMA.TABLE", hide_short_help = true)]
     pub replay_table: Option<String>,
+    /// Confirm a position only once JetStream acknowledged it this long ago
+    ///
+    /// A position is confirmed to Postgres once JetStream acknowledged everything up to it
+    /// this long ago and the stream, looked at since, still holds the newest of those
+    /// messages: a restart then reads again from the WAL what a nats-server that lost power
+    /// forgot, in commit order, emitted events included. The default covers nats-server's
+    /// default sync_interval (2m) and the sync pass that re-arms its timer. 0s: the stream's
+    /// servers run with sync_interval: always, or losing their unsynced writes is accepted
+    /// (run --recover then refills table rows). Costs the WAL of that long, re-read at start;
+    /// setup and status judge the stream by it (see docs/guarantees.md)
+    #[arg(help_heading = OPS, long, global = true, env = "PGOUTBOX_DURABILITY_HORIZON", default_value = crate::domain::horizon::DEFAULT, value_parser = crate::settings::units::parse_duration_or_zero, value_name = "DURATION", hide_short_help = true)]
+    pub durability_horizon: std::time::Duration,
     /// A role whose tables pgoutbox may read; repeatable (or comma-separated)
     ///
     /// Reading a table runs its owner's index expressions, policies and casts as the

@@ -223,7 +223,7 @@ impl Config {
                 tables,
                 defaults: entry,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
-                durability_horizon: std::time::Duration::ZERO,
+                durability_horizon: args.durability_horizon,
                 message_prefix: None,
                 replay_table,
                 large_payloads: None,

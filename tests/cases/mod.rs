@@ -41,6 +41,7 @@ mod poison_rows;
 mod postgres_black_hole;
 mod postgres_tls;
 mod postgres_version_reported;
+mod power_loss_with_the_defaults;
 mod publish_permission;
 mod publishing_connection;
 mod quiet_cli;

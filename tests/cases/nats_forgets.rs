@@ -1,8 +1,9 @@
-//! A nats-server that loses power forgets what it acknowledged since its last sync (issue
-//! 46): emulated by cutting the stream's newest message block to 60 % of its length. With
-//! `--durability-horizon` longer than that, the slot still holds the forgotten events, and
-//! pgoutbox publishes them again, once and in commit order, saying so in one line; without
-//! it, it says the events are lost and counts them.
+//! A nats-server that loses power forgets what it acknowledged since its last sync (issues
+//! 46, 56): emulated by cutting the stream's newest message block to 60 % of its length.
+//! With the default `--durability-horizon` (150 s, longer than that), the slot still holds
+//! the forgotten events, and pgoutbox publishes them again, once and in commit order,
+//! saying so in one line; with `0s`, it says the events are lost, counts them, and keeps
+//! the loss recorded for the one `run --recover` it advises.
 
 use std::time::Duration;
 
@@ -13,10 +14,11 @@ use crate::support::{
     Nats, Postgres, eventually, metric, numbered_rows, stop_and_wait_released, wait_until_streaming,
 };
 
-const HORIZON: [&str; 2] = ["--durability-horizon", "10m"];
+/// The operator's choice of less than the default: no horizon.
+pub(super) const NO_HORIZON: [&str; 2] = ["--durability-horizon", "0s"];
 
 /// Waits until the stream holds `n` messages.
-async fn stored(nats: &Nats, n: u64, what: &str) {
+pub(super) async fn stored(nats: &Nats, n: u64, what: &str) {
     let js = jetstream(&nats.url()).await;
     eventually(Duration::from_secs(60), what, || async {
         (count(&js, "OUTBOX").await >= n).then_some(())
@@ -25,12 +27,12 @@ async fn stored(nats: &Nats, n: u64, what: &str) {
 }
 
 /// The stream's message count once nats-server is back.
-async fn now_holds(nats: &Nats) -> u64 {
+pub(super) async fn now_holds(nats: &Nats) -> u64 {
     count(&jetstream(&nats.url()).await, "OUTBOX").await
 }
 
 /// Waits until the slot confirmed everything written so far: the WAL no longer holds it.
-async fn slot_confirmed_everything(pg: &Postgres) {
+pub(super) async fn slot_confirmed_everything(pg: &Postgres) {
     eventually(Duration::from_secs(20), "the slot confirmed every row", || async {
         let lag = "SELECT confirmed_flush_lsn >= pg_current_wal_insert_lsn() \
                    FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
@@ -43,7 +45,7 @@ async fn slot_confirmed_everything(pg: &Postgres) {
 /// -9 and the server's unsynced tail lost, as when the host they share loses power.
 /// Returns how many messages the stream still holds.
 async fn both_lose_their_tail(pg: &Postgres, nats: &mut Nats) -> u64 {
-    let mut app = Pgoutbox::run(pg, nats, &[]);
+    let mut app = Pgoutbox::run(pg, nats, &NO_HORIZON);
     wait_until_streaming(pg, &app).await;
     pg.psql(&numbered_rows(0, 1_000, 10));
     stored(nats, 1_000, "1,000 rows stored").await;
@@ -56,14 +58,15 @@ async fn both_lose_their_tail(pg: &Postgres, nats: &mut Nats) -> u64 {
     left
 }
 
-/// 1,000 rows stored; the server loses its unsynced tail while pgoutbox runs; 100 more:
-/// all 1,100 once and in order, and the log names what was lost and refilled.
+/// With the defaults: 1,000 rows stored; the server loses its unsynced tail while pgoutbox
+/// runs; 100 more: all 1,100 once and in order, and the log names what was lost and
+/// refilled.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_stream_that_forgot_its_tail_is_refilled_from_the_wal() {
+async fn with_the_defaults_a_tail_forgotten_while_running_is_refilled_from_the_wal() {
     let pg = Postgres::start();
     let mut nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let app = Pgoutbox::run(&pg, &nats, &HORIZON);
+    let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(0, 1_000, 10));
     stored(&nats, 1_000, "1,000 rows stored").await;
@@ -207,7 +210,7 @@ async fn recorded(pg: &Postgres, n: u64) {
 }
 
 /// The one line naming what the stream lost, once it is in the log.
-async fn loss_line(app: &Pgoutbox) -> String {
+pub(super) async fn loss_line(app: &Pgoutbox) -> String {
     eventually(Duration::from_secs(30), "the loss named", || async {
         let log = app.log();
         let line = log.lines().find(|l| l.contains("the stream lost acknowledged events"));
@@ -230,16 +233,16 @@ fn assert_named_beyond_the_slot(line: &str, left: u64, app: &Pgoutbox) -> u64 {
     lost
 }
 
-/// Both processes killed, the server's tail lost, both started again: the slot, held back
-/// by the horizon, brings back table rows and emitted events alike, and the new process,
-/// which saw none of the acknowledgements, says what was lost and published again from
-/// the record in Postgres.
+/// The issue's table with the defaults: both processes killed, the server's tail lost,
+/// both started again: the slot, held back by the default horizon, brings back table rows
+/// and emitted events alike, and the new process, which saw none of the acknowledgements,
+/// says what was lost and published again from the record in Postgres.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_forgotten_tail_of_rows_and_emitted_events_comes_back_after_kill_9() {
+async fn with_the_defaults_a_forgotten_tail_of_rows_and_emitted_events_comes_back_after_kill_9() {
     let pg = Postgres::start();
     let mut nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let mut app = Pgoutbox::run(&pg, &nats, &HORIZON);
+    let mut app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
     // Even n as table rows, odd n as emitted events, in one commit order.
     let events: String = (0..1_000)
@@ -260,7 +263,7 @@ async fn a_forgotten_tail_of_rows_and_emitted_events_comes_back_after_kill_9() {
     let left = now_holds(&nats).await;
     assert!(left < 1_000, "the cut block lost nothing");
 
-    let app = Pgoutbox::run(&pg, &nats, &HORIZON);
+    let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(1_000, 1_100, 10));
     stored(&nats, 1_100, "1,100 events stored after the loss").await;
@@ -280,7 +283,7 @@ async fn without_a_horizon_a_restart_of_both_still_names_the_loss() {
     pg.psql(include_str!("../../sql/outbox.sql"));
     let left = both_lose_their_tail(&pg, &mut nats).await;
 
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let app = Pgoutbox::run(&pg, &nats, &NO_HORIZON);
     let line = loss_line(&app).await;
     assert_named_beyond_the_slot(&line, left, &app);
 }
@@ -293,7 +296,7 @@ async fn without_a_horizon_a_forgotten_tail_is_named_and_counted() {
     let pg = Postgres::start();
     let mut nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let app = Pgoutbox::run(&pg, &nats, &NO_HORIZON);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(0, 1_000, 10));
     stored(&nats, 1_000, "1,000 rows stored").await;
@@ -358,7 +361,7 @@ async fn recover_refills_from_the_table_what_the_slot_confirmed_past() {
     pg.psql(include_str!("../../sql/outbox.sql"));
     let left = both_lose_their_tail(&pg, &mut nats).await;
 
-    let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    let app = Pgoutbox::run(&pg, &nats, &["--recover", NO_HORIZON[0], NO_HORIZON[1]]);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(1_000, 1_100, 10));
     stored(&nats, 1_100, "1,100 rows stored after the loss").await;

@@ -40,10 +40,14 @@ impl Pgoutbox {
         Pgoutbox::spawn(cmd)
     }
 
-    /// `pgoutbox run` reaching NATS at `nats_url` (a fault proxy in front of `nats`).
+    /// `pgoutbox run` reaching NATS at `nats_url` (a fault proxy in front of `nats`), with
+    /// no durability horizon: the fault tests check that the slot is never confirmed past
+    /// an unstored row (the strictest case is a slot confirmed as soon as rows are
+    /// acknowledged) and that it catches up within seconds, not 150 s.
     pub fn run_via(pg: &Postgres, nats: &Nats, nats_url: &str) -> Pgoutbox {
         let mut cmd = command(pg, nats);
-        cmd.env("PGOUTBOX_NATS_URL", nats_url).arg("run");
+        cmd.env("PGOUTBOX_NATS_URL", nats_url).env("PGOUTBOX_DURABILITY_HORIZON", "0s");
+        cmd.arg("run");
         Pgoutbox::spawn(cmd)
     }
 

@@ -8,8 +8,11 @@
 //! whether or not it runs at that moment: rows handed over while it is down wait in the
 //! slot, and it publishes them when it runs again.
 //!
-//! A row handed over is in the stream once the slot's `confirmed_flush_lsn` passes the
-//! transaction that carried it: pgoutbox confirms nothing JetStream has not acknowledged.
+//! A row handed over is in the stream once pgoutbox recorded everything up to the
+//! transaction that carried it as acknowledged (`postgres::acknowledged`, a second at most
+//! behind the acknowledgements), or once the slot's `confirmed_flush_lsn` passes it:
+//! pgoutbox confirms nothing JetStream has not acknowledged, but the slot trails by the
+//! durability horizon, which a replay need not wait for.
 //! That is how this command shows what is published, waits for the end, and, resumed with
 //! its id after a kill, first lets pgoutbox publish what the killed run handed over before
 //! it reads which rows the stream holds.
@@ -24,6 +27,7 @@ use super::{Plan, Progress, Tally, next_rows};
 use crate::domain::outbox::RowMapping;
 use crate::domain::seed::{REPLAY_HEADER, replay_id_prefix};
 use crate::nats::publisher::{Publisher, ReadFrom};
+use crate::postgres::acknowledged;
 use crate::postgres::admin::TableName;
 use crate::postgres::pgoutput::{FrameWriter, ReplayFrame};
 use crate::postgres::replay_table::{self, FRAME_BYTES};
@@ -55,6 +59,8 @@ const POLL: Duration = Duration::from_millis(10);
 struct Slot<'a> {
     client: &'a Client,
     name: &'a str,
+    /// pgoutbox's record of what JetStream acknowledged.
+    record: TableName,
     inactive_since: Option<Instant>,
 }
 
@@ -67,9 +73,18 @@ impl Slot<'_> {
         Ok(u64::from(row.try_get::<_, PgLsn>(0)?))
     }
 
-    /// The slot's confirmed position; an error once no pgoutbox streamed from it for
-    /// [`INACTIVE_LIMIT`].
+    /// The position up to which everything is in the stream: the slot's confirmed position,
+    /// or pgoutbox's record of what was acknowledged when that is further; an error once no
+    /// pgoutbox streamed from the slot for [`INACTIVE_LIMIT`].
     async fn confirmed(&mut self) -> anyhow::Result<u64> {
+        let slot = self.slot_confirmed().await?;
+        let recorded = acknowledged::acknowledged_up_to(self.client, &self.record, self.name)
+            .await
+            .context("reading pgoutbox's record of what JetStream acknowledged")?;
+        Ok(recorded.map_or(slot, |recorded| recorded.max(slot)))
+    }
+
+    async fn slot_confirmed(&mut self) -> anyhow::Result<u64> {
         let row = self
             .client
             .query_opt(
@@ -127,9 +142,12 @@ pub(super) async fn streamed_from(client: &Client, slot: &str) -> anyhow::Result
 
 /// Before a resumed replay reads what the stream holds: what its killed run handed over is
 /// published first, so that the stream shows it.
-pub(super) async fn settle_earlier_runs(client: &Client, slot: &str) -> anyhow::Result<()> {
+pub(super) async fn settle_earlier_runs(
+    client: &Client,
+    (slot, record): (&str, &TableName),
+) -> anyhow::Result<()> {
     prepare_session(client).await?;
-    let mut slot = Slot { client, name: slot, inactive_since: None };
+    let mut slot = Slot { client, name: slot, record: record.clone(), inactive_since: None };
     let now = slot.now().await?;
     slot.wait_confirmed(now).await.context("waiting for the rows handed over before")
 }
@@ -154,7 +172,8 @@ pub(super) async fn hand_over(
 ) -> anyhow::Result<Tally> {
     let Plan { selection, id, total, .. } = plan;
     prepare_session(client).await?;
-    let mut slot = Slot { client, name: &config.slot, inactive_since: None };
+    let record = acknowledged::table_beside(&config.pipeline.replay_table);
+    let mut slot = Slot { client, name: &config.slot, record, inactive_since: None };
     let table = config.pipeline.replay_table.clone();
     let to = Handover { table, slot: &config.slot, replay_id: id };
     let relation = snapshot.relation();

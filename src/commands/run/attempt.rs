@@ -211,7 +211,8 @@ impl Target<'_> {
             .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
             .map(u64::from)
             .unwrap_or(0);
-        let stored = match memory.stored.take() {
+        // Kept across an attempt that gets no acknowledgement: a later one still judges by it.
+        let stored = match memory.stored {
             Some(stored) => Some(stored),
             None if !memory.recorded_read => {
                 memory.recorded_read = true;
@@ -224,8 +225,15 @@ impl Target<'_> {
             stored.and_then(|s| Forgotten::judge(s, tail.last_sequence, tail_position, start))
         {
             metrics::counter!(names::STREAM_LOST_EVENTS).increment(forgotten.lost());
-            // What waited rested on acknowledgements the stream no longer holds.
+            // A recovery's rows the stream lost within the horizon: only the table has them.
+            let seed_rows_lost = memory.horizon.as_ref().is_some_and(|h| h.pin_waits());
+            // What waited rested on acknowledgements the stream no longer holds; the loss is
+            // named once, and the stream's tail is where the next judgement starts.
             memory.horizon = None;
+            memory.stored = None;
+            if seed_rows_lost && memory.seed.is_none() {
+                return Err(seed_again(&mut conn, &config.slot, &forgotten, memory).await);
+            }
             match forgotten.refilled() {
                 true => warn!(stream = %config.stream, "{forgotten}"),
                 false => error!(stream = %config.stream, "{forgotten}"),
@@ -357,4 +365,27 @@ async fn recorded_acknowledgement(
     let rows = conn.simple_query(&acknowledged::read_sql(&table, &config.slot)).await.ok()?;
     let stream = stream_identity(publisher, &config.stream).await?;
     acknowledged::parse_recorded(&rows, &stream)
+}
+
+/// The stream lost what a recovery (or backfill) seeded, within the durability horizon
+/// after the seed ended: the WAL cannot give those rows back, and the slot was confirmed no
+/// further than the seed's end (`Horizon::pin`), so nothing decoded since is lost with it.
+/// The slot is dropped, and the next attempt seeds the stream from the table again, from a
+/// new snapshot and what the stream holds then.
+async fn seed_again(
+    conn: &mut ReplicationConnection,
+    slot: &str,
+    forgotten: &Forgotten,
+    memory: &mut Memory,
+) -> PipelineError {
+    warn!(%slot, "{forgotten}; they include rows a recovery seeded within the durability \
+        horizon, which only the table has: seeding again");
+    let drop =
+        format!("DROP_REPLICATION_SLOT {}", postgres_protocol::escape::escape_identifier(slot));
+    if let Err(err) = conn.simple_query(&drop).await {
+        return PipelineError::from_start_replication(slot, err);
+    }
+    memory.seed_wanted = Some(crate::service::seed::SeedKind::Recover);
+    let why = "the stream lost rows a recovery seeded within the durability horizon: seeding again";
+    NatsFailure::new(NatsFailureKind::Request, why).into()
 }

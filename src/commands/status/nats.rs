@@ -92,6 +92,7 @@ async fn read(config: &Config, slot_in_use: bool, report: &mut NatsReport) {
     report.stream["messages"] = json!(info.state.messages);
     report.stream["bytes"] = json!(info.state.bytes);
     report.stream["last_sequence"] = json!(info.state.last_sequence);
+    report.stream["created_unix_ns"] = json!(info.created.unix_timestamp_nanos().to_string());
     report.stream["duplicate_window_seconds"] = json!(info.config.duplicate_window.as_secs_f64());
     report.stream["replicas"] = json!(info.config.num_replicas);
     report.stream["persistence"] = json!(durability::persistence(&info.config));

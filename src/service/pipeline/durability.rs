@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::{Memory, Pipeline};
+use super::{Memory, Pipeline, Resume};
 use crate::domain::horizon::{Horizon, Stored};
 use crate::nats::publisher::PublisherError;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
@@ -29,13 +29,33 @@ struct Answer {
     holds: Result<bool, PublisherError>,
 }
 
-/// The horizon of an attempt that starts from the slot at `start`: the one the attempt
-/// before carried ([`Memory::horizon`]), or a new one.
-pub(super) fn horizon_for(memory: &mut Memory, span: Duration, start: u64) -> Horizon {
-    match memory.horizon.take() {
+/// The horizon of an attempt that resumes the slot at `resume.lsn`: the one the attempt
+/// before carried ([`Memory::horizon`]), or a new one. What positions without an
+/// acknowledgement of this process rest on comes from the stream's tail at the start:
+/// nothing of ours past the slot's start (an empty stream, our tail at or before it)
+/// releases them at once, so an outbox idle since its start pins no WAL; our tail past it
+/// is a message to look for like an acknowledged one; another writer's tail (or a seed)
+/// leaves them waiting by time alone.
+pub(super) fn horizon_for(memory: &mut Memory, span: Duration, resume: &Resume) -> Horizon {
+    let start = resume.lsn;
+    let mut horizon = match memory.horizon.take() {
         Some(carried) => carried.resumed_at(start),
         None => Horizon::new(span, start),
+    };
+    let ours = resume.skip_through.as_ref().map(|tail| tail.position);
+    match ours {
+        _ if resume.prelude.is_some() => {}
+        None if resume.stream_sequence == 0 => horizon.nothing_past_the_start(),
+        Some(position) if position.commit_lsn <= start => horizon.nothing_past_the_start(),
+        Some(position) => {
+            let tail = Stored { sequence: resume.stream_sequence, position };
+            if memory.stored.is_none_or(|stored| stored.sequence < tail.sequence) {
+                memory.stored = Some(tail);
+            }
+        }
+        None => {}
     }
+    horizon
 }
 
 impl Pipeline<'_> {

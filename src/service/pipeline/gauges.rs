@@ -33,7 +33,7 @@ impl Pipeline<'_> {
         let acks = std::mem::take(&mut self.acks_unrecorded);
         self.memory.progress.record(self.protocol.confirmed(), acks, waiting);
         if let Some(stored) = self.memory.stored {
-            self.memory.acknowledged.set(stored);
+            self.memory.acknowledged.set(stored, self.protocol.confirmed());
         }
     }
 
@@ -44,6 +44,8 @@ impl Pipeline<'_> {
         self.metrics.confirmed_lsn.set(confirmed as f64);
         let lag = self.server_wal_end.saturating_sub(confirmed);
         self.metrics.replication_lag_bytes.set(lag as f64);
+        let held = self.protocol.confirmed().saturating_sub(confirmed);
+        self.metrics.durability_held_bytes.set(held as f64);
         let now = Instant::now();
         if let Some(seed) = &self.memory.seed {
             let pace = self.memory.paces.seed.record(now, seed.done);

@@ -36,6 +36,13 @@ pub(super) enum Sending<'a> {
 }
 
 impl Pipeline<'_> {
+    /// Whether the writer (`.0`) and the window of unacknowledged messages (`.1`) have room
+    /// for another row.
+    pub(super) fn room(&self) -> (bool, bool) {
+        let most = super::MAX_IN_FLIGHT.min(self.protocol.send_limit());
+        (self.outbound.has_room(), self.in_flight.has_room(most, self.config.max_in_flight_bytes))
+    }
+
     /// One row at `position`, to be published, or its dead letter when it cannot be
     /// published as it is (`rejected` says why when that is known before mapping it). In a
     /// transaction it is held, and the row held before it goes out, not the last of it; a

@@ -46,6 +46,11 @@ pub(super) fn describe() {
              (each also logged, saying whether the slot still holds them).",
         ),
         (
+            names::STREAM_RECREATED,
+            "Times the stream was found deleted and created again since pgoutbox recorded \
+             it: its history is gone from it (each also a warning naming run --backfill).",
+        ),
+        (
             names::REPLAYED_ROWS_UNREADABLE,
             "Rows inserted into the replay table that pgoutbox may not publish (unreadable, \
              of a newer version, or for another relation): published as dead letters.",
@@ -67,6 +72,16 @@ pub(super) fn describe() {
         (names::MESSAGES_IN_FLIGHT, "Publishes waiting for their JetStream ack."),
         (names::CONFIRMED_LSN, "The LSN last confirmed to Postgres, as a number."),
         (names::REPLICATION_LAG_BYTES, "Server WAL end minus the confirmed LSN, in bytes."),
+        (
+            names::DURABILITY_HORIZON_SECONDS,
+            "--durability-horizon: how long an acknowledged position waits before it is \
+             confirmed, so that the WAL brings back what a nats-server that lost power forgot.",
+        ),
+        (
+            names::DURABILITY_HELD_BYTES,
+            "WAL acknowledged by JetStream and held unconfirmed by the durability horizon, in \
+             bytes (part of the replication lag).",
+        ),
         (
             names::ADOPTION_ROWS_READ,
             "Rows the adoption of a pattern's new table under way has read and handed over; \

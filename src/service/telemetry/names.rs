@@ -18,6 +18,13 @@ pub const RETENTION_DELETED: &str = "pgoutbox_retention_deleted_total";
 /// Messages the stream was found to have lost after acknowledging them (a nats-server that
 /// lost power with writes not yet synced), found when pgoutbox reconnects.
 pub const STREAM_LOST_EVENTS: &str = "pgoutbox_stream_lost_events_total";
+/// Streams found deleted and created again since pgoutbox recorded them (their history
+/// is gone from them): each also has a warning.
+pub const STREAM_RECREATED: &str = "pgoutbox_stream_recreated_total";
+/// The durability horizon `run` keeps (`--durability-horizon`), and the WAL it holds: the
+/// bytes between what JetStream acknowledged and what is confirmed to Postgres for it.
+pub const DURABILITY_HORIZON_SECONDS: &str = "pgoutbox_durability_horizon_seconds";
+pub const DURABILITY_HELD_BYTES: &str = "pgoutbox_durability_held_bytes";
 /// Tables a `--table` pattern matches that pgoutbox cannot stream (out of the publication,
 /// and pgoutbox may not add them): each also has a warning naming it and what to run.
 pub const TABLES_NOT_STREAMED: &str = "pgoutbox_tables_not_streamed";

@@ -136,17 +136,6 @@ pub struct RunArgs {
     /// an ack came nor anything was confirmed for this long
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_STALL_TIMEOUT", default_value = "60s", value_parser = crate::settings::units::parse_duration, value_name = "DURATION", hide_short_help = true)]
     pub stall_timeout: std::time::Duration,
-    /// Confirm a position only once JetStream acknowledged it this long ago
-    ///
-    /// A position is confirmed to Postgres once JetStream acknowledged everything up to it
-    /// this long ago and the stream, looked at since, still holds the newest of those
-    /// messages (time alone is not trusted: a server may restart while pgoutbox is paused). Set it to as long as the stream may still lose an acknowledged write
-    /// (an R1 stream's sync interval, 2m by nats-server's default), so that a restart reads
-    /// again from the WAL what a server that lost power forgot. 0s: the stream syncs every
-    /// write (sync_interval: always) or is replicated. Costs the WAL of that long, re-read
-    /// at start
-    #[arg(help_heading = OPS, long, env = "PGOUTBOX_DURABILITY_HORIZON", default_value = "0s", value_parser = crate::settings::units::parse_duration_or_zero, value_name = "DURATION", hide_short_help = true)]
-    pub durability_horizon: std::time::Duration,
     /// Check the rows created each period against the stream, as verify does
     ///
     /// Every this long, the rows of each named table created since the last check (and at

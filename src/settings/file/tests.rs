@@ -109,7 +109,7 @@ fn every_setting_of_run_is_a_key_read_by_its_flags_parser() {
     let (cli, _) = resolved(toml, &["run"]).expect("run takes every key");
     let Command::Run(run) = cli.command else { panic!("run") };
     assert_eq!(run.retention, Some(Duration::from_secs(7 * 86_400)));
-    assert_eq!(run.durability_horizon, Duration::from_secs(120));
+    assert_eq!(cli.common.durability_horizon, Duration::from_secs(120));
     assert_eq!(run.http_addr.map(|a| a.port()), Some(9999));
     assert_eq!((run.max_in_flight_bytes, run.backfill), (1 << 20, true));
     assert_eq!(run.slot.object_store.as_deref(), Some("payloads"));
