@@ -70,15 +70,12 @@ pub enum Fault {
     /// pgoutbox is killed (the replay then publishes by itself).
     Replay,
     /// A power loss of a nats-server that syncs its store every few seconds: killed, what
-    /// it stored in the last 0.5-5 s cut from its blocks (less than pgoutbox's
-    /// [`TAIL_LOSS_HORIZON`]), started again after 0-2 s; half of the time pgoutbox is
-    /// killed with it, as on a host they share.
+    /// it stored in the last 0.5-5 s cut from its blocks (less than pgoutbox's default
+    /// durability horizon of 150 s, which the soak runs with), started again after 0-2 s;
+    /// half of the time pgoutbox is killed with it, as on a host they share.
     TailLoss,
 }
 
-/// pgoutbox's `--durability-horizon` while the `tail-loss` fault is on: longer than any
-/// tail the fault cuts.
-pub const TAIL_LOSS_HORIZON: &str = "10s";
 
 impl Fault {
     pub const ALL: [Fault; 8] = [
