@@ -47,6 +47,7 @@ tests=(
                                # a delivery overtaking a publish, kill -9 among deliveries
   tenants_without_trust::a_scheduled  # a reused id never cancels another row's schedule (2.12+)
   nats_forgets                 # a power loss cuts the stream's tail: refilled from the slot
+  power_loss_with_the_defaults # the same with pgoutbox's defaults; a loss kept for --recover
   cloudevents                  # CloudEvents read back by the Python SDK
   several_tables::kill_9       # two tables' rows in one chain, in commit order, under kill -9
   large_payloads               # the Object Store: chunks, rollup and purge on a re-put, limits

@@ -138,6 +138,15 @@ impl Drop for Liveness {
     }
 }
 
+/// Whether Postgres refused a session because it is shutting down (or ended one for it). A
+/// walsender waits, at shutdown, until its client confirmed all the WAL it sent, which the
+/// durability horizon holds back: the attempt ends, and the slot keeps what is unconfirmed.
+fn shutting_down(err: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    let stopping = [SqlState::ADMIN_SHUTDOWN, SqlState::CANNOT_CONNECT_NOW];
+    err.code().is_some_and(|code| stopping.contains(code))
+}
+
 struct Check {
     config: tokio_postgres::Config,
     tls: PgTls,
@@ -173,6 +182,10 @@ impl Check {
                     "no answer to the liveness check in {DEADLINE:?}"
                 ))),
                 Ok(Ok(verdict)) => verdict,
+                Ok(Err(err)) if shutting_down(&err) => Some(Verdict::Unresponsive(format!(
+                    "Postgres is shutting down ({err}): leaving the walsender, which would \
+                     hold the shutdown until the durability horizon let the slot be confirmed"
+                ))),
                 Ok(Err(err)) if err.as_db_error().is_some() => {
                     warn!(error = %err, "liveness check refused by Postgres; trying again");
                     client = None;

@@ -71,7 +71,6 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         nats,
         app,
         base,
-        run_args,
         rng: rng.fork(2),
         gate,
         t0,
@@ -161,11 +160,9 @@ struct Nemesis {
     pg: Postgres,
     nats: Nats,
     app: Pgoutbox,
-    /// Given to every `pgoutbox run` and replay: the tenants' `--config`, when they write.
+    /// Given to every `pgoutbox run` and replay: the tenants' `--config`, when they write;
+    /// nothing else, so that pgoutbox runs with its defaults.
     base: Vec<String>,
-    /// Given to every `pgoutbox run`: `base`, and the durability horizon when the
-    /// `tail-loss` fault is on.
-    run_args: Vec<String>,
     rng: Rng,
     gate: Arc<Mutex<Gate>>,
     t0: Instant,
@@ -259,8 +256,7 @@ impl Nemesis {
     fn start_app(&mut self, args: &[&str]) {
         self.save_log();
         self.runs += 1;
-        let args: Vec<&str> =
-            strs(&self.run_args).into_iter().chain(args.iter().copied()).collect();
+        let args: Vec<&str> = strs(&self.base).into_iter().chain(args.iter().copied()).collect();
         self.app = Pgoutbox::run(&self.pg, &self.nats, &args);
     }
 

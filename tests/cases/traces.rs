@@ -33,6 +33,9 @@ fn traced(pg: &Postgres, nats: &Nats, endpoint: &str) -> Command {
     cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
         // Batches go out every 100 ms instead of every 5 s.
         .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        // A transaction's span ends at its confirmation: without a durability horizon at
+        // once, not 150 s after it was stored.
+        .env("PGOUTBOX_DURABILITY_HORIZON", "0s")
         .arg("run");
     cmd
 }

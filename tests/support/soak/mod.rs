@@ -76,7 +76,6 @@ pub enum Fault {
     TailLoss,
 }
 
-
 impl Fault {
     pub const ALL: [Fault; 8] = [
         Fault::Kill,
