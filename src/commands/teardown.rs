@@ -43,7 +43,7 @@ pub async fn run(config: &Config, yes: bool, only_table: Option<&str>) -> anyhow
     println!("dropped slot {} and publication {}", config.slot, config.publication);
     // What the slot's streaming had acknowledged: a new slot of that name starts afresh.
     let record = acknowledged::table_beside(&config.pipeline.replay_table);
-    if acknowledged::writable(&client, &record).await? {
+    if acknowledged::owner(&client, &record).await? == acknowledged::Owner::Ours {
         acknowledged::forget(&client, &record, &config.slot).await?;
     }
     // A seed killed halfway leaves its temporary slot; nothing else would drop it.

@@ -70,18 +70,28 @@ pub struct StreamIdentity {
     pub created: String,
 }
 
+/// Who may write `table`: pgoutbox's role when it owns it ([`Owner::Ours`]), else the role
+/// that does, or nobody when it is missing.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Owner {
+    Ours,
+    Theirs { owner: String, login: String },
+    Missing,
+}
+
 /// Whether pgoutbox may write `table`: it exists and pgoutbox's role owns it.
-pub async fn writable(client: &Client, table: &TableName) -> Result<bool, tokio_postgres::Error> {
+pub async fn owner(client: &Client, table: &TableName) -> Result<Owner, tokio_postgres::Error> {
     let row = client
-        .query_one(
-            "SELECT coalesce((SELECT relowner = (SELECT oid FROM pg_catalog.pg_roles \
-                                                 WHERE rolname = current_user) \
-                              FROM pg_catalog.pg_class WHERE oid = pg_catalog.to_regclass($1)), \
-                             false)",
+        .query_opt(
+            "SELECT o.rolname::pg_catalog.text, current_user::pg_catalog.text \
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
+             WHERE c.oid = pg_catalog.to_regclass($1)",
             &[&table.quoted()],
         )
         .await?;
-    row.try_get(0)
+    let Some(row) = row else { return Ok(Owner::Missing) };
+    let (owner, login): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+    Ok(if owner == login { Owner::Ours } else { Owner::Theirs { owner, login } })
 }
 
 /// What JetStream acknowledged: the last message stored, and the position up to which

@@ -4,11 +4,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::domain::horizon::Stored;
 use crate::nats::publisher::Publisher;
-use crate::postgres::acknowledged::{self, Acknowledged, StreamIdentity};
+use crate::postgres::acknowledged::{self, Acknowledged, Owner, StreamIdentity};
 use crate::postgres::admin::{self, TableName};
 use crate::service::shutdown::Shutdown;
 
@@ -67,17 +67,12 @@ pub async fn record_every(
         }
         let Some(db) = client.as_ref() else { continue };
         if !checked {
-            match acknowledged::writable(db, &table).await {
-                Ok(true) => match acknowledged::add_acknowledged_lsn(db, &table).await {
+            match acknowledged::owner(db, &table).await {
+                Ok(Owner::Ours) => match acknowledged::add_acknowledged_lsn(db, &table).await {
                     Ok(()) => checked = true,
                     Err(_) => continue,
                 },
-                Ok(false) => {
-                    info!(%table, "no record of what JetStream acknowledged is kept: the table \
-                        is missing or owned by another role (run `pgoutbox setup`); a restart \
-                        of both pgoutbox and nats-server cannot tell a stream that lost events");
-                    return;
-                }
+                Ok(not_ours) => return say_no_record_is_kept(&table, not_ours),
                 Err(_) => continue,
             }
         }
@@ -88,4 +83,21 @@ pub async fn record_every(
                 "could not record what JetStream acknowledged; trying again"),
         }
     }
+}
+
+/// One warning with the command that fixes it: without the record, a restart of both
+/// pgoutbox and nats-server cannot tell a stream that lost events, and `pgoutbox replay`
+/// waits for the slot. pgoutbox writes only a table its own role owns (a trigger on
+/// another's would run as pgoutbox), so the fix is the table made again by that role.
+fn say_no_record_is_kept(table: &TableName, owner: Owner) {
+    let fix = match owner {
+        Owner::Theirs { owner, login } => format!(
+            "it is owned by role {owner:?}, not by pgoutbox's role {login:?}: as {owner:?}, run \
+             `DROP TABLE {table}`, then `pgoutbox setup` as {login:?}"
+        ),
+        _ => "it is missing: run `pgoutbox setup` as pgoutbox's role".to_owned(),
+    };
+    warn!(%table, "no record of what JetStream acknowledged is kept ({fix}); a restart of \
+        both pgoutbox and nats-server cannot tell a stream that lost events, and pgoutbox \
+        replay waits for the slot");
 }

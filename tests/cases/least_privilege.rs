@@ -102,3 +102,36 @@ async fn no_command_prints_the_password_from_the_url() {
     assert!(seen.contains("password authentication failed"), "the failures did not run:\n{seen}");
     assert!(!seen.contains(PASSWORD), "the password leaked:\n{seen}");
 }
+
+/// An admin ran `pgoutbox setup` (as docs/operations.md suggests), so the record of what
+/// JetStream acknowledged is the admin's; pgoutbox then runs as its least-privileged role,
+/// which writes only its own tables: it says so in one warning naming the owner and the
+/// commands that fix it (never an ownership change of a table to pgoutbox). Before, an INFO
+/// line said only "missing or owned by another role".
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_table_made_by_an_admin_is_a_warning_with_the_commands_that_fix_it() {
+    let pg = Postgres::builder().hba("host all pgoutbox 127.0.0.1/32 scram-sha-256").start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql(&grants_with_password());
+    pg.psql("DROP TABLE public.pgoutbox_acknowledged");
+    let nats = Nats::start();
+    let setup = command(&pg, &nats).arg("setup").output().expect("setup as the admin");
+    assert!(setup.status.success(), "{}", String::from_utf8_lossy(&setup.stderr));
+    let owner = "SELECT tableowner FROM pg_tables WHERE tablename = 'pgoutbox_acknowledged'";
+    assert_eq!(pg.psql(owner), "postgres");
+    let mut cmd = command(&pg, &nats);
+    cmd.env("PGOUTBOX_DATABASE_URL", pg.url_for("pgoutbox", Some(PASSWORD), "postgres")).arg("run");
+    let app = Pgoutbox::spawn(cmd);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 1, 1));
+    let line = eventually(Duration::from_secs(20), "the warning", || async {
+        let log = app.log();
+        log.lines().find(|l| l.contains("no record of what JetStream")).map(str::to_owned)
+    })
+    .await;
+    assert!(line.contains("WARN"), "{line}");
+    for says in ["\"postgres\"", "DROP TABLE public.pgoutbox_acknowledged", "pgoutbox setup"] {
+        assert!(line.contains(says), "no {says:?} in {line}");
+    }
+    assert!(!line.contains("OWNER TO"), "an ownership change advised: {line}");
+}
