@@ -131,17 +131,17 @@ impl Horizon {
 
     /// Holds every position past `at` until `stored`, acknowledged at `acked_at`, is seen in
     /// the stream a horizon later: a seed's last row, whose slot took over at `at` and which
-    /// only the table can give back. [`Horizon::pin_waits`] says whether it still waits.
+    /// only the table can give back. [`Horizon::pinned`] says what still waits.
     pub fn pin(&mut self, stored: Stored, acked_at: Instant, at: u64) {
         if !self.span.is_zero() {
             self.pinned = Some((stored, acked_at, at));
         }
     }
 
-    /// Whether a pinned message still waits to be vouched for: a loss found now may have
-    /// taken it.
-    pub fn pin_waits(&self) -> bool {
-        self.pinned.is_some()
+    /// The pinned message still waiting to be vouched for, when it was acknowledged, and
+    /// the position held for it: a loss found now may have taken it.
+    pub fn pinned(&self) -> Option<(Stored, Instant, u64)> {
+        self.pinned
     }
 
     /// Whether what the stream was seen holding vouches for `stored`, acknowledged at

@@ -419,19 +419,23 @@ impl Nemesis {
         }
     }
 
-    /// Waits (3 min at most) until the slot's confirmed position passes the WAL written so
-    /// far, the writer's last commit included: then the stream holds everything.
+    /// Waits (3 min at most) until the slot's confirmed position, or pgoutbox's record of
+    /// what JetStream acknowledged (the slot trails it by the durability horizon), passes
+    /// the WAL written so far, the writer's last commit included: then the stream holds
+    /// everything.
     async fn wait_confirmed_past_the_end(&mut self) {
         let end = parse_lsn(&self.pg.psql("SELECT pg_current_wal_lsn()"));
+        let recorded = "SELECT coalesce((SELECT acknowledged_lsn::text \
+                        FROM public.pgoutbox_acknowledged WHERE slot = 'pgoutbox'), '')";
         let caught_up = self
             .within(Duration::from_secs(180), |n| {
-                let confirmed = confirmed_flush(&n.pg);
-                let past = !confirmed.is_empty() && parse_lsn(&confirmed) >= end;
-                past || !n.app.is_running()
+                let past = |lsn: String| !lsn.is_empty() && parse_lsn(&lsn) >= end;
+                let acknowledged = n.pg.try_psql(recorded).unwrap_or_default();
+                past(confirmed_flush(&n.pg)) || past(acknowledged) || !n.app.is_running()
             })
             .await
             && self.app.is_running();
-        self.say(&format!("slot confirmed past the last commit: {caught_up}"));
+        self.say(&format!("acknowledged past the last commit: {caught_up}"));
         if !caught_up {
             let confirmed = confirmed_flush(&self.pg);
             let tail = tail(&self.app.log(), 8);

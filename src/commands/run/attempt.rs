@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use crate::domain::horizon::{Forgotten, Stored};
+use crate::domain::horizon::{Forgotten, Horizon, Stored};
 use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::handshake::Dialer;
@@ -225,14 +225,21 @@ impl Target<'_> {
             stored.and_then(|s| Forgotten::judge(s, tail.last_sequence, tail_position, start))
         {
             metrics::counter!(names::STREAM_LOST_EVENTS).increment(forgotten.lost());
-            // A recovery's rows the stream lost within the horizon: only the table has them.
-            let seed_rows_lost = memory.horizon.as_ref().is_some_and(|h| h.pin_waits());
+            let pinned = memory.horizon.as_ref().and_then(Horizon::pinned);
             // What waited rested on acknowledgements the stream no longer holds; the loss is
             // named once, and the stream's tail is where the next judgement starts.
             memory.horizon = None;
             memory.stored = None;
-            if seed_rows_lost && memory.seed.is_none() {
-                return Err(seed_again(&mut conn, &config.slot, &forgotten, memory).await);
+            if let Some((seed_last, acked_at, end)) = pinned.filter(|_| memory.seed.is_none()) {
+                // A recovery's rows the stream lost within the horizon: only the table has
+                // them. Otherwise the slot, held at the seed's end, gives back the rest, and
+                // the seed's last row still waits to be vouched for.
+                if tail.last_sequence < seed_last.sequence {
+                    return Err(seed_again(&mut conn, &config.slot, &forgotten, memory).await);
+                }
+                let mut kept = Horizon::new(pipeline.durability_horizon, start);
+                kept.pin(seed_last, acked_at, end);
+                memory.horizon = Some(kept);
             }
             match forgotten.refilled() {
                 true => warn!(stream = %config.stream, "{forgotten}"),

@@ -121,12 +121,12 @@ fn a_pinned_seed_row_holds_every_position_past_its_slot_until_it_is_vouched_for(
     assert_eq!(horizon.due(ripe), message(6), "the newest ripe message is looked for");
     horizon.vouched(message(5).unwrap(), ripe);
     assert_eq!(horizon.release(ripe), 10, "the seed's row vouched, the newer one not yet");
-    assert!(!horizon.pin_waits());
+    assert!(horizon.pinned().is_none());
     horizon.vouched(message(6).unwrap(), ripe);
     assert_eq!(horizon.release(ripe), 20);
     let mut none = Horizon::new(Duration::ZERO, 0);
     none.pin(message(5).unwrap(), t0, 0);
-    assert!(!none.pin_waits(), "no horizon, nothing to wait for");
+    assert!(none.pinned().is_none(), "no horizon, nothing to wait for");
 }
 
 #[test]
