@@ -230,12 +230,14 @@ async fn every_metric_the_dashboard_and_the_rules_query_is_exported() {
     let pg = Postgres::start();
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    // `--verify-every`: its gauges, which an alert reads, exist once it has checked.
+    let app = Pgoutbox::run(&pg, &nats, &["--verify-every", "1s"]);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&crate::support::numbered_rows(0, 1, 1));
-    let text = eventually(Duration::from_secs(20), "/metrics shows the row", || async {
+    let text = eventually(Duration::from_secs(30), "/metrics shows the row", || async {
         let (_, text) = http_get(app.http_port(), "/metrics")?;
-        (metric(&text, "pgoutbox_rows_published_total{table=\"public.outbox\"}")? >= 1.0)
+        let checked = text.contains("pgoutbox_verify_missing_rows{");
+        (metric(&text, "pgoutbox_rows_published_total{table=\"public.outbox\"}")? >= 1.0 && checked)
             .then_some(text)
     })
     .await;
