@@ -186,6 +186,22 @@ pub async fn recorded(
     Ok(parse_recorded(&rows, stream))
 }
 
+/// The stream under a name was made again: `before` is the creation time (unix ns) of the
+/// one pgoutbox recorded; `recorded`, whether the new one's acknowledgements were recorded
+/// since (the old one is then remembered in `stream_replaced`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MadeAgain {
+    pub before: String,
+    pub recorded: bool,
+}
+
+impl std::fmt::Display for MadeAgain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let verb = if self.recorded { "replaced" } else { "replaces" };
+        write!(f, "it {verb} one created at {} (unix ns)", self.before)
+    }
+}
+
 /// What the record says of a stream named `name` other than the one of that name now:
 /// the creation time and last sequence of the one it recorded, when that one was deleted
 /// and the stream created again since (it is no longer there to say so), or the one
@@ -195,7 +211,7 @@ pub async fn made_again(
     table: &TableName,
     slot: &str,
     now: &StreamIdentity,
-) -> Result<Option<String>, tokio_postgres::Error> {
+) -> Result<Option<MadeAgain>, tokio_postgres::Error> {
     let exists: bool = client.query_one(&exists_sql(table), &[]).await?.try_get(0)?;
     if !exists {
         return Ok(None);
@@ -215,9 +231,9 @@ pub async fn made_again(
     let replaced: Option<String> = row.try_get(2)?;
     Ok(match (name, created) {
         (Some(name), Some(created)) if name == now.name && created != now.created => {
-            Some(format!("it replaces one created at {created} (unix ns)"))
+            Some(MadeAgain { before: created, recorded: false })
         }
-        _ => replaced.map(|before| format!("it replaced one created at {before} (unix ns)")),
+        _ => replaced.map(|before| MadeAgain { before, recorded: true }),
     })
 }
 

@@ -25,7 +25,7 @@ pub(super) async fn say_if_the_stream_was_made_again(
     let table = acknowledged::table_beside(&config.pipeline.replay_table);
     let made_again = acknowledged::made_again(client, &table, &config.slot, &now).await;
     if let Ok(Some(before)) = made_again
-        && before.starts_with("it replaces")
+        && !before.recorded
     {
         metrics::counter!(names::STREAM_RECREATED).increment(1);
         warn!(stream = %config.stream, "the stream was deleted and created again since pgoutbox \
