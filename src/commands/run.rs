@@ -29,6 +29,9 @@ use waiting::{
     wait_until_primary,
 };
 
+/// How long an ending `run` waits to record what JetStream acknowledged last.
+const RECORD_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 mod attempt;
 mod waiting;
 
@@ -241,13 +244,14 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
             shutdown.clone(),
         ));
     }
-    tasks.spawn(crate::service::acknowledgements::record_every(
+    let (stopped, stopped_rx) = tokio::sync::watch::channel(false);
+    let recorder = tokio::spawn(crate::service::acknowledgements::record_every(
         config.database.clone(),
         config.pg_tls.clone(),
         (acknowledged::table_beside(&config.pipeline.replay_table), config.slot.clone()),
         publisher.clone(),
         memory.acknowledged.clone(),
-        shutdown.clone(),
+        stopped_rx,
     ));
     if !args.verify_every.is_zero() {
         tasks.spawn(crate::service::delivery_check::run_every(
@@ -277,6 +281,10 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
     if let Some(seed) = memory.seed.take() {
         seed.abandon(config).await;
     }
+    // The last acknowledgement recorded, bounded: a Postgres that is gone does not hold
+    // the exit.
+    stopped.send_replace(true);
+    let _ = tokio::time::timeout(RECORD_AT_EXIT, recorder).await;
     tasks.shutdown().await;
     outcome
 }

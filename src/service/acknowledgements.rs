@@ -10,7 +10,6 @@ use crate::domain::horizon::Stored;
 use crate::nats::publisher::Publisher;
 use crate::postgres::acknowledged::{self, Acknowledged, Owner, StreamIdentity};
 use crate::postgres::admin::{self, TableName};
-use crate::service::shutdown::Shutdown;
 
 /// What JetStream acknowledged last, shared by the pipeline (which sets it at each tick)
 /// and the task that records it.
@@ -43,23 +42,26 @@ pub async fn stream_identity(publisher: &Publisher, name: &str) -> Option<Stream
     Some(StreamIdentity { name: name.to_owned(), created })
 }
 
-/// Records `last` for `slot` every [`acknowledged::EVERY`] when it moved, until shutdown.
-/// A table pgoutbox's role does not own, or none at all, is said once and left alone.
+/// Records `last` for `slot` every [`acknowledged::EVERY`] when it moved, and once more
+/// when `stopped` says the pipeline ended (after its drain), so that the next process
+/// starts from the last acknowledgement, not one up to a second older. A table pgoutbox's
+/// role does not own, or none at all, is said once and left alone.
 pub async fn record_every(
     database: tokio_postgres::Config,
     tls: crate::postgres::tls::PgTls,
     (table, slot): (TableName, String),
     publisher: Publisher,
     last: LastAcknowledged,
-    mut shutdown: Shutdown,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut client = None;
     let mut recorded: Option<Acknowledged> = None;
     let mut checked = false;
-    loop {
+    let mut last_round = false;
+    while !last_round {
         tokio::select! {
             () = tokio::time::sleep(acknowledged::EVERY) => {}
-            () = shutdown.requested() => return,
+            _ = stopped.wait_for(|stopped| *stopped) => last_round = true,
         }
         let Some(acknowledged) = last.get().filter(|a| Some(*a) != recorded) else { continue };
         if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {

@@ -291,6 +291,7 @@ impl<'a> Pipeline<'a> {
                 interruption = interruptions.next() => match interruption {
                     Interruption::Shutdown => {
                         self.drain().await?;
+                        self.record_progress(false);
                         return Ok(Ended::Drained { confirmed: self.confirmable() });
                     }
                     Interruption::NatsLost => {

@@ -51,6 +51,7 @@ mod replay_authorization;
 mod replay_ids_never_collide;
 mod replay_past_a_foreign_tail;
 mod replay_reports;
+mod restart_within_the_horizon;
 mod retention;
 mod rotating_password;
 mod scheduled_rows;

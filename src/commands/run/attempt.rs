@@ -221,6 +221,9 @@ impl Target<'_> {
             None => None,
         };
         let tail_position = tail.origin.position;
+        if let Some(position) = stored.map(|stored| stored.position).filter(|p| p.commit_lsn != 0) {
+            memory.acknowledged_through = memory.acknowledged_through.max(Some(position));
+        }
         if let Some(forgotten) =
             stored.and_then(|s| Forgotten::judge(s, tail.last_sequence, tail_position, start))
         {
@@ -230,6 +233,7 @@ impl Target<'_> {
             // named once, and the stream's tail is where the next judgement starts.
             memory.horizon = None;
             memory.stored = None;
+            memory.acknowledged_through = None;
             if let Some((seed_last, acked_at, end)) = pinned.filter(|_| memory.seed.is_none()) {
                 // A recovery's rows the stream lost within the horizon: only the table has
                 // them. Otherwise the slot, held at the seed's end, gives back the rest, and

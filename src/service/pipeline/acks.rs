@@ -88,6 +88,7 @@ impl Pipeline<'_> {
                 if let Ok(stored) = &ack {
                     let (sequence, position) = (stored.sequence, done.position);
                     self.memory.stored = Some(Stored { sequence, position });
+                    self.memory.acknowledged(position);
                 }
             }
         }
@@ -156,33 +157,47 @@ impl Pipeline<'_> {
             }
         };
         // A message deleted while its id is in the duplicate window cannot say whose it
-        // was: the row goes to the dead-letter subject, where it is seen, rather than being
-        // taken as stored (before, every attempt failed reading it until the window ended).
-        let origin = origin.unwrap_or_default();
+        // was. Of a row the stream acknowledged before, it was this row, removed since by
+        // its TTL or the stream's limits (a restart within the durability horizon publishes
+        // such rows again). Of another, the row goes to the dead-letter subject, where it is
+        // seen, rather than being taken as stored.
+        let Some(origin) = origin else {
+            if self.memory.acknowledged_before(position) {
+                debug!(%position, sequence, "stored before and removed by the stream since");
+                return Ok(true);
+            }
+            return Ok(self.collision(position, sequence, "an unknown position (or was deleted)"));
+        };
         let same_writer = origin
             .source
             .as_deref()
             .is_none_or(|s| s.parse::<Source>().is_ok_and(|s| s.same_writer(&self.source)));
         let same_row = same_writer && origin.position == Some(position);
         if !same_row {
-            let theirs = origin
-                .position
-                .map_or("an unknown position (or was deleted)".into(), |p| p.to_string());
-            warn!(%position, sequence, written_at = %theirs,
-                "an older message in the stream has this row's id: a collision (a table \
-                 truncated with its sequence restarted, a restored backup?); the row goes to \
-                 the dead-letter subject in its place");
-            let why = format!(
-                "the row's id is taken by the message at stream sequence {sequence}, written \
-                 from {theirs}"
-            );
-            self.memory.refused.insert(position, Rejection(why));
-            if self.memory.ids_taken.len() >= RefusedRows::CAPACITY {
-                self.memory.ids_taken.clear();
-            }
-            self.memory.ids_taken.insert(position);
+            let theirs = origin.position.map_or("an unknown position".into(), |p| p.to_string());
+            self.collision(position, sequence, &theirs);
         }
         Ok(same_row)
+    }
+
+    /// The row at `position` has the id of another's message at `sequence`, written from
+    /// `theirs`: remembered, so that its dead letter goes in its place. Returns `false`,
+    /// the row's not being the same.
+    fn collision(&mut self, position: Position, sequence: u64, theirs: &str) -> bool {
+        warn!(%position, sequence, written_at = %theirs,
+            "an older message in the stream has this row's id: a collision (a table truncated \
+             with its sequence restarted, a restored backup?); the row goes to the dead-letter \
+             subject in its place");
+        let why = format!(
+            "the row's id is taken by the message at stream sequence {sequence}, written from \
+             {theirs}"
+        );
+        self.memory.refused.insert(position, Rejection(why));
+        if self.memory.ids_taken.len() >= RefusedRows::CAPACITY {
+            self.memory.ids_taken.clear();
+        }
+        self.memory.ids_taken.insert(position);
+        false
     }
 
     /// The row at `position` collided alone in flight: its dead letter goes in its place now,

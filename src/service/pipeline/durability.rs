@@ -49,6 +49,7 @@ pub(super) fn horizon_for(memory: &mut Memory, span: Duration, resume: &Resume) 
         Some(position) if position.commit_lsn <= start => horizon.nothing_past_the_start(),
         Some(position) => {
             let tail = Stored { sequence: resume.stream_sequence, position };
+            memory.acknowledged(position);
             if memory.stored.is_none_or(|stored| stored.sequence < tail.sequence) {
                 memory.stored = Some(tail);
             }

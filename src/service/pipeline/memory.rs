@@ -35,6 +35,11 @@ pub struct Memory {
     /// The last message JetStream acknowledged as stored: a stream found shorter at the
     /// next attempt forgot what it acknowledged (`domain::horizon::Forgotten`).
     pub stored: Option<crate::domain::horizon::Stored>,
+    /// The furthest row from the WAL the stream acknowledged, by this process or, as
+    /// recorded or found at the stream's tail, the one before: a row up to it whose older
+    /// copy is gone was stored and since removed by the stream (a TTL, its limits), not
+    /// taken by another row. Forgotten with a loss of the stream.
+    pub acknowledged_through: Option<Position>,
     /// What waits behind the durability horizon, carried from one attempt to the next: an
     /// attempt may end sooner than the horizon passes (a delivered scheduled row ends one),
     /// and a horizon started afresh each time would never release anything. Dropped when
@@ -85,6 +90,7 @@ impl Memory {
             dead_letters: 0,
             horizon: None,
             stored: None,
+            acknowledged_through: None,
             acknowledged: Default::default(),
             recorded_read: false,
             published_up_to: PublishedUpTo::default(),
@@ -97,6 +103,20 @@ impl Memory {
             ),
             tracer: None,
         }
+    }
+
+    /// The stream holds (or held) the row at `position`; a seed's rows, numbered apart from
+    /// the WAL's, say nothing of it.
+    pub fn acknowledged(&mut self, position: Position) {
+        if position.commit_lsn != 0 {
+            self.acknowledged_through = self.acknowledged_through.max(Some(position));
+        }
+    }
+
+    /// Whether the row at `position` was acknowledged before: see
+    /// [`Memory::acknowledged_through`].
+    pub fn acknowledged_before(&self, position: Position) -> bool {
+        position.commit_lsn != 0 && self.acknowledged_through.is_some_and(|p| position <= p)
     }
 
     /// A new seed begins: what was remembered of an earlier snapshot's rows, by their
