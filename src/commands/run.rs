@@ -160,9 +160,6 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
         return Ok(());
     };
     Metrics::nats_info(&publisher.server_version(), true);
-    if let Some(large) = &config.pipeline.large_payloads {
-        sweep_orphan_chunks(&publisher, &large.bucket).await;
-    }
     let (_, version) = admin::server_version(&client).await?;
     let slot = admin::slot_state(&client, &config.slot).await?;
     Metrics::postgres_info(
@@ -423,8 +420,8 @@ fn announce_durability(horizon: std::time::Duration) {
     }
 }
 
-/// Purges the chunks of puts cut short before this run stores anything (housekeeping: a
-/// failure is logged, and the next start tries again).
+/// Purges the chunks of puts cut short, once this process holds the slot and before it
+/// stores anything (housekeeping: a failure is logged, and the next start tries again).
 async fn sweep_orphan_chunks(publisher: &Publisher, bucket: &str) {
     match crate::nats::large_payloads::sweep_orphan_chunks(publisher.context(), bucket).await {
         Ok(0) => {}

@@ -1,7 +1,7 @@
 //! The stall detector: connected, healthy-looking, and nothing moves.
 //!
 //! Stalled means something is waiting (publishes sent and not acknowledged, or a row that
-//! could not be published) while neither an ack arrived nor the confirmed position
+//! could not be sent and is tried again at each attempt) while neither an ack arrived nor the confirmed position
 //! advanced for `--stall-timeout`. Acks count: inside one long transaction the confirmed
 //! position cannot move before its commit, while its rows are acknowledged all along. An
 //! idle outbox is never stalled: with nothing waiting, the clock restarts. The pipeline records its state in [`Progress`]; `telemetry::watch_stalls` judges it on its own
@@ -88,8 +88,8 @@ impl StallDetector {
             if stalled {
                 warn!(
                     for_seconds = idle_for.as_secs(),
-                    "stalled: messages wait for acks, and no ack came and \
-                    the confirmed position has not moved"
+                    "stalled: messages wait for acks (or a row to be sent again), and no ack \
+                    came and the confirmed position has not moved"
                 );
             } else {
                 warn!("stall ended: acks or the confirmed position move again");
@@ -98,7 +98,7 @@ impl StallDetector {
         stalled.then(|| {
             format!(
                 "stalled: no ack and nothing confirmed for {} s while messages wait for \
-                 JetStream acks",
+                 JetStream acks (or a row to be sent again)",
                 idle_for.as_secs()
             )
         })

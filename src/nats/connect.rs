@@ -1,6 +1,6 @@
 //! The NATS connection: authentication, TLS, and telling the pipeline when it is lost.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::ServerError;
 
@@ -70,21 +70,36 @@ pub async fn connect_nats_watched(
 }
 
 /// The subjects this process's NATS user was refused a publish to, as the server said
-/// (`-ERR 'Permissions Violation for Publish to "<subject>"'`). The server answers such a
-/// request with nothing else, so a caller that saw its request time out asks here why.
-static DENIED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+/// (`-ERR 'Permissions Violation for Publish to "<subject>"'`), each with when it was last
+/// said. The server answers such a request with nothing else, so a caller that saw its
+/// request time out asks here why.
+static DENIED: std::sync::Mutex<Vec<(String, Instant)>> = std::sync::Mutex::new(Vec::new());
+
+/// How many refused subjects [`DENIED`] keeps: the oldest go first (an Object Store put
+/// refused for each row names a subject of its own).
+const DENIED_KEPT: usize = 64;
 
 fn record_denial(subject: String) {
-    if let Ok(mut denied) = DENIED.lock()
-        && !denied.contains(&subject)
-    {
-        denied.push(subject);
+    if let Ok(mut denied) = DENIED.lock() {
+        denied.retain(|(d, _)| *d != subject);
+        if denied.len() >= DENIED_KEPT {
+            denied.remove(0);
+        }
+        denied.push((subject, Instant::now()));
     }
 }
 
 /// Whether the server refused this process a publish to `subject` (see [`DENIED`]).
 pub fn publish_denied(subject: &str) -> bool {
-    DENIED.lock().is_ok_and(|denied| denied.iter().any(|d| d == subject))
+    DENIED.lock().is_ok_and(|denied| denied.iter().any(|(d, _)| d == subject))
+}
+
+/// The newest subject starting with `prefix` the server refused this process a publish
+/// to since `since`.
+pub fn publish_denied_under(prefix: &str, since: Instant) -> Option<String> {
+    let denied = DENIED.lock().ok()?;
+    let found = denied.iter().rev().find(|(d, at)| *at >= since && d.starts_with(prefix));
+    found.map(|(subject, _)| subject.clone())
 }
 
 /// The subject of a server error that refuses a publish for want of permission.

@@ -107,6 +107,12 @@ pub enum BucketError {
          object add {bucket}), or grant the permission"
     )]
     NotPermitted { bucket: String, subject: String },
+    #[error(
+        "this NATS user may not store objects in bucket {bucket}: the server refused a publish \
+         to {subject} (Permissions Violation); grant it publish on $O.{bucket}.> (besides \
+         the stream's subjects, $JS.API.> and $KV.pgoutbox_writers.>)"
+    )]
+    MayNotStore { bucket: String, subject: String },
     /// JetStream did not answer, or refused to say what the bucket is.
     #[error("reading Object Store bucket: {0}")]
     Stream(#[source] PublisherError),
@@ -149,7 +155,8 @@ pub async fn ensure_bucket(
     match js.get_stream(format!("OBJ_{bucket}")).await {
         Ok(mut existing) => {
             let info = existing.info().await.map_err(|err| unanswered("INFO", &err))?;
-            expires_first(info.config.max_age).map_or(Ok(()), Err)
+            expires_first(info.config.max_age).map_or(Ok(()), Err)?;
+            may_store(js, bucket).await
         }
         Err(err) if crate::nats::api_error::is_stream_not_found(&err) => {
             let max_age = large.max_age.unwrap_or(stream.max_age);
@@ -166,7 +173,7 @@ pub async fn ensure_bucket(
             match js.create_object_store(config).await {
                 Ok(_) => {
                     tracing::info!(%bucket, ?max_age, "Object Store bucket created");
-                    Ok(())
+                    may_store(js, bucket).await
                 }
                 Err(err) if is_final_answer(&err) => {
                     Err(BucketError::NotCreated { bucket: bucket.clone(), why: err.to_string() })
@@ -177,6 +184,40 @@ pub async fn ensure_bucket(
         Err(err) => Err(unanswered("INFO", &err)),
     }
 }
+
+/// The subject of the empty chunk [`may_store`] stores and purges.
+fn permission_probe(bucket: &str) -> String {
+    chunk_subject(bucket, "pgoutbox-permission-check")
+}
+
+/// Whether this NATS user may publish an object's chunks to `bucket`, asked by storing an
+/// empty chunk no object names (and purging it): a put the server refuses gets no answer
+/// but the server's `-ERR`, so without this every large row would be tried again without
+/// end. A user that may not is one line at start. (A refusal of the object's name, on
+/// `$O.<bucket>.M.>`, is found by the put: the row becomes a dead letter.)
+async fn may_store(js: &jetstream::Context, bucket: &str) -> Result<(), BucketError> {
+    let subject = permission_probe(bucket);
+    let stored = async {
+        js.publish(subject.clone(), bytes::Bytes::new()).await?.await?;
+        let stream = bucket_stream(js, bucket).await?;
+        stream.purge().filter(subject.as_str()).await?;
+        Ok::<_, async_nats::Error>(())
+    };
+    match tokio::time::timeout(PROBE_TIMEOUT, stored).await {
+        Ok(Ok(())) => Ok(()),
+        _ if crate::nats::connect::publish_denied(&subject) => {
+            Err(BucketError::MayNotStore { bucket: bucket.to_owned(), subject })
+        }
+        Ok(Err(err)) => Err(unanswered(&*err)),
+        Err(_) => Err(BucketError::Stream(PublisherError::Unanswered(format!(
+            "no answer to a chunk stored in bucket {bucket} within {PROBE_TIMEOUT:?}"
+        )))),
+    }
+}
+
+/// How long [`may_store`] waits for its chunk's ack: the server refuses a publish with
+/// only an `-ERR`, so no answer by then, with that `-ERR` seen, is a refusal.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A refusal, or no answer, which `run` waits out (`PublisherError::is_transient`).
 fn unanswered(err: &(dyn std::error::Error + 'static)) -> BucketError {
@@ -270,16 +311,24 @@ pub async fn store(
     let unanswered = |why: String| StoreError::Unanswered { bucket: bucket.to_owned(), why };
     let store = js.get_object_store(bucket).await.map_err(|e| unanswered(e.to_string()))?;
     let stream = bucket_stream(js, bucket).await.map_err(|e| unanswered(e.to_string()))?;
+    let began = std::time::Instant::now();
     let info = match store.put(name, &mut payload).await {
         Ok(info) => info,
-        Err(err) if is_refusal(&err.to_string()) => {
+        Err(err) => {
+            let refused =
+                match crate::nats::connect::publish_denied_under(&format!("$O.{bucket}."), began) {
+                    Some(subject) => {
+                        BucketError::MayNotStore { bucket: bucket.to_owned(), subject }.to_string()
+                    }
+                    None if is_refusal(&err.to_string()) => err.to_string(),
+                    None => return Err(unanswered(err.to_string())),
+                };
             // The chunks stored before the refusal would fill a full bucket for good.
             if let Err(why) = sweep_orphan_chunks(js, bucket).await {
                 tracing::warn!(%bucket, %why, "could not purge the refused put's chunks");
             }
-            return Err(StoreError::Refused { bucket: bucket.to_owned(), why: err.to_string() });
+            return Err(StoreError::Refused { bucket: bucket.to_owned(), why: refused });
         }
-        Err(err) => return Err(unanswered(err.to_string())),
     };
     let sha256 = info
         .digest

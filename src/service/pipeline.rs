@@ -131,8 +131,9 @@ pub struct Pipeline<'a> {
     server_wal_end: u64,
     /// Changes when the NATS connection is lost: the acks awaited on it will never come.
     nats_disconnects: tokio::sync::watch::Receiver<u64>,
-    /// A decoded row could not be handed to NATS: it waits for the next attempt.
-    unsent_row: bool,
+    /// A decoded row, at this position, could not be handed to NATS: it waits for the next
+    /// attempt.
+    unsent_row: Option<Position>,
     /// The row of the newest message sent.
     last_sent: Option<SentRow>,
     /// Acks since `Progress` was last told: the stall detector counts them as progress.
@@ -182,7 +183,7 @@ impl<'a> Pipeline<'a> {
         nats_disconnects.mark_unchanged();
         Pipeline {
             nats_disconnects,
-            unsent_row: false,
+            unsent_row: None,
             last_sent: None,
             acks_unrecorded: 0,
             postgres_dead,
@@ -231,7 +232,8 @@ impl<'a> Pipeline<'a> {
         self.carry_horizon();
         // Messages sent and not acknowledged, or a row that could not even be sent, wait for
         // the next attempt; a lost connection with nothing in flight leaves nothing waiting.
-        self.record_progress(self.unsent_row || self.protocol.in_flight() > 0);
+        self.memory.row_waiting = self.memory.row_waiting.max(self.unsent_row);
+        self.record_progress(self.memory.row_waiting.is_some() || self.protocol.in_flight() > 0);
         match result {
             Ok(ended) => {
                 self.conn.close().await;

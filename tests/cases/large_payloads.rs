@@ -247,3 +247,92 @@ async fn a_recovery_and_verify_find_a_large_row_by_its_object() {
     assert_eq!(fills, b"abcde", "{subjects:?}\n{}", app.log());
     assert_eq!(objects(&js).await, 1, "the large row stored again:\n{}", app.log());
 }
+
+/// nats-server with an admin and `relay`, which has exactly the permissions `relay_allows`
+/// lists (publish) plus `_INBOX.>` (subscribe), the outbox table, and the bucket made by
+/// the admin: the servers and the admin's JetStream context.
+async fn servers_with_relay(relay_allows: &str) -> (Postgres, Nats, jetstream::Context) {
+    let pg = Postgres::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!(
+        "authorization {{ users = [ {{ user: admin, password: pw }}, {{ user: relay, password: \
+         pw, permissions: {{ publish: {{ allow: [{relay_allows}] }}, subscribe: {{ allow: \
+         [\"_INBOX.>\"] }} }} }} ] }}\n"
+    );
+    let path = dir.path().join("nats.conf");
+    std::fs::write(&path, config).expect("write nats.conf");
+    let nats = Nats::start_with_args(&["-c", path.to_str().expect("UTF-8 path")]);
+    let admin = async_nats::ConnectOptions::with_user_and_password("admin".into(), "pw".into());
+    let client = admin.connect(nats.url()).await.expect("the admin connects");
+    let js = jetstream::new(client);
+    js.create_object_store(bucket()).await.expect("the bucket made by the admin");
+    (pg, nats, js)
+}
+
+/// pgoutbox as `relay` (or the admin), with `--object-store`.
+fn run_as(user: &str, pg: &Postgres, nats: &Nats) -> Pgoutbox {
+    let mut cmd = crate::support::pgoutbox::command(pg, nats);
+    let url = format!("nats://{user}:pw@127.0.0.1:{}", nats.port());
+    cmd.env("PGOUTBOX_NATS_URL", url).args(["run", "--object-store", BUCKET]);
+    Pgoutbox::spawn(cmd)
+}
+
+/// The permissions docs/operations.md listed for pgoutbox's NATS user.
+const DOCUMENTED: &str = "\"outbox.>\", \"$JS.API.>\", \"$KV.pgoutbox_writers.>\"";
+
+/// The issue's S5: a user with the permissions the docs listed, none on the bucket's
+/// subjects, and a bucket an admin made; a 2 MiB row and 5 small ones. Before, none was
+/// stored after 60 s, the large row was tried again every 10 s without end, `/readyz` said
+/// 200. Now the start ends in one line naming the subject and the permission to grant,
+/// nothing is confirmed, and a run with the permission (here the admin's) stores all 6 in
+/// order.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_user_that_may_not_store_objects_stops_the_start_in_one_line_and_loses_nothing() {
+    let (pg, nats, js) = servers_with_relay(DOCUMENTED).await;
+    // Set up by the admin: the slot keeps what is written while pgoutbox cannot run.
+    let app = run_as("admin", &pg, &nats);
+    wait_until_streaming(&pg, &app).await;
+    stop_and_wait_released(&pg, app).await;
+    pg.psql(&row(0, 2 * MIB, 'a'));
+    for n in 1..6 {
+        pg.psql(&row(n, 100, 'b'));
+    }
+    let mut app = run_as("relay", &pg, &nats);
+    let status = app.wait_exit(Duration::from_secs(60));
+    assert!(!status.success(), "ran on:\n{}", app.log());
+    let error = app.error_line();
+    let said = ["$O.PAYLOADS.C.", "Permissions Violation", "grant it publish on $O.PAYLOADS.>"];
+    assert!(said.iter().all(|s| error.contains(s)), "{error:?}\n{}", app.log());
+
+    let app = run_as("admin", &pg, &nats);
+    let messages = stored(&js, 6).await;
+    assert_eq!(messages.len(), 6, "{}", app.log());
+    assert_eq!(fetched(&js, &messages[0]).await, payload(2 * MIB, 'a'));
+    let ids: Vec<_> = messages.iter().map(|m| m.header("Outbox-Aggregate-Id")).collect();
+    assert_eq!(ids, ["0", "1", "2", "3", "4", "5"].map(Some), "{}", app.log());
+    stop_and_wait_released(&pg, app).await;
+}
+
+/// A user that may store chunks but not name the object (`$O.<bucket>.M.>`) passes the
+/// start's check; the put is refused with only the server's `-ERR`: the row becomes a dead
+/// letter naming the subject, and the rows behind it are stored. Before, it was tried again
+/// without end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_object_name_makes_the_row_a_dead_letter_and_blocks_nothing() {
+    let allows = format!("{DOCUMENTED}, \"$O.PAYLOADS.C.>\"");
+    let (pg, nats, js) = servers_with_relay(&allows).await;
+    let app = run_as("relay", &pg, &nats);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&row(0, 2 * MIB, 'a'));
+    for n in 1..6 {
+        pg.psql(&row(n, 100, 'b'));
+    }
+    let messages = stored(&js, 6).await;
+    assert_eq!(messages[0].subject, "outbox.dead_letter", "{}", app.log());
+    let reason = messages[0].json()["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(reason.contains("$O.PAYLOADS.M.") && reason.contains("grant"), "{reason}");
+    let ids: Vec<_> = messages[1..].iter().map(|m| m.header("Outbox-Aggregate-Id")).collect();
+    assert_eq!(ids, ["1", "2", "3", "4", "5"].map(Some), "{}", app.log());
+    stop_and_wait_released(&pg, app).await;
+}

@@ -102,6 +102,12 @@ impl Target<'_> {
         };
         let Started { conn, resume, liveness, outbound } = started;
         let Target { pipeline, publisher, .. } = self;
+        // Once this process holds the slot: a hot standby sweeping while it waits could purge
+        // the chunks of an object the active process has just stored.
+        if let Some(large) = pipeline.large_payloads.as_ref().filter(|_| !memory.chunks_swept) {
+            super::sweep_orphan_chunks(publisher, &large.bucket).await;
+            memory.chunks_swept = true;
+        }
         Pipeline::new(pipeline, conn, outbound, memory, resume, liveness.verdict(), publisher)
             .run(shutdown)
             .await

@@ -45,6 +45,9 @@ impl Pipeline<'_> {
         }
         let answer = answer_of(&ack);
         self.last_ack_at = std::time::Instant::now();
+        if ack.is_ok() && self.memory.row_waiting.is_some_and(|row| row <= done.position) {
+            self.memory.row_waiting = None;
+        }
         let mut outcome = self.protocol.on_answer(answer);
         if let Outcome::CheckDuplicate { sequence } = outcome {
             let same_row = self.on_duplicate(done.position, sequence).await?;

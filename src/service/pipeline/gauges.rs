@@ -38,7 +38,7 @@ impl Pipeline<'_> {
     }
 
     pub(super) fn update_gauges(&mut self) {
-        self.record_progress(self.protocol.in_flight() > 0);
+        self.record_progress(self.memory.row_waiting.is_some() || self.protocol.in_flight() > 0);
         let confirmed = self.reported;
         self.metrics.messages_in_flight.set(self.protocol.in_flight() as f64);
         self.metrics.confirmed_lsn.set(confirmed as f64);

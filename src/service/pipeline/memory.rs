@@ -32,6 +32,13 @@ pub struct Memory {
     pub ids_taken: HashSet<Position>,
     pub published: u64,
     pub dead_letters: u64,
+    /// An attempt ended on the row at this position, which it could not send (no answer
+    /// from the bucket or the stream): the row waits for a later attempt, and the stall
+    /// detector counts it as waiting until an ack at or past it, so a row tried again
+    /// without end is a stall.
+    pub row_waiting: Option<Position>,
+    /// The chunks of puts cut short were purged (`--object-store`), once the slot was ours.
+    pub chunks_swept: bool,
     /// The last message JetStream acknowledged as stored: a stream found shorter at the
     /// next attempt forgot what it acknowledged (`domain::horizon::Forgotten`).
     pub stored: Option<crate::domain::horizon::Stored>,
@@ -88,6 +95,8 @@ impl Memory {
             ids_taken: HashSet::new(),
             published: 0,
             dead_letters: 0,
+            row_waiting: None,
+            chunks_swept: false,
             horizon: None,
             stored: None,
             acknowledged_through: None,

@@ -121,7 +121,7 @@ impl Pipeline<'_> {
             Err(err) => match refused_for_itself(&err) {
                 Some(why) => Ok(Some(Rejection(why))),
                 None => {
-                    self.unsent_row = true;
+                    self.unsent_row = Some(position);
                     Err(PipelineError::Nats(NatsFailure::unacknowledged(&err)))
                 }
             },
@@ -156,7 +156,7 @@ impl Pipeline<'_> {
             }
             Err(refused @ StoreError::Refused { .. }) => Ok(Err(Rejection(refused.to_string()))),
             Err(unanswered) => {
-                self.unsent_row = true;
+                self.unsent_row = Some(position);
                 let why = unanswered.to_string();
                 Err(NatsFailure::new(NatsFailureKind::Request, why).into())
             }
@@ -194,7 +194,7 @@ impl Pipeline<'_> {
         let sending = Sending::DeadLetter(&reason);
         let at = (position, in_transaction);
         if let Err(err) = self.dispatch(event, at, Arc::clone(&counters), sending) {
-            self.unsent_row = true;
+            self.unsent_row = Some(position);
             return Err(match refused_for_itself(&err) {
                 Some(why) => PipelineError::DeadLetter(why),
                 None => PipelineError::Nats(NatsFailure::unacknowledged(&err)),
