@@ -14,6 +14,9 @@ use std::time::Duration;
 use async_nats::jetstream::{self, ErrorCode, object_store, stream};
 use base64::Engine;
 
+use sha2::Digest;
+
+use crate::domain::outbox::MAX_SUBJECT_BYTES;
 use crate::domain::progress::Position;
 use crate::nats::api_error::is_final_answer;
 use crate::nats::publisher::PublisherError;
@@ -83,8 +86,18 @@ pub fn bucket_name(name: &str) -> Result<String, InvalidBucketName> {
 }
 
 /// The object's name: the message's position and id, the same each time the row is decoded.
-pub fn object_name(id: &str, position: Position) -> String {
-    format!("{position}/{id}")
+/// An id too long for the subject that names the object (`$O.<bucket>.M.<name in
+/// base64>`, within the control line nats-server reads: [`MAX_SUBJECT_BYTES`]) is named by
+/// its SHA-256 instead; before, the put of such a row was tried again without end.
+pub fn object_name(bucket: &str, id: &str, position: Position) -> String {
+    let name = format!("{position}/{id}");
+    let subject = "$O..M.".len() + bucket.len() + name.len().div_ceil(3) * 4;
+    if subject <= MAX_SUBJECT_BYTES {
+        return name;
+    }
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("{position}/sha256:{hex}")
 }
 
 /// Why the bucket cannot be used: one line saying what to do.
@@ -298,6 +311,20 @@ pub async fn sweep_orphan_chunks(
     Ok(purged)
 }
 
+/// Deletes the object `name` from `bucket`, if it is there.
+pub async fn delete(
+    js: &jetstream::Context,
+    bucket: &str,
+    name: &str,
+) -> Result<(), async_nats::Error> {
+    let store = js.get_object_store(bucket).await?;
+    match store.delete(name).await {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == object_store::DeleteErrorKind::NotFound => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
 /// Stores `payload` under `name` and returns the pointer to it. Every chunk is acknowledged
 /// before the next is sent, so memory holds one chunk besides the payload. The object's
 /// chunks are counted once it is named: a sweep of a process that took over from this one
@@ -387,6 +414,21 @@ mod tests {
     #[test]
     fn the_name_is_the_position_and_the_id() {
         let position = Position { commit_lsn: 0x1521C58, index: 3 };
-        assert_eq!(object_name("abc", position), format!("{position}/abc"));
+        assert_eq!(object_name("B", "abc", position), format!("{position}/abc"));
+    }
+
+    #[test]
+    fn an_id_too_long_for_the_names_subject_is_named_by_its_digest() {
+        let position = Position { commit_lsn: 0x1521C58, index: 3 };
+        let subject = |name: &str| {
+            format!("$O.PAYLOADS.M.{}", base64::engine::general_purpose::URL_SAFE.encode(name))
+        };
+        for len in [1, 100, 2_900, 3_000, 10_000] {
+            let id = "x".repeat(len);
+            let name = object_name("PAYLOADS", &id, position);
+            assert!(subject(&name).len() <= MAX_SUBJECT_BYTES, "id of {len} bytes");
+            assert_eq!(name == format!("{position}/{id}"), len <= 2_900, "id of {len} bytes");
+            assert_eq!(name, object_name("PAYLOADS", &id, position), "the same each time");
+        }
     }
 }

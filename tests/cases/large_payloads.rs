@@ -336,3 +336,57 @@ async fn a_refused_object_name_makes_the_row_a_dead_letter_and_blocks_nothing() 
     assert_eq!(ids, ["1", "2", "3", "4", "5"].map(Some), "{}", app.log());
     stop_and_wait_released(&pg, app).await;
 }
+
+/// An id of 3,000 bytes makes `<position>/<id>` too long for the subject that names the
+/// object (`$O.<bucket>.M.<name in base64>` over nats-server's 4 KiB control line): the
+/// object is named by the id's SHA-256, and the row and the one behind it are stored.
+/// Before, the put was tried again without end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_row_with_a_long_id_is_stored_under_its_ids_digest() {
+    let (pg, nats, js) = servers_with(bucket()).await;
+    pg.psql("ALTER TABLE outbox ALTER COLUMN id TYPE text, ALTER COLUMN id SET DEFAULT gen_random_uuid()::text;");
+    let app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES (repeat('i', 3000), 'order', '0', 'created', to_jsonb(repeat('a', {})));",
+        2 * MIB - 2
+    ));
+    pg.psql(&row(1, 100, 'b'));
+    let messages = stored(&js, 2).await;
+    assert_eq!(messages[0].header("Nats-Msg-Id"), Some("i".repeat(3000).as_str()));
+    let name = messages[0].header("Pgoutbox-Object-Name").unwrap_or_default().to_owned();
+    assert!(name.contains("/sha256:") && name.len() < 100, "{name}\n{}", app.log());
+    assert_eq!(fetched(&js, &messages[0]).await, payload(2 * MIB, 'a'));
+    assert_eq!(messages[1].header("Outbox-Aggregate-Id"), Some("1"));
+    stop_and_wait_released(&pg, app).await;
+}
+
+/// A large row whose id an older message has (a row deleted and its id used again) is a
+/// collision: its dead letter goes in its place, and the object its put stored is deleted
+/// rather than left without a pointer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_large_row_whose_id_was_taken_leaves_no_object_behind() {
+    let (pg, nats, js) = servers_with(bucket()).await;
+    let app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
+    wait_until_streaming(&pg, &app).await;
+    let insert = |len: usize| {
+        format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES \
+             ('00000000-0000-0000-0000-000000000001', 'order', '0', 'created', \
+             to_jsonb(repeat('a', {})));",
+            len - 2
+        )
+    };
+    pg.psql(&insert(100));
+    stored(&js, 1).await;
+    pg.psql(&format!("DELETE FROM outbox; {}", insert(2 * MIB)));
+    pg.psql(&row(2, 100, 'c'));
+    let messages = stored(&js, 3).await;
+    assert_eq!(messages[1].subject, "outbox.dead_letter", "{}", app.log());
+    let reason = messages[1].json()["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(reason.contains("id is taken"), "{reason}");
+    assert_eq!(messages[2].header("Outbox-Aggregate-Id"), Some("2"));
+    assert_eq!(objects(&js).await, 0, "the collided row's object left behind\n{}", app.log());
+    stop_and_wait_released(&pg, app).await;
+}

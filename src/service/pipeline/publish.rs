@@ -142,7 +142,7 @@ impl Pipeline<'_> {
         if !large.takes(event.payload.len(), event.headers.wire_len(), fits) {
             return Ok(Ok(event));
         }
-        let name = large_payloads::object_name(&event.id, position);
+        let name = large_payloads::object_name(&large.bucket, &event.id, position);
         let js = self.publisher.context();
         match large_payloads::store(js, &large.bucket, &name, &event.payload).await {
             Ok(pointer) => {
@@ -160,6 +160,21 @@ impl Pipeline<'_> {
                 let why = unanswered.to_string();
                 Err(NatsFailure::new(NatsFailureKind::Request, why).into())
             }
+        }
+    }
+
+    /// A row whose id another message has goes as a dead letter named by its position: the
+    /// object an earlier attempt may have stored for its payload has no pointer, and goes.
+    /// (The table keeps the row, `--retention` included: the letter says so.)
+    async fn drop_object_of(&self, mapping: &RowMapping, tuple: &[ColumnValue], at: Position) {
+        let Some(large) = &self.config.large_payloads else { return };
+        let Ok(event) = mapping.map(tuple) else { return };
+        let name = large_payloads::object_name(&large.bucket, &event.id, at);
+        if let Err(why) =
+            large_payloads::delete(self.publisher.context(), &large.bucket, &name).await
+        {
+            warn!(bucket = %large.bucket, object = %name, %why,
+                "could not delete the object of a row whose id was taken");
         }
     }
 
@@ -181,6 +196,7 @@ impl Pipeline<'_> {
         let budget = self.letter_budget.saturating_sub(self.protocol.guard().header_bytes());
         let mut letter = mapping.dead_letter(tuple, position, reason, subject, budget);
         if self.memory.ids_taken.contains(&position) {
+            self.drop_object_of(mapping, tuple, position).await;
             letter = letter.named_by_position(position);
             if let Some(id) = letter.row_id.clone() {
                 // The table holds the only copy of this event: retention keeps it.
