@@ -14,8 +14,16 @@
 //!   `-Sha256`) with no payload: the object is fetched and checked against its digest.
 //! - **Once, through any crash.** The events, and how far each partition was applied, are
 //!   written in that same transaction; a restart (kill -9 included) reads each partition
-//!   again after the last sequence applied, and an event id (`Nats-Msg-Id`, the primary
-//!   key) or a transaction applied before turns whatever is read twice into nothing.
+//!   again after the last sequence applied, and an event id (the primary key) or a
+//!   transaction applied before turns whatever is read twice into nothing. The event id is
+//!   `Pgoutbox-Event-Id` where a message has it (a scheduled row's delivery, which
+//!   nats-server sends without `Nats-Msg-Id`), else `Nats-Msg-Id` without the
+//!   `replay:<replay id>/<n>:` a `pgoutbox replay` puts before it: a replayed row is the
+//!   same event. A seeded row (`--recover`, `--backfill`: no transaction marks) is a
+//!   transaction of its own, named by its id, since every seed numbers its positions from
+//!   `0/0:0`.
+//! - **Any payload.** Stored as bytes (`bytea` payloads are not text); a message pgoutbox's
+//!   headers do not describe is reported on stderr and skipped, never fatal.
 //!
 //! Settings: `NATS_URL`, `PGOUTBOX_STREAM` (OUTBOX), `PARTITIONS` (4), and
 //! `CONSUMER_DATABASE_URL`, a libpq connection string for the consumer's own database.
@@ -33,11 +41,11 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 /// The consumer's tables: what it applied, and how far it read each lane.
 const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS consumer_events (
-        id text PRIMARY KEY, -- Nats-Msg-Id
+        id text PRIMARY KEY, -- the event id (see above)
         transaction text NOT NULL,
         index int NOT NULL,
         subject text NOT NULL,
-        payload text NOT NULL,
+        payload bytea NOT NULL,
         stream_sequence bigint NOT NULL,
         applied_in bigint NOT NULL DEFAULT txid_current(),
         applied_order bigserial);
@@ -55,7 +63,7 @@ struct Event {
     /// On the transaction's last event: how many events it has.
     rows: Option<usize>,
     subject: String,
-    payload: String,
+    payload: Vec<u8>,
 }
 
 #[tokio::main]
@@ -96,7 +104,15 @@ async fn main() -> Result<(), Error> {
     println!("consumer: reading {} partitions and the dead letters", partitions);
     let mut waiting = Waiting::new(lanes.len());
     while let Some(event) = arrivals.recv().await {
-        for transaction in waiting.add(event?) {
+        let event = match event {
+            Ok(event) => event,
+            Err(Malformed::Skipped(why)) => {
+                eprintln!("consumer: a message skipped: {why}");
+                continue;
+            }
+            Err(Malformed::Fatal(err)) => return Err(err),
+        };
+        for transaction in waiting.add(event) {
             apply(&mut db, transaction).await?;
         }
     }
@@ -107,7 +123,7 @@ async fn main() -> Result<(), Error> {
 async fn read_lane(
     js: jetstream::Context,
     (stream, lane, filter, after): (Stream, usize, String, u64),
-    arrived: mpsc::Sender<Result<Event, Error>>,
+    arrived: mpsc::Sender<Result<Event, Malformed>>,
 ) {
     let config = OrderedConfig {
         filter_subject: filter,
@@ -120,12 +136,12 @@ async fn read_lane(
     };
     let mut messages = match messages {
         Ok(messages) => messages,
-        Err(err) => return drop(arrived.send(Err(err)).await),
+        Err(err) => return drop(arrived.send(Err(Malformed::Fatal(err))).await),
     };
     while let Some(message) = messages.next().await {
         let event = match message {
-            Ok(message) => event(&js, lane, &message).await,
-            Err(err) => Err(Error::from(err)),
+            Ok(message) => event(&js, lane, &message).await.map_err(Malformed::Skipped),
+            Err(err) => Err(Malformed::Fatal(Error::from(err))),
         };
         if arrived.send(event).await.is_err() {
             return;
@@ -143,9 +159,14 @@ async fn event(
     let position = header("Pgoutbox-Position").ok_or("a message without Pgoutbox-Position")?;
     let (commit, index) = position.split_once(':').ok_or("a malformed Pgoutbox-Position")?;
     let last = header("Pgoutbox-Transaction-Last");
+    let id = match header("Pgoutbox-Event-Id") {
+        Some(id) => id,
+        None => event_id(&header("Nats-Msg-Id").ok_or("a message without Nats-Msg-Id")?),
+    };
     let (transaction, rows) = match last.as_deref() {
-        // A seeded row: the table does not say which rows were one transaction.
-        None => (position.clone(), Some(1)),
+        // A seeded row: the table does not say which rows were one transaction, and each
+        // seed numbers positions from 0/0:0.
+        None => (format!("seed:{id}"), Some(1)),
         Some("true") => {
             let rows = header("Pgoutbox-Transaction-Rows").ok_or("a last event without rows")?;
             (commit.to_owned(), Some(rows.parse()?))
@@ -155,7 +176,7 @@ async fn event(
     Ok(Event {
         lane,
         sequence: message.info()?.stream_sequence,
-        id: header("Nats-Msg-Id").ok_or("a message without Nats-Msg-Id")?,
+        id,
         transaction,
         index: index.parse()?,
         rows,
@@ -164,15 +185,30 @@ async fn event(
     })
 }
 
+/// The event a `Nats-Msg-Id` names: a replayed row's is `replay:<replay id>/<n>:<id>`.
+fn event_id(msg_id: &str) -> String {
+    match msg_id.strip_prefix("replay:").and_then(|rest| rest.split_once(':')) {
+        Some((_, id)) => id.to_owned(),
+        None => msg_id.to_owned(),
+    }
+}
+
+/// Why a message was not handed over: one that pgoutbox's headers do not describe is
+/// skipped (and reported); a reader that cannot read at all ends the consumer.
+enum Malformed {
+    Skipped(Error),
+    Fatal(Error),
+}
+
 /// The message's payload, or the object its pointer names (`--object-store`), checked
 /// against the pointer's SHA-256.
 async fn payload_of(
     js: &jetstream::Context,
     message: &jetstream::Message,
-) -> Result<String, Error> {
+) -> Result<Vec<u8>, Error> {
     let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str().to_owned());
     let Some(bucket) = header("Pgoutbox-Object-Bucket") else {
-        return Ok(String::from_utf8_lossy(&message.payload).into_owned());
+        return Ok(message.payload.to_vec());
     };
     let name = header("Pgoutbox-Object-Name").ok_or("a pointer without an object name")?;
     let mut bytes = Vec::new();
@@ -183,7 +219,7 @@ async fn payload_of(
     if header("Pgoutbox-Object-Sha256").as_deref() != Some(digest.as_str()) {
         return Err(format!("object {name} of bucket {bucket}: not the pointer's SHA-256").into());
     }
-    Ok(String::from_utf8(bytes)?)
+    Ok(bytes)
 }
 
 /// The transactions read in part or in whole and not yet applied.

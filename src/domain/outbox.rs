@@ -348,6 +348,7 @@ impl RowMapping {
             }
             headers.insert(controls::SCHEDULE_HEADER, &at);
             headers.insert(controls::SCHEDULE_TARGET_HEADER, &subject);
+            headers.insert(controls::EVENT_ID_HEADER, &id);
             subject = held_on;
         }
         let payload = match &tuple[self.payload] {

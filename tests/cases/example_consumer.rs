@@ -11,7 +11,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::support::pgoutbox::Pgoutbox;
-use crate::support::{Lcg, Nats, Postgres, wait_until_streaming};
+use crate::support::{
+    Lcg, Nats, Postgres, numbered_rows, stop_and_wait_released, wait_until_streaming,
+};
 
 const PARTITIONS: &str = "4";
 const AGGREGATES: u64 = 41;
@@ -135,7 +137,8 @@ async fn the_example_consumer_applies_each_transaction_once_whole_and_in_key_ord
     // Each event: in which consumer transaction it was applied, and in which order.
     let rows = pg.psql_db(
         "consumer",
-        "SELECT payload::json->>'n', applied_in, applied_order FROM consumer_events",
+        "SELECT convert_from(payload, 'UTF8')::json->>'n', applied_in, applied_order \
+         FROM consumer_events",
     );
     let mut events: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for line in rows.lines() {
@@ -158,4 +161,37 @@ async fn the_example_consumer_applies_each_transaction_once_whole_and_in_key_ord
             events.iter().filter(|(n, _)| *n % AGGREGATES == aggregate).map(|(_, e)| e.1).collect();
         assert!(orders.is_sorted(), "aggregate {aggregate} applied out of commit order");
     }
+}
+
+/// Rows seeded by a `--backfill`, then by a `--recover` after the slot was dropped: every
+/// seed numbers its positions from `0/0:0`. Before, the example named a seeded row's
+/// transaction by its position, so the second seed's rows were transactions "applied
+/// before" and skipped in silence (10 of 15 applied).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_example_consumer_applies_the_rows_of_every_seed_once() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("CREATE DATABASE consumer");
+    // One transaction each: the recovery reads from the last row the stream holds, so its
+    // positions start again where the backfill's did.
+    pg.psql(&numbered_rows(0, 10, 1));
+    let template = "outbox.{$partition}.{aggregate_type}.{event_type}";
+    let args = [["--partitions", PARTITIONS], ["--subject-template", template]].concat();
+    let app = Pgoutbox::run(&pg, &nats, &[&args[..], &["--backfill"]].concat());
+    wait_until_streaming(&pg, &app).await;
+    let consumer = start_consumer(&pg, &nats);
+    wait_applied(&pg, &consumer, 10, "the backfill applied").await;
+
+    stop_and_wait_released(&pg, app).await;
+    pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
+    pg.psql(&numbered_rows(10, 15, 1));
+    let recovery = ["--recover", "--recover-margin", "0s"];
+    let app = Pgoutbox::run(&pg, &nats, &[&args[..], &recovery].concat());
+    wait_applied(&pg, &consumer, 15, "the recovery applied").await;
+    let n = "(convert_from(payload, 'UTF8')::json->>'n')::int";
+    let ns = pg.psql_db("consumer", &format!("SELECT {n} FROM consumer_events ORDER BY {n}"));
+    let ns: Vec<u64> = ns.lines().filter_map(|n| n.trim().parse().ok()).collect();
+    assert_eq!(ns, (0..15).collect::<Vec<_>>(), "{}", consumer.log());
+    stop_and_wait_released(&pg, app).await;
 }

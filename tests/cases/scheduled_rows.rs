@@ -115,6 +115,9 @@ async fn a_scheduled_row_is_delivered_at_its_time_once_and_the_chain_goes_on_pas
     assert!(at.stored_at_nanos >= due, "delivered {} ns early", due - at.stored_at_nanos);
     assert!(at.stored_at_nanos < due + 5_000_000_000, "delivered over 5 s late");
     assert_eq!(at.json()["n"], 1, "the row's payload");
+    // nats-server delivers it without Nats-Msg-Id: the row's id goes with it all the same.
+    let id = held[0].header("Nats-Msg-Id").expect("the schedule's id").to_owned();
+    assert_eq!(at.header("Pgoutbox-Event-Id"), Some(id.as_str()), "{:?}", at.headers);
     pg.psql(&insert(3, "NULL"));
     wait_for_events(&js, &["0", "2", "1", "3"], &app).await;
     assert!(

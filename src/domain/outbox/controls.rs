@@ -26,6 +26,9 @@ pub const SCHEDULE_TTL_HEADER: &str = "Nats-Schedule-TTL";
 /// subject. The delivered message keeps the schedule's other headers but not its
 /// `Nats-Msg-Id` or `Nats-Expected-*` (tried on 2.12.8).
 pub const SCHEDULER_HEADER: &str = "Nats-Scheduler";
+/// On a scheduled row: its `Nats-Msg-Id`, which its delivery keeps under this name, so that
+/// a consumer dedups the delivered event by the row's id as it does any other.
+pub const EVENT_ID_HEADER: &str = "Pgoutbox-Event-Id";
 
 /// `--schedule-column`: a row whose column holds a time is held by the stream and delivered
 /// to its subject then.

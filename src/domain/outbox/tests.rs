@@ -433,6 +433,7 @@ fn a_row_with_a_time_is_held_on_its_own_subject_and_delivered_to_its_own() {
     assert_eq!(header(&held, "Nats-Schedule"), Some("@at 2026-11-26T20:40:01Z"));
     assert_eq!(header(&held, "Nats-Schedule-Target"), Some("outbox.order"));
     assert_eq!(header(&held, "Nats-Msg-Id"), Some(held.id.as_str()));
+    assert_eq!(header(&held, "Pgoutbox-Event-Id"), Some(held.id.as_str()), "kept by its delivery");
     assert_eq!(mapping.subject_template(true), "schedules.OUTBOX.{$id}.{$position}");
     assert_eq!(mapping.subject_template(false), "outbox.{aggregate_type}");
 
@@ -445,6 +446,7 @@ fn a_row_with_a_time_is_held_on_its_own_subject_and_delivered_to_its_own() {
     let now = mapping.map(&tuple).unwrap();
     assert_eq!(now.subject, "outbox.order");
     assert_eq!(header(&now, "Nats-Schedule"), None);
+    assert_eq!(header(&now, "Pgoutbox-Event-Id"), None, "Nats-Msg-Id says it");
     assert_eq!(header(&now, "Nats-TTL"), Some("600"));
 
     tuple[7] = text("tomorrow");
