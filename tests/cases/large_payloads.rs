@@ -390,3 +390,41 @@ async fn a_large_row_whose_id_was_taken_leaves_no_object_behind() {
     assert_eq!(objects(&js).await, 0, "the collided row's object left behind\n{}", app.log());
     stop_and_wait_released(&pg, app).await;
 }
+
+/// Pointers read by a second client library: nats-py (tests/fixtures/object_pointers.py)
+/// fetches every object a pointer names and checks it against the pointer's size and
+/// SHA-256, so the pointer's format is not only what async-nats, which wrote it, reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn pointers_and_their_objects_are_read_by_the_python_client() {
+    let (pg, nats, js) = servers_with(bucket()).await;
+    let app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
+    wait_until_streaming(&pg, &app).await;
+    let rows = [(100, 'a'), (2 * MIB, 'b'), (100, 'c'), (5 * MIB + 7, 'd')];
+    for (n, (len, fill)) in rows.iter().enumerate() {
+        pg.psql(&row(n, *len, *fill));
+    }
+    stored(&js, rows.len() as u64).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/object_pointers.py");
+    let packages = std::env::var("PGOUTBOX_PYTHON_PACKAGES")
+        .unwrap_or_else(|_| "/var/tmp/pgoutbox-python".to_owned());
+    let out = std::process::Command::new("python3")
+        .args([script, &nats.url(), "OUTBOX"])
+        .env("PYTHONPATH", packages)
+        .output()
+        .expect("python3 runs (scripts/install-deps.sh)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "nats-py read ({}):\n{stderr}", out.status);
+    let read: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object a line"))
+        .collect();
+    assert_eq!(read.len(), rows.len(), "{read:?}");
+    for ((len, fill), message) in rows.iter().zip(&read) {
+        assert_eq!(message["pointer"], *len > MIB, "{message}");
+        if *len > MIB {
+            assert_eq!(message["size"], *len, "{message}");
+            assert_eq!(message["sha256"], sha256_hex(&payload(*len, *fill)), "{message}");
+        }
+    }
+    stop_and_wait_released(&pg, app).await;
+}
