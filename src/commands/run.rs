@@ -423,9 +423,13 @@ fn announce_durability(horizon: std::time::Duration) {
 /// Purges the chunks of puts cut short, once this process holds the slot and before it
 /// stores anything (housekeeping: a failure is logged, and the next start tries again).
 async fn sweep_orphan_chunks(publisher: &Publisher, bucket: &str) {
-    match crate::nats::large_payloads::sweep_orphan_chunks(publisher.context(), bucket).await {
+    let js = publisher.context();
+    match crate::nats::large_payloads::sweep_orphan_chunks(js, bucket).await {
         Ok(0) => {}
         Ok(purged) => info!(%bucket, purged, "purged chunks no object names (puts cut short)"),
         Err(err) => warn!(%bucket, %err, "could not purge the chunks of puts cut short"),
+    }
+    if let Some(bytes) = crate::nats::large_payloads::bucket_bytes(js, bucket).await {
+        metrics::gauge!(telemetry::names::OBJECT_STORE_BYTES).set(bytes as f64);
     }
 }

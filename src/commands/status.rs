@@ -356,6 +356,8 @@ async fn process_report(addr: SocketAddr) -> serde_json::Value {
             // and the rows the adoption under way has read.
             "tables_unread": gauge(names::TABLES_UNREAD).unwrap_or(0.0) as u64,
             "adoption_rows_read": gauge(names::ADOPTION_ROWS_READ).unwrap_or(0.0) as u64,
+            // With --object-store: what its bucket holds (null without one).
+            "object_store_bytes": gauge(names::OBJECT_STORE_BYTES).map(|b| b as u64),
         });
         // A seed or a replay in progress: rows done, rows left, and the pace.
         let runs = [

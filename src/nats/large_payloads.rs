@@ -169,6 +169,7 @@ pub async fn ensure_bucket(
         Ok(mut existing) => {
             let info = existing.info().await.map_err(|err| unanswered("INFO", &err))?;
             expires_first(info.config.max_age).map_or(Ok(()), Err)?;
+            say_if_objects_outlive_pointers(bucket, &info.config, stream);
             may_store(js, bucket).await
         }
         Err(err) if crate::nats::api_error::is_stream_not_found(&err) => {
@@ -186,6 +187,8 @@ pub async fn ensure_bucket(
             match js.create_object_store(config).await {
                 Ok(_) => {
                     tracing::info!(%bucket, ?max_age, "Object Store bucket created");
+                    let made = stream::Config { max_age, ..Default::default() };
+                    say_if_objects_outlive_pointers(bucket, &made, stream);
                     may_store(js, bucket).await
                 }
                 Err(err) if is_final_answer(&err) => {
@@ -195,6 +198,23 @@ pub async fn ensure_bucket(
             }
         }
         Err(err) => Err(unanswered("INFO", &err)),
+    }
+}
+
+/// Objects expire with the bucket's `max_age`, never before the stream's (see
+/// [`ensure_bucket`]). A stream that also drops messages by count or size drops pointers
+/// whose objects a bucket without its own bound keeps for good: said once, at start.
+fn say_if_objects_outlive_pointers(bucket: &str, kept: &stream::Config, stream: &stream::Config) {
+    let drops =
+        stream.max_messages > 0 || stream.max_bytes > 0 || stream.max_messages_per_subject > 0;
+    let bounded = !kept.max_age.is_zero() || kept.max_bytes > 0;
+    if drops && !bounded {
+        tracing::warn!(%bucket, stream = %stream.name,
+            "stream {} drops messages by count or size (max_msgs, max_bytes or \
+             max_msgs_per_subject), and Object Store bucket {bucket} keeps the objects of the \
+             pointers it drops for good: give the bucket a max_age or max_bytes (nats stream \
+             edit OBJ_{bucket} --max-age ...), or pass --object-store-max-age when pgoutbox \
+             creates it", stream.name);
     }
 }
 
@@ -309,6 +329,12 @@ pub async fn sweep_orphan_chunks(
         purged += count;
     }
     Ok(purged)
+}
+
+/// The bytes `bucket` holds, as JetStream counts its stream; `None` when it did not say.
+pub async fn bucket_bytes(js: &jetstream::Context, bucket: &str) -> Option<u64> {
+    let mut stream = bucket_stream(js, bucket).await.ok()?;
+    Some(stream.info().await.ok()?.state.bytes)
 }
 
 /// Deletes the object `name` from `bucket`, if it is there.

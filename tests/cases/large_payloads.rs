@@ -428,3 +428,42 @@ async fn pointers_and_their_objects_are_read_by_the_python_client() {
     }
     stop_and_wait_released(&pg, app).await;
 }
+
+/// The bucket on `/metrics` and in `status`, and the rule for when objects go: with the
+/// bucket's `max_age`, never before the stream's messages. A stream an admin made to keep
+/// 1,000 messages drops pointers by count while a bucket without a bound keeps their objects
+/// for good: one warning at start says so and what to set.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_bucket_shows_on_metrics_and_in_status_and_objects_outliving_pointers_are_warned() {
+    let (pg, nats, js) = servers_with(bucket()).await;
+    js.create_stream(jetstream::stream::Config {
+        name: "OUTBOX".into(),
+        subjects: vec!["outbox.>".into()],
+        max_messages: 1_000,
+        ..Default::default()
+    })
+    .await
+    .expect("a stream keeping 1,000 messages");
+    let app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
+    wait_until_streaming(&pg, &app).await;
+    let warning = app.log().lines().find(|l| l.contains("keeps the objects")).map(str::to_owned);
+    let warning = warning.unwrap_or_else(|| panic!("no warning:\n{}", app.log()));
+    assert!(warning.contains("WARN") && warning.contains("max_age"), "{warning}");
+
+    pg.psql(&row(0, 2 * MIB, 'a'));
+    stored(&js, 1).await;
+    let port = app.http_port();
+    let stored_total = crate::support::metric(port, "pgoutbox_objects_stored_total ");
+    assert_eq!(stored_total, Some(1.0), "{}", app.log());
+    let bytes = crate::support::metric(port, "pgoutbox_object_store_bytes ").unwrap_or(0.0);
+    assert!(bytes >= (2 * MIB) as f64, "the bucket holds {bytes} bytes");
+    let out = crate::support::pgoutbox::command(&pg, &nats)
+        .env("PGOUTBOX_HTTP_ADDR", format!("127.0.0.1:{port}"))
+        .args(["status", "--json"])
+        .output()
+        .expect("pgoutbox status runs");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let shown = report["pgoutbox"]["object_store_bytes"].as_u64().unwrap_or(0);
+    assert!(shown >= (2 * MIB) as u64, "{report:#}");
+    stop_and_wait_released(&pg, app).await;
+}

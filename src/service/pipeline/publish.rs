@@ -23,7 +23,7 @@ use crate::nats::publisher::{POSITION_HEADER, refused_for_itself};
 use crate::nats::wire::HeaderBlock;
 use crate::postgres::pgoutput::ColumnValue;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
-use crate::service::telemetry::TableCounters;
+use crate::service::telemetry::{TableCounters, names};
 use crate::service::traces;
 
 /// What a message handed to NATS is, for its span.
@@ -148,6 +148,10 @@ impl Pipeline<'_> {
             Ok(pointer) => {
                 debug!(%position, bucket = %pointer.bucket, object = %pointer.name,
                     size = pointer.size, "payload stored as an object");
+                metrics::counter!(names::OBJECTS_STORED).increment(1);
+                if let Some(bytes) = large_payloads::bucket_bytes(js, &large.bucket).await {
+                    metrics::gauge!(names::OBJECT_STORE_BYTES).set(bytes as f64);
+                }
                 for (header, value) in pointer.headers() {
                     event.headers.insert(header, &value);
                 }

@@ -35,6 +35,7 @@ pub(super) fn describe() {
             "Non-transactional pg_logical_emit_message messages with the outbox prefix, not published.",
         ),
         (names::RETENTION_DELETED, "Outbox rows deleted by --retention."),
+        (names::OBJECTS_STORED, "Payloads stored as objects in the --object-store bucket."),
         (
             names::TABLES_UNREAD,
             "Tables of a --table pattern that joined the publication without the rows they \
@@ -81,6 +82,10 @@ pub(super) fn describe() {
             names::DURABILITY_HELD_BYTES,
             "WAL acknowledged by JetStream and held unconfirmed by the durability horizon, in \
              bytes (part of the replication lag).",
+        ),
+        (
+            names::OBJECT_STORE_BYTES,
+            "With --object-store: the bytes its bucket holds, read after each object stored.",
         ),
         (
             names::ADOPTION_ROWS_READ,

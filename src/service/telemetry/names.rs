@@ -25,6 +25,10 @@ pub const STREAM_RECREATED: &str = "pgoutbox_stream_recreated_total";
 /// bytes between what JetStream acknowledged and what is confirmed to Postgres for it.
 pub const DURABILITY_HORIZON_SECONDS: &str = "pgoutbox_durability_horizon_seconds";
 pub const DURABILITY_HELD_BYTES: &str = "pgoutbox_durability_held_bytes";
+/// With `--object-store`: the bytes its bucket holds (chunks and names, as JetStream
+/// counts its stream), read after each object stored and at start; and the objects stored.
+pub const OBJECT_STORE_BYTES: &str = "pgoutbox_object_store_bytes";
+pub const OBJECTS_STORED: &str = "pgoutbox_objects_stored_total";
 /// Tables a `--table` pattern matches that pgoutbox cannot stream (out of the publication,
 /// and pgoutbox may not add them): each also has a warning naming it and what to run.
 pub const TABLES_NOT_STREAMED: &str = "pgoutbox_tables_not_streamed";
