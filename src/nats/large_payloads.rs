@@ -337,6 +337,34 @@ pub async fn bucket_bytes(js: &jetstream::Context, bucket: &str) -> Option<u64> 
     Some(stream.info().await.ok()?.state.bytes)
 }
 
+/// Whether the object `name` of `bucket` is whole and what its pointer says: listed, of
+/// `size` bytes with the SHA-256 `sha256` (lowercase hex), and every chunk its info counts
+/// still in the bucket's stream (a power loss may keep an object's name and lose chunks
+/// stored after the last sync). Read without fetching the object.
+pub async fn object_intact(
+    js: &jetstream::Context,
+    bucket: &str,
+    name: &str,
+    size: Option<usize>,
+    sha256: &str,
+) -> Result<bool, async_nats::Error> {
+    let store = js.get_object_store(bucket).await?;
+    let info = match store.info(name).await {
+        Ok(info) => info,
+        Err(err) if err.kind() == object_store::InfoErrorKind::NotFound => return Ok(false),
+        Err(err) => return Err(err.into()),
+    };
+    let digest = info.digest.as_deref().and_then(|d| d.strip_prefix("SHA-256="));
+    let digest = digest.and_then(|d| base64::engine::general_purpose::URL_SAFE.decode(d).ok());
+    let hex: Option<String> = digest.map(|d| d.iter().map(|b| format!("{b:02x}")).collect());
+    if info.deleted || size != Some(info.size) || hex.as_deref() != Some(sha256) {
+        return Ok(false);
+    }
+    let stream = bucket_stream(js, bucket).await?;
+    let kept = chunk_counts(&stream, &chunk_subject(bucket, &info.nuid)).await?;
+    Ok(kept.values().sum::<usize>() == info.chunks)
+}
+
 /// Deletes the object `name` from `bucket`, if it is there.
 pub async fn delete(
     js: &jetstream::Context,

@@ -467,3 +467,42 @@ async fn the_bucket_shows_on_metrics_and_in_status_and_objects_outliving_pointer
     assert!(shown >= (2 * MIB) as u64, "{report:#}");
     stop_and_wait_released(&pg, app).await;
 }
+
+/// The issue 56 case: a power loss keeps a pointer and loses its object's chunks (here purged
+/// from the bucket's stream). `verify` looks at each pointer's object (listed, its size and
+/// digest, every chunk there): the row is named missing, and `--replay-missing` stores it
+/// again through the running pgoutbox, with an object of its own. Before, `verify` took the
+/// pointer's digest header for the payload and said nothing was missing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pointer_whose_chunks_were_lost_is_named_by_verify_and_stored_again() {
+    let (pg, nats, js) = servers_with(bucket()).await;
+    let app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&row(0, 2 * MIB, 'a'));
+    pg.psql(&row(1, 100, 'b'));
+    let messages = stored(&js, 2).await;
+    let id = messages[0].header("Nats-Msg-Id").expect("an id").to_owned();
+    let verify = |args: &[&str]| {
+        let out = crate::support::pgoutbox::command(&pg, &nats)
+            .env_remove("RUST_LOG")
+            .arg("verify")
+            .args(args)
+            .output()
+            .expect("pgoutbox verify runs");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (code, out) = verify(&[]);
+    assert_eq!(code, Some(0), "whole before the loss:\n{out}");
+
+    let chunks = js.get_stream(format!("OBJ_{BUCKET}")).await.expect("the bucket's stream");
+    chunks.purge().filter(format!("$O.{BUCKET}.C.>")).await.expect("the chunks lost");
+    let (code, out) = verify(&["--replay-missing"]);
+    assert_eq!(code, Some(2), "{out}\n{}", app.log());
+    assert!(out.contains("1 missing") && out.contains(&id), "{out}");
+    let (code, out) = verify(&[]);
+    assert_eq!(code, Some(0), "after the replay:\n{out}\n{}", app.log());
+    let messages = read_all(&js, "OUTBOX").await;
+    let again = messages.last().expect("the replayed row");
+    assert_eq!(fetched(&js, again).await, payload(2 * MIB, 'a'), "stored again, whole");
+    stop_and_wait_released(&pg, app).await;
+}

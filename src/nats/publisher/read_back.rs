@@ -12,7 +12,7 @@ use crate::domain::outbox::{
 };
 use crate::domain::seed::{HeldRows, PayloadDigest, REPLAY_HEADER, row_id_of};
 use crate::domain::source::SOURCE_HEADER;
-use crate::nats::large_payloads::DIGEST_HEADER;
+use crate::nats::large_payloads::{self, BUCKET_HEADER, DIGEST_HEADER, NAME_HEADER, SIZE_HEADER};
 
 /// Where [`Publisher::row_ids`] starts reading.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,6 +99,7 @@ impl Publisher {
         mut order: Option<&mut OrderCheck>,
     ) -> Result<(HeldRows, u64), PublisherError> {
         let mut held = HeldRows::default();
+        let mut pointers = Vec::new();
         let last = self
             .read_messages(from, None, false, |headers, body, sequence| {
                 let header = |name: &str| headers?.get(name).map(|v| v.as_str());
@@ -124,7 +125,18 @@ impl Publisher {
                 // A message of a table the seed does not read holds none of its rows.
                 let Some((table, payload_column)) = table else { return };
                 let payload = || PayloadDigest::of_message(body, header(DIGEST_HEADER));
-                if replayed && !id.starts_with(DEAD_LETTER_ID_PREFIX) {
+                if let (Some(bucket), Some(name), false) = (
+                    header(BUCKET_HEADER),
+                    header(NAME_HEADER),
+                    id.starts_with(DEAD_LETTER_ID_PREFIX),
+                ) {
+                    // Held only if its object still is: looked at once the read is done.
+                    let object = (bucket.to_owned(), name.to_owned());
+                    let size = header(SIZE_HEADER).and_then(|s| s.parse().ok());
+                    let sha256 = header(DIGEST_HEADER).unwrap_or_default().to_owned();
+                    let row = (table.clone(), id.to_owned(), replayed, payload());
+                    pointers.push((row, object, size, sha256));
+                } else if replayed && !id.starts_with(DEAD_LETTER_ID_PREFIX) {
                     held.insert_replay(table, id, payload());
                 } else if !id.starts_with(DEAD_LETTER_ID_PREFIX) {
                     held.insert_message(table, id, payload());
@@ -136,6 +148,20 @@ impl Publisher {
                 }
             })
             .await?;
+        for ((table, id, replayed, payload), (bucket, name), size, sha256) in pointers {
+            let js = &self.js;
+            match large_payloads::object_intact(js, &bucket, &name, size, &sha256).await {
+                Ok(true) if replayed => held.insert_replay(&table, &id, payload),
+                Ok(true) => held.insert_message(&table, &id, payload),
+                Ok(false) => tracing::warn!(%bucket, object = %name, row = %id,
+                    "a pointer's object is missing or not what the pointer says: its row \
+                     counts as not in the stream"),
+                Err(err) => {
+                    let why = format!("reading object {name} of bucket {bucket}: {err}");
+                    return Err(PublisherError::Unanswered(why));
+                }
+            }
+        }
         Ok((held, last))
     }
 
