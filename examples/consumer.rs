@@ -23,7 +23,8 @@
 //!   transaction of its own, named by its id, since every seed numbers its positions from
 //!   `0/0:0`.
 //! - **Any payload.** Stored as bytes (`bytea` payloads are not text); a message pgoutbox's
-//!   headers do not describe is reported on stderr and skipped, never fatal.
+//!   headers do not describe is reported on stderr and skipped; a payload that cannot be
+//!   fetched stops the consumer, whose restart reads it again.
 //!
 //! Settings: `NATS_URL`, `PGOUTBOX_STREAM` (OUTBOX), `PARTITIONS` (4), and
 //! `CONSUMER_DATABASE_URL`, a libpq connection string for the consumer's own database.
@@ -140,7 +141,7 @@ async fn read_lane(
     };
     while let Some(message) = messages.next().await {
         let event = match message {
-            Ok(message) => event(&js, lane, &message).await.map_err(Malformed::Skipped),
+            Ok(message) => event(&js, lane, &message).await,
             Err(err) => Err(Malformed::Fatal(Error::from(err))),
         };
         if arrived.send(event).await.is_err() {
@@ -149,12 +150,21 @@ async fn read_lane(
     }
 }
 
-/// What pgoutbox's headers say of a message, with its payload.
+/// What pgoutbox's headers say of a message, with its payload. A payload that cannot be
+/// read (an object that does not come, or does not match its pointer) ends the consumer:
+/// applied without it the event would be wrong, and a restart reads it again.
 async fn event(
     js: &jetstream::Context,
     lane: usize,
     message: &jetstream::Message,
-) -> Result<Event, Error> {
+) -> Result<Event, Malformed> {
+    let mut event = described(lane, message).map_err(Malformed::Skipped)?;
+    event.payload = payload_of(js, message).await.map_err(Malformed::Fatal)?;
+    Ok(event)
+}
+
+/// What pgoutbox's headers say of a message, its payload left to [`payload_of`].
+fn described(lane: usize, message: &jetstream::Message) -> Result<Event, Error> {
     let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str().to_owned());
     let position = header("Pgoutbox-Position").ok_or("a message without Pgoutbox-Position")?;
     let (commit, index) = position.split_once(':').ok_or("a malformed Pgoutbox-Position")?;
@@ -181,7 +191,7 @@ async fn event(
         index: index.parse()?,
         rows,
         subject: message.subject.to_string(),
-        payload: payload_of(js, message).await?,
+        payload: Vec::new(),
     })
 }
 
@@ -194,7 +204,8 @@ fn event_id(msg_id: &str) -> String {
 }
 
 /// Why a message was not handed over: one that pgoutbox's headers do not describe is
-/// skipped (and reported); a reader that cannot read at all ends the consumer.
+/// skipped (and reported); a reader that cannot read, or a payload that cannot be fetched,
+/// ends the consumer.
 enum Malformed {
     Skipped(Error),
     Fatal(Error),
