@@ -136,6 +136,8 @@ pub struct Pipeline<'a> {
     unsent_row: Option<Position>,
     /// The row of the newest message sent.
     last_sent: Option<SentRow>,
+    /// The pointers sent and not yet acknowledged, by the position of their row.
+    pointers_sent: std::collections::VecDeque<(Position, crate::nats::large_payloads::Pointer)>,
     /// Acks since `Progress` was last told: the stall detector counts them as progress.
     acks_unrecorded: u64,
     /// Becomes `Some(why)` when the path to Postgres is found dead (see `liveness`).
@@ -185,6 +187,7 @@ impl<'a> Pipeline<'a> {
             nats_disconnects,
             unsent_row: None,
             last_sent: None,
+            pointers_sent: Default::default(),
             acks_unrecorded: 0,
             postgres_dead,
             config,

@@ -506,3 +506,32 @@ async fn a_pointer_whose_chunks_were_lost_is_named_by_verify_and_stored_again() 
     assert_eq!(fetched(&js, again).await, payload(2 * MIB, 'a'), "stored again, whole");
     stop_and_wait_released(&pg, app).await;
 }
+
+/// Within the durability horizon, a power loss may keep a pointer and lose its object's
+/// chunks (the bucket's stream syncs on its own timer): here they are purged right after
+/// the pointer's ack. The horizon's look checks every pointer's object before it vouches:
+/// the attempt ends, the row's object is stored again from the slot's copy of the row, and
+/// only then is the slot confirmed past it. Before, the look checked the pointer alone and
+/// the object stayed lost.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_object_lost_within_the_horizon_is_stored_again_before_the_slot_moves_past_it() {
+    let (pg, nats, js) = servers_with(bucket()).await;
+    let app = Pgoutbox::run(&pg, &nats, &["--object-store", BUCKET, "--durability-horizon", "3s"]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&row(0, 2 * MIB, 'a'));
+    let messages = stored(&js, 1).await;
+    let chunks = js.get_stream(format!("OBJ_{BUCKET}")).await.expect("the bucket's stream");
+    chunks.purge().filter(format!("$O.{BUCKET}.C.>")).await.expect("the chunks lost");
+    pg.psql(&row(1, 100, 'b'));
+
+    eventually(Duration::from_secs(30), "the object stored again", || async {
+        app.log().contains("its chunks, not its message").then_some(())
+    })
+    .await;
+    let again = tokio::time::timeout(Duration::from_secs(20), fetched(&js, &messages[0])).await;
+    assert!(again.is_ok_and(|bytes| bytes == payload(2 * MIB, 'a')), "{}", app.log());
+    let messages = stored(&js, 2).await;
+    assert_eq!(messages.len(), 2, "each row once: {}", app.log());
+    super::nats_forgets::slot_confirmed_everything(&pg).await;
+    stop_and_wait_released(&pg, app).await;
+}

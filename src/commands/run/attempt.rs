@@ -240,6 +240,7 @@ impl Target<'_> {
             memory.horizon = None;
             memory.stored = None;
             memory.acknowledged_through = None;
+            memory.pointers.clear();
             if let Some((seed_last, acked_at, end)) = pinned.filter(|_| memory.seed.is_none()) {
                 // A recovery's rows the stream lost within the horizon: only the table has
                 // them. Otherwise the slot, held at the seed's end, gives back the rest, and

@@ -79,6 +79,7 @@ impl Pipeline<'_> {
             }
             Outcome::Collision => return self.collided(done.position).await,
             Outcome::Replayed => {
+                self.pointer_acknowledged(done.position, None);
                 debug!(position = %done.position, "stored by an earlier run; not stored again");
                 done.counters.duplicates.increment(1);
             }
@@ -92,6 +93,7 @@ impl Pipeline<'_> {
                     let (sequence, position) = (stored.sequence, done.position);
                     self.memory.stored = Some(Stored { sequence, position });
                     self.memory.acknowledged(position);
+                    self.pointer_acknowledged(position, Some(sequence));
                 }
             }
         }

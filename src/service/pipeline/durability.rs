@@ -10,6 +10,8 @@ use tokio::sync::oneshot;
 
 use super::{Memory, Pipeline, Resume};
 use crate::domain::horizon::{Horizon, Stored};
+use crate::domain::progress::Position;
+use crate::nats::large_payloads::{self, Pointer};
 use crate::nats::publisher::PublisherError;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 
@@ -27,6 +29,9 @@ struct Answer {
     stored: Stored,
     asked_at: Instant,
     holds: Result<bool, PublisherError>,
+    /// A pointer at or before `stored` whose object is not whole (looked at only when the
+    /// stream holds `stored`).
+    lost_object: Option<Stored>,
 }
 
 /// The horizon of an attempt that resumes the slot at `resume.lsn`: the one the attempt
@@ -60,6 +65,23 @@ pub(super) fn horizon_for(memory: &mut Memory, span: Duration, resume: &Resume) 
 }
 
 impl Pipeline<'_> {
+    /// The message of the row at `position` was acknowledged: stored at `sequence`, or
+    /// `None` for an older copy (whose pointer, if any, `Memory::pointers` still holds). A
+    /// pointer stored waits there for a look to vouch for its object.
+    pub(super) fn pointer_acknowledged(&mut self, position: Position, sequence: Option<u64>) {
+        while let Some((sent, pointer)) = self.pointers_sent.pop_front() {
+            if sent > position {
+                self.pointers_sent.push_front((sent, pointer));
+                return;
+            }
+            // Without a horizon nothing waits for a look, and nothing is kept for one.
+            let looked_at = !self.config.durability_horizon.is_zero();
+            if let (true, Some(sequence), true) = (sent == position, sequence, looked_at) {
+                self.memory.pointers.push((Stored { sequence, position }, pointer));
+            }
+        }
+    }
+
     /// Leaves what waits behind the horizon to the next attempt.
     pub(super) fn carry_horizon(&mut self) {
         let fresh = Horizon::new(self.config.durability_horizon, self.reported);
@@ -83,8 +105,19 @@ impl Pipeline<'_> {
             match answer.try_recv() {
                 Err(oneshot::error::TryRecvError::Empty) => return Ok(()),
                 Err(oneshot::error::TryRecvError::Closed) => {}
-                Ok(Answer { stored, asked_at, holds: Ok(true) }) => {
+                Ok(Answer { stored, asked_at, holds: Ok(true), lost_object: None }) => {
+                    let sequence = stored.sequence;
+                    self.memory.pointers.retain(|(pointer, _)| pointer.sequence > sequence);
                     self.horizon.vouched(stored, asked_at)
+                }
+                Ok(Answer { holds: Ok(true), lost_object: Some(lost), .. }) => {
+                    self.memory.objects_lost.insert(lost.position);
+                    let detail = format!(
+                        "the object of the pointer at sequence {} (position {}) lost its chunks \
+                         while the stream kept the pointer: stored again from the row",
+                        lost.sequence, lost.position
+                    );
+                    return Err(NatsFailure::new(NatsFailureKind::Request, detail).into());
                 }
                 Ok(Answer { stored, holds: Ok(false), .. }) => {
                     let detail = format!(
@@ -109,12 +142,44 @@ impl Pipeline<'_> {
         self.looks.sent_at = Some(now);
         let (report, answer) = oneshot::channel();
         let publisher = self.publisher.clone();
+        let pointers: Vec<(Stored, Pointer)> = self
+            .memory
+            .pointers
+            .iter()
+            .filter(|(pointer, _)| pointer.sequence <= stored.sequence)
+            .cloned()
+            .collect();
         tokio::spawn(async move {
             let asked_at = Instant::now();
             let holds = publisher.still_holds(stored).await;
-            let _ = report.send(Answer { stored, asked_at, holds });
+            let (mut holds, mut lost_object) = (holds, None);
+            if matches!(holds, Ok(true)) {
+                match first_lost_object(&publisher, &pointers).await {
+                    Ok(lost) => lost_object = lost,
+                    Err(err) => holds = Err(err),
+                }
+            }
+            let _ = report.send(Answer { stored, asked_at, holds, lost_object });
         });
         self.looks.in_flight = Some(answer);
         Ok(())
     }
+}
+
+/// The first of `pointers` whose object is not whole; an object that could not be looked
+/// at is an unanswered look, asked again.
+async fn first_lost_object(
+    publisher: &crate::nats::publisher::Publisher,
+    pointers: &[(Stored, Pointer)],
+) -> Result<Option<Stored>, PublisherError> {
+    for (stored, pointer) in pointers {
+        let Pointer { bucket, name, size, sha256 } = pointer;
+        let js = publisher.context();
+        match large_payloads::object_intact(js, bucket, name, Some(*size), sha256).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(Some(*stored)),
+            Err(err) => return Err(PublisherError::Unanswered(format!("object {name}: {err}"))),
+        }
+    }
+    Ok(None)
 }

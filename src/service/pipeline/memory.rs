@@ -10,6 +10,7 @@ use crate::domain::publishing::Carried;
 use crate::domain::source::{Source, TailRow};
 use crate::domain::stall::Progress;
 use crate::domain::throughput::Throughput;
+use crate::nats::large_payloads::Pointer;
 use crate::service::retention::{KeptRows, PublishedUpTo};
 use crate::service::seed::{Seed, SeedKind};
 
@@ -52,6 +53,13 @@ pub struct Memory {
     /// and a horizon started afresh each time would never release anything. Dropped when
     /// the stream is found to have lost acknowledged events.
     pub horizon: Option<crate::domain::horizon::Horizon>,
+    /// Pointers acknowledged that no look has vouched for with their object yet: the
+    /// bucket's stream syncs on its own timer, so a power loss may keep a pointer and lose
+    /// its object's chunks (`pipeline::durability`). Carried and dropped with the horizon.
+    pub pointers: Vec<(crate::domain::horizon::Stored, Pointer)>,
+    /// Rows whose object a look found lost: stored again from the row when the slot sends
+    /// it again, even where the stream's tail skips its message.
+    pub objects_lost: HashSet<Position>,
     /// The same, shared with the task that records it in Postgres for the next process
     /// (`service::acknowledgements`): copied at each tick (100 ms), not at each ack.
     pub acknowledged: crate::service::acknowledgements::LastAcknowledged,
@@ -98,6 +106,8 @@ impl Memory {
             row_waiting: None,
             chunks_swept: false,
             horizon: None,
+            pointers: Vec::new(),
+            objects_lost: HashSet::new(),
             stored: None,
             acknowledged_through: None,
             acknowledged: Default::default(),

@@ -75,6 +75,9 @@ impl Pipeline<'_> {
         let row_id = mapping.row_id(&tuple);
         match self.protocol.on_row(position, row_id.as_deref()) {
             Ok(RowStep::Publish) => {}
+            Ok(RowStep::Skip) if self.memory.objects_lost.remove(&position) => {
+                return self.store_object_again(&mapping, &tuple, position).await;
+            }
             Ok(RowStep::Skip) => return Ok(()),
             Err(err) => return Err(self.tail_not_in_wal(err)),
         }
@@ -155,6 +158,8 @@ impl Pipeline<'_> {
                 for (header, value) in pointer.headers() {
                     event.headers.insert(header, &value);
                 }
+                self.memory.objects_lost.remove(&position);
+                self.pointers_sent.push_back((position, pointer));
                 event.payload = bytes::Bytes::new();
                 Ok(Ok(event))
             }
@@ -163,6 +168,36 @@ impl Pipeline<'_> {
                 self.unsent_row = Some(position);
                 let why = unanswered.to_string();
                 Err(NatsFailure::new(NatsFailureKind::Request, why).into())
+            }
+        }
+    }
+
+    /// The row at `position`, whose message the stream holds, lost its object (a look found
+    /// it missing, `pipeline::durability`): stored again under the same name, which the
+    /// pointer names. The row's next look vouches for it before anything past it is confirmed.
+    async fn store_object_again(
+        &mut self,
+        mapping: &RowMapping,
+        tuple: &[ColumnValue],
+        position: Position,
+    ) -> Result<(), PipelineError> {
+        let (Some(large), Ok(event)) = (&self.config.large_payloads, mapping.map(tuple)) else {
+            return Ok(());
+        };
+        let name = large_payloads::object_name(&large.bucket, &event.id, position);
+        let js = self.publisher.context();
+        match large_payloads::store(js, &large.bucket, &name, &event.payload).await {
+            Ok(_) => {
+                // Its pointer waits in `Memory::pointers` for the next look.
+                warn!(%position, bucket = %large.bucket, object = %name,
+                    "a pointer's object was lost (its chunks, not its message): stored again \
+                     from the row");
+                Ok(())
+            }
+            Err(err) => {
+                self.memory.objects_lost.insert(position);
+                self.unsent_row = Some(position);
+                Err(NatsFailure::new(NatsFailureKind::Request, err.to_string()).into())
             }
         }
     }
