@@ -535,3 +535,30 @@ async fn an_object_lost_within_the_horizon_is_stored_again_before_the_slot_moves
     super::nats_forgets::slot_confirmed_everything(&pg).await;
     stop_and_wait_released(&pg, app).await;
 }
+
+/// A row whose object gets no answer at every attempt (here the bucket's stream was made
+/// `no_ack` after the start: its chunks are stored and never acknowledged, as with a
+/// permission the start could not check) is tried again without end: that is a stall,
+/// `pgoutbox_stalled` 1 and `/readyz` 503 after `--stall-timeout`. Before, nothing was in
+/// flight while a put waited, so the stall clock restarted at each attempt (the S5:
+/// `pgoutbox_stalled` 0 and `/readyz` 200 for as long as it lasted).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_tried_again_without_end_is_a_stall() {
+    let (pg, nats, js) = servers_with(bucket()).await;
+    let args = ["--object-store", BUCKET, "--stall-timeout", "5s"];
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    let mut chunks = js.get_stream(format!("OBJ_{BUCKET}")).await.expect("the bucket's stream");
+    let config = chunks.info().await.expect("its config").config.clone();
+    js.update_stream(jetstream::stream::Config { no_ack: true, ..config })
+        .await
+        .expect("the bucket acknowledges nothing");
+    pg.psql(&row(0, 2 * MIB, 'a'));
+    let port = app.http_port();
+    eventually(Duration::from_secs(60), "pgoutbox_stalled 1", || async {
+        (crate::support::metric(port, "pgoutbox_stalled ") == Some(1.0)).then_some(())
+    })
+    .await;
+    let ready = crate::support::http_get(port, "/readyz").map(|r| r.0);
+    assert_eq!(ready, Some(503), "{}", app.log());
+}
