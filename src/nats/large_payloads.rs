@@ -36,6 +36,8 @@ pub struct LargePayloads {
     pub bucket: String,
     /// Payloads larger than this go to the bucket even when their message would fit.
     pub over: Option<usize>,
+    /// Payloads larger than this are not stored: the row is a dead letter.
+    pub max_size: Option<usize>,
     /// The replicas of a bucket pgoutbox creates; `None`: the stream's.
     pub replicas: Option<usize>,
     /// The expiry of a bucket pgoutbox creates; `None`: the stream's `max_age`.
@@ -64,6 +66,15 @@ impl Pointer {
 }
 
 impl LargePayloads {
+    /// Why a payload of `len` bytes is not stored: over `--object-store-max-size`.
+    pub fn refuses(&self, len: usize) -> Option<String> {
+        let max = self.max_size.filter(|max| len > *max)?;
+        Some(format!(
+            "the payload is {len} bytes, over --object-store-max-size ({max} bytes): not stored \
+             as an object"
+        ))
+    }
+
     /// Whether a payload of `len` bytes goes to the bucket, when a message may carry
     /// `fits` bytes of payload and headers and these headers take `headers`.
     pub fn takes(&self, len: usize, headers: usize, fits: usize) -> bool {
@@ -438,7 +449,13 @@ mod tests {
 
     #[test]
     fn a_payload_goes_to_the_bucket_when_its_message_would_not_fit_or_it_is_over_the_size_asked() {
-        let large = LargePayloads { bucket: "b".into(), over: None, replicas: None, max_age: None };
+        let large = LargePayloads {
+            bucket: "b".into(),
+            over: None,
+            max_size: None,
+            replicas: None,
+            max_age: None,
+        };
         assert!(!large.takes(900, 100, 1000), "exactly fits");
         assert!(large.takes(901, 100, 1000));
         let over = LargePayloads { over: Some(500), ..large };
@@ -455,6 +472,21 @@ mod tests {
                         (code 503, error code 10008)";
         assert!(!is_refusal(election));
         assert!(!is_refusal("failed getting chunk ack: timed out"));
+    }
+
+    #[test]
+    fn a_payload_over_the_cap_is_refused_with_the_reason() {
+        let large = LargePayloads {
+            bucket: "b".into(),
+            over: None,
+            max_size: Some(1_000),
+            replicas: None,
+            max_age: None,
+        };
+        assert_eq!(large.refuses(1_000), None);
+        let why = large.refuses(1_001).unwrap_or_default();
+        assert!(why.contains("1001 bytes") && why.contains("--object-store-max-size"), "{why}");
+        assert_eq!(LargePayloads { max_size: None, ..large }.refuses(usize::MAX), None);
     }
 
     #[test]

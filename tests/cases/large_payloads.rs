@@ -562,3 +562,27 @@ async fn a_row_tried_again_without_end_is_a_stall() {
     let ready = crate::support::http_get(port, "/readyz").map(|r| r.0);
     assert_eq!(ready, Some(503), "{}", app.log());
 }
+
+/// `--object-store-max-size`: a payload over it is not stored as an object (nor held for a
+/// put): the row is a dead letter saying so, and the rows behind it, a large one under the
+/// cap included, are stored in order. The cap keeps one row from costing more memory than
+/// pgoutbox has (issue 58: a 200 MiB row under a 256 MiB limit, with no way to refuse it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_payload_over_the_size_cap_is_a_dead_letter_and_blocks_nothing() {
+    let (pg, nats, js) = servers_with(bucket()).await;
+    let args = ["--object-store", BUCKET, "--object-store-max-size", "2MiB"];
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    let rows = [(100, 'a'), (3 * MIB, 'b'), (MIB + MIB / 2, 'c'), (100, 'd')];
+    for (n, (len, fill)) in rows.iter().enumerate() {
+        pg.psql(&row(n, *len, *fill));
+    }
+    let messages = stored(&js, rows.len() as u64).await;
+    assert_eq!(messages[1].subject, "outbox.dead_letter", "{}", app.log());
+    let reason = messages[1].json()["reason"].as_str().unwrap_or_default().to_owned();
+    assert!(reason.contains("over --object-store-max-size"), "{reason}");
+    assert_eq!(fetched(&js, &messages[2]).await, payload(MIB + MIB / 2, 'c'));
+    assert_eq!(messages[3].header("Outbox-Aggregate-Id"), Some("3"));
+    assert_eq!(objects(&js).await, 1, "only the row under the cap is an object");
+    stop_and_wait_released(&pg, app).await;
+}

@@ -145,6 +145,9 @@ impl Pipeline<'_> {
         if !large.takes(event.payload.len(), event.headers.wire_len(), fits) {
             return Ok(Ok(event));
         }
+        if let Some(why) = large.refuses(event.payload.len()) {
+            return Ok(Err(Rejection(why)));
+        }
         let name = large_payloads::object_name(&large.bucket, &event.id, position);
         let js = self.publisher.context();
         match large_payloads::store(js, &large.bucket, &name, &event.payload).await {

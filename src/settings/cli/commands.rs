@@ -206,6 +206,12 @@ pub struct SlotArgs {
     /// With --object-store: store payloads over this size there too, e.g. 256KiB
     #[arg(help_heading = NATS, long, env = "PGOUTBOX_OBJECT_STORE_OVER", requires = "object_store", value_parser = crate::settings::units::parse_byte_size, value_name = "BYTES", hide_short_help = true)]
     pub object_store_over: Option<usize>,
+    /// With --object-store: the largest payload stored as an object, e.g. 64MiB
+    ///
+    /// A larger row is a dead letter saying so, without its payload (the row stays in the
+    /// table). Default: no limit; set it below the memory pgoutbox may use
+    #[arg(help_heading = NATS, long, env = "PGOUTBOX_OBJECT_STORE_MAX_SIZE", requires = "object_store", value_parser = crate::settings::units::parse_byte_size, value_name = "BYTES", hide_short_help = true)]
+    pub object_store_max_size: Option<usize>,
     /// With --object-store: replicas of a bucket pgoutbox creates (default: the stream's)
     #[arg(help_heading = NATS, long, env = "PGOUTBOX_OBJECT_STORE_REPLICAS", requires = "object_store", value_name = "N", hide_short_help = true)]
     pub object_store_replicas: Option<usize>,
@@ -222,6 +228,7 @@ impl SlotArgs {
         Some(crate::nats::large_payloads::LargePayloads {
             bucket: self.object_store.clone()?,
             over: self.object_store_over,
+            max_size: self.object_store_max_size,
             replicas: self.object_store_replicas,
             max_age: self.object_store_max_age,
         })
