@@ -90,6 +90,7 @@ fn values(
         ("stream-replicas", Err("one server: 1, the default")),
         ("object-store", Ok(text("cfg_payloads"))),
         ("object-store-over", Ok(text("256KiB"))),
+        ("object-store-max-size", Ok(text("128MiB"))),
         ("object-store-replicas", Ok("1".into())),
         // Never: a bucket may not expire before the stream's messages, kept forever here.
         ("object-store-max-age", Ok(text("0s"))),
