@@ -50,7 +50,7 @@ mod tables;
 mod window;
 
 use interruption::{Interruption, Interruptions};
-pub use memory::{Memory, Resume};
+pub use memory::{Memory, Resume, acknowledged_through};
 use replayed::Replays;
 use seed::next_seed_row;
 use tables::{Described, TableSet};

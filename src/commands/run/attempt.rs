@@ -19,7 +19,7 @@ use crate::postgres::{ConnectionError, ReplicationConnection, outbox_table};
 use crate::service::acknowledgements::stream_identity;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::{Liveness, Watched};
-use crate::service::pipeline::{Ended, Memory, Pipeline, Resume};
+use crate::service::pipeline::{Ended, Memory, Pipeline, Resume, acknowledged_through};
 use crate::service::seed::Seed;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::{Metrics, Readiness, names};
@@ -227,8 +227,8 @@ impl Target<'_> {
             None => None,
         };
         let tail_position = tail.origin.position;
-        if let Some(position) = stored.map(|stored| stored.position).filter(|p| p.commit_lsn != 0) {
-            memory.acknowledged_through = memory.acknowledged_through.max(Some(position));
+        if let Some(stored) = stored {
+            acknowledged_through(&mut memory.acknowledged_through, stored.position);
         }
         if let Some(forgotten) =
             stored.and_then(|s| Forgotten::judge(s, tail.last_sequence, tail_position, start))

@@ -127,9 +127,7 @@ impl Memory {
     /// The stream holds (or held) the row at `position`; a seed's rows, numbered apart from
     /// the WAL's, say nothing of it.
     pub fn acknowledged(&mut self, position: Position) {
-        if position.commit_lsn != 0 {
-            self.acknowledged_through = self.acknowledged_through.max(Some(position));
-        }
+        acknowledged_through(&mut self.acknowledged_through, position);
     }
 
     /// Whether the row at `position` was acknowledged before: see
@@ -144,6 +142,14 @@ impl Memory {
         self.carried.duplicates.forget_seed();
         self.refused.forget_seed();
         self.ids_taken.retain(|position| position.commit_lsn != 0);
+    }
+}
+
+/// Moves `through` ([`Memory::acknowledged_through`]) to `position`, a row from the WAL;
+/// callable while another field of `Memory` is borrowed.
+pub fn acknowledged_through(through: &mut Option<Position>, position: Position) {
+    if position.commit_lsn != 0 {
+        *through = (*through).max(Some(position));
     }
 }
 
