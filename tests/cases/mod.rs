@@ -73,6 +73,7 @@ mod survives_postgres_restart;
 mod tenant_table_created_while_running;
 mod tenants_without_trust;
 mod traces;
+mod upgrade;
 mod verify;
 mod version_matrix;
 mod whole_transactions;

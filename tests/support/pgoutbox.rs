@@ -18,7 +18,12 @@ pub struct Pgoutbox {
 /// The binary with the servers' URLs set and no PGOUTBOX_* settings, nor libpq's PG*
 /// variables, nor OTEL_* ones, inherited.
 pub fn command(pg: &Postgres, nats: &Nats) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_pgoutbox"));
+    command_of(std::path::Path::new(env!("CARGO_BIN_EXE_pgoutbox")), pg, nats)
+}
+
+/// [`command`] of another build of pgoutbox (an earlier release, for the upgrade test).
+pub fn command_of(binary: &std::path::Path, pg: &Postgres, nats: &Nats) -> Command {
+    let mut cmd = Command::new(binary);
     for (key, _) in std::env::vars() {
         let ours = key.starts_with("PG") || key.starts_with("OTEL_");
         if ours || key == "DATABASE_URL" || key == "NATS_URL" {
