@@ -49,6 +49,7 @@ mod seed;
 mod tables;
 mod window;
 
+pub use durability::objects_lost_before_start;
 use interruption::{Interruption, Interruptions};
 pub use memory::{Memory, Resume, acknowledged_through};
 use replayed::Replays;

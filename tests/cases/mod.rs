@@ -30,6 +30,7 @@ mod nats_auth;
 mod nats_forgets;
 mod nats_version_reported;
 mod nemesis_soak;
+mod objects_lost;
 mod one_source_per_stream;
 mod one_table_never_holds_the_rest;
 mod ops_http;

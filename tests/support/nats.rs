@@ -140,22 +140,35 @@ impl Nats {
     /// of its `msgs/` directory removed; not started again. Returns how many records were
     /// cut.
     pub fn lose_stored_within(&mut self, stream: &str, unsynced: Duration) -> u64 {
-        self.kill();
-        let blocks = self.message_blocks(stream);
-        cut_records_since(&blocks, unsynced)
+        self.lose_stored_within_each(&[(stream, unsynced)])
     }
 
-    /// The same power loss for the whole store: every stream's blocks and every raft log's
-    /// (a replicated stream's log would otherwise bring back what its blocks lost).
+    /// The same power loss with each stream's own sync timer: one SIGKILL, then each
+    /// stream's messages stored within its own `unsynced` cut.
+    pub fn lose_stored_within_each(&mut self, streams: &[(&str, Duration)]) -> u64 {
+        self.kill();
+        let now = unix_nanos();
+        let cut = streams.iter().map(|(stream, unsynced)| {
+            cut_records_since(&self.message_blocks(stream), now - unsynced.as_nanos())
+        });
+        cut.sum()
+    }
+
+    /// The same power loss for the whole store, one moment for every stream: every
+    /// stream's blocks and every raft log's (a replicated stream's log would otherwise
+    /// bring back what its blocks lost).
     pub fn lose_everything_stored_within(&mut self, unsynced: Duration) -> u64 {
         self.kill();
+        // Taken once: a moment read per stream moves on while the blocks before are read,
+        // and would cut an object's chunks but keep the pointer stored after them.
+        let synced = unix_nanos() - unsynced.as_nanos();
         let mut cut = 0;
         let mut dirs = vec![self.dir.path().join("store").join("jetstream")];
         while let Some(dir) = dirs.pop() {
             let entries = std::fs::read_dir(&dir).expect("a directory of the store");
             let paths: Vec<PathBuf> = entries.filter_map(|e| Some(e.ok()?.path())).collect();
             if dir.file_name().is_some_and(|name| name == "msgs") {
-                cut += cut_records_since(&blocks_of(&dir), unsynced);
+                cut += cut_records_since(&blocks_of(&dir), synced);
             } else {
                 dirs.extend(paths.into_iter().filter(|p| p.is_dir()));
             }
@@ -298,11 +311,9 @@ fn blocks_of(msgs: &std::path::Path) -> Vec<(u64, PathBuf)> {
     blocks
 }
 
-/// Cuts from `blocks` every record stored in the last `unsynced`, at a record's boundary
-/// (a block wholly after it removed); how many records were cut.
-fn cut_records_since(blocks: &[(u64, PathBuf)], unsynced: Duration) -> u64 {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    let synced = now.map_or(0, |d| d.as_nanos()).saturating_sub(unsynced.as_nanos());
+/// Cuts from `blocks` every record stored after `synced` (Unix nanoseconds), at a record's
+/// boundary (a block wholly after it removed); how many records were cut.
+fn cut_records_since(blocks: &[(u64, PathBuf)], synced: u128) -> u64 {
     let mut cut = 0;
     for (_, block) in blocks {
         let bytes = std::fs::read(block).expect("read a message block");
@@ -318,6 +329,11 @@ fn cut_records_since(blocks: &[(u64, PathBuf)], unsynced: Duration) -> u64 {
         cut += after.len() as u64;
     }
     cut
+}
+
+fn unix_nanos() -> u128 {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    now.map_or(0, |d| d.as_nanos())
 }
 
 /// Cuts a message block to its first `len` bytes.

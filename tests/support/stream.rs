@@ -92,6 +92,32 @@ pub fn assert_rows_and_letters(
     }
 }
 
+/// The object a pointer names, read from its bucket and checked against the pointer's
+/// size and digest; what is wrong, if anything.
+pub async fn fetch_object(js: &jetstream::Context, pointer: &Stored) -> Result<Vec<u8>, String> {
+    use sha2::Digest;
+    use tokio::io::AsyncReadExt;
+    let header = |name: &str| pointer.header(name).ok_or_else(|| format!("no {name} header"));
+    if !pointer.payload.is_empty() {
+        return Err(format!("a pointer with a body of {} bytes", pointer.payload.len()));
+    }
+    let bucket = header("Pgoutbox-Object-Bucket")?;
+    let name = header("Pgoutbox-Object-Name")?;
+    let store = js.get_object_store(bucket).await.map_err(|e| format!("bucket {bucket}: {e}"))?;
+    let mut object = store.get(name).await.map_err(|e| format!("object {name}: {e}"))?;
+    let mut bytes = Vec::new();
+    object.read_to_end(&mut bytes).await.map_err(|e| format!("object {name}'s chunks: {e}"))?;
+    let size = bytes.len().to_string();
+    if size != header("Pgoutbox-Object-Size")? {
+        return Err(format!("object {name} holds {size} bytes, the pointer says otherwise"));
+    }
+    let digest: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
+    if digest != header("Pgoutbox-Object-Sha256")? {
+        return Err(format!("object {name}'s digest is not the pointer's"));
+    }
+    Ok(bytes)
+}
+
 /// Every message of the stream, in stream order.
 pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
     let stream = js.get_stream(stream).await.expect("stream exists");

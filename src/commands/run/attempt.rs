@@ -19,7 +19,9 @@ use crate::postgres::{ConnectionError, ReplicationConnection, outbox_table};
 use crate::service::acknowledgements::stream_identity;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::{Liveness, Watched};
-use crate::service::pipeline::{Ended, Memory, Pipeline, Resume, acknowledged_through};
+use crate::service::pipeline::{
+    Ended, Memory, Pipeline, Resume, acknowledged_through, objects_lost_before_start,
+};
 use crate::service::seed::Seed;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::{Metrics, Readiness, names};
@@ -240,7 +242,8 @@ impl Target<'_> {
             memory.horizon = None;
             memory.stored = None;
             memory.acknowledged_through = None;
-            memory.pointers.clear();
+            // The pointers the stream kept still wait for their objects to be looked at.
+            memory.pointers.retain(|(pointer, _)| pointer.sequence <= tail.last_sequence);
             if let Some((seed_last, acked_at, end)) = pinned.filter(|_| memory.seed.is_none()) {
                 // A recovery's rows the stream lost within the horizon: only the table has
                 // them. Otherwise the slot, held at the seed's end, gives back the rest, and
@@ -264,6 +267,7 @@ impl Target<'_> {
                 return Err(NatsFailure::new(NatsFailureKind::Request, why).into());
             }
         }
+        objects_lost_before_start(publisher, &memory.pointers, &mut memory.objects_lost).await;
         // `failover` is a column from 17 on; --failover was refused below that at setup.
         if *failover && row.get(3).and_then(Option::as_deref) == Some("false") {
             conn.simple_query(&format!(

@@ -4,15 +4,17 @@
 //! at most one a second (an attempt's first at once), off the loop: its answer is read at
 //! the next tick. What waits is carried from one attempt to the next.
 
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
+use tracing::warn;
 
 use super::{Memory, Pipeline, Resume};
 use crate::domain::horizon::{Horizon, Stored};
 use crate::domain::progress::Position;
 use crate::nats::large_payloads::{self, Pointer};
-use crate::nats::publisher::PublisherError;
+use crate::nats::publisher::{Publisher, PublisherError};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 
 /// The least time between two looks: a position waits at most this longer than the horizon.
@@ -166,10 +168,40 @@ impl Pipeline<'_> {
     }
 }
 
+/// At an attempt's start, often after the server restarted: the objects of the pointers
+/// still waiting for a look, newest first, until one is whole (a power loss cuts the
+/// bucket's newest records, so the objects before a whole one are whole). Each one lost is
+/// stored again when the slot sends its row (the Skip path), without waiting for the look:
+/// an operator may drop the slot before that look, and the table may have lost the row by
+/// then. An object that could not be looked at is left to the look.
+pub async fn objects_lost_before_start(
+    publisher: &Publisher,
+    pointers: &[(Stored, Pointer)],
+    objects_lost: &mut HashSet<Position>,
+) {
+    for (stored, pointer) in pointers.iter().rev() {
+        let Pointer { bucket, name, size, sha256 } = pointer;
+        let js = publisher.context();
+        match large_payloads::object_intact(js, bucket, name, Some(*size), sha256).await {
+            Ok(true) => return,
+            Ok(false) => {
+                warn!(position = %stored.position, %bucket, object = %name,
+                    "a pointer's object was lost with the server's last writes: stored again \
+                     from the row before the slot moves past it");
+                objects_lost.insert(stored.position);
+            }
+            Err(err) => {
+                tracing::debug!(object = %name, error = %err, "looking at an object at start");
+                return;
+            }
+        }
+    }
+}
+
 /// The first of `pointers` whose object is not whole; an object that could not be looked
 /// at is an unanswered look, asked again.
 async fn first_lost_object(
-    publisher: &crate::nats::publisher::Publisher,
+    publisher: &Publisher,
     pointers: &[(Stored, Pointer)],
 ) -> Result<Option<Stored>, PublisherError> {
     for (stored, pointer) in pointers {

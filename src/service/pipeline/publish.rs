@@ -230,6 +230,9 @@ impl Pipeline<'_> {
     ) -> Result<(), PipelineError> {
         let SentRow { mapping, tuple, position, in_transaction } = row;
         let (position, in_transaction) = (*position, *in_transaction);
+        // The letter's acknowledgement is not a pointer's: a pointer sent for the row (its id
+        // collided) has no object to look for.
+        self.pointers_sent.retain(|(sent, _)| *sent != position);
         let subject = match mapping.dead_letter_subject() {
             "" => &self.config.defaults.dead_letter_subject,
             own => own,
