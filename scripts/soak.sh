@@ -3,16 +3,19 @@
 # (their first rows adopted), written and dropped under 'tenant_*.outbox', some rows
 # scheduled, while a seeded schedule kills pgoutbox, pauses and restarts nats-server,
 # restarts Postgres, drops the slot and recovers, replays rows into the live stream, and
-# makes nats-server lose what it stored in its last seconds (a power loss, within the
-# durability horizon pgoutbox then runs with); then every event is checked. See docs/guarantees.md, "The soak".
+# makes nats-server lose what every stream stored in its last seconds (a power loss, within
+# pgoutbox's default durability horizon); one event in 37 is large and goes to an object
+# (--object-store), its object read back and checked; then every event is checked. See
+# docs/guarantees.md, "The soak".
 #
 #   scripts/soak.sh [--minutes N] [--seed S] [--off KIND,...] [--duplicate-window SECONDS]
 #
 # --minutes   how long faults are injected (default 3; fractions allowed)
 # --seed      the schedule's seed (default: random, printed first: pass it to replay a run)
 # --off       turn off fault kinds: kill, pause, nats-restart, pg-fast, pg-immediate,
-#             recover, replay, tail-loss; the writer's truncate; tenants, or their scheduled rows
-#             (schedules, which run only on nats-server 2.12+ and are skipped before)
+#             recover, replay, tail-loss; the writer's truncate; its large events (large);
+#             tenants, or their scheduled rows (schedules, which run only on nats-server
+#             2.12+ and are skipped before)
 # --duplicate-window  the stream's duplicate window in seconds (default 5)
 # PGOUTBOX_TEST_NATS=2.12 picks a nats-server from scripts/fetch-nats.sh, as for the tests.
 set -euo pipefail
@@ -28,7 +31,7 @@ while [ $# -gt 0 ]; do
     --seed) seed="${2:?--seed needs a number}"; shift 2 ;;
     --off) off="${2:?--off needs a list of kinds}"; shift 2 ;;
     --duplicate-window) window="${2:?--duplicate-window needs seconds}"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "soak.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done

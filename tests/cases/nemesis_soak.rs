@@ -3,8 +3,10 @@
 //! back, while a seeded schedule injects one fault at a time: pgoutbox killed with -9,
 //! nats-server paused or restarted, Postgres restarted (fast and immediate), the slot
 //! dropped and recovered with `--recover`, rows replayed into the live stream (half of the
-//! time while pgoutbox is down), nats-server losing what it stored in its last seconds (a
-//! power loss, within pgoutbox's durability horizon). Beside it, tenants are created under a `tenant_*.outbox`
+//! time while pgoutbox is down), nats-server losing what every stream stored in its last
+//! seconds (a power loss, within pgoutbox's default durability horizon). One event in 37
+//! is too large for its message and goes to an object (`--object-store`), its pointer's
+//! object read back and checked (`support::soak::objects`). Beside it, tenants are created under a `tenant_*.outbox`
 //! pattern (rows in the creating transaction, for the adoption to move), written, dropped
 //! once streamed, and, on a nats-server with message schedules, some of their rows held for
 //! a few seconds (`support::soak::tenants`). Then everything heals, and the checkers read
@@ -21,8 +23,9 @@ use tokio::sync::Mutex;
 
 use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::soak::check::{Replayed, Verdict, check};
+use crate::support::soak::objects;
 use crate::support::soak::tenants::{self, TenantWriter, check_tenants};
-use crate::support::soak::writer::{OUTBOX, Writer};
+use crate::support::soak::writer::{LARGE_OVER, OUTBOX, Writer};
 use crate::support::soak::{Fault, Gate, Rng, Settings, SlotDrop};
 use crate::support::stream::{create_outbox_stream, jetstream, read_all};
 use crate::support::{Nats, Postgres, confirmed_flush, parse_lsn, wait_until_streaming};
@@ -42,18 +45,13 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
     std::fs::create_dir_all(&logs).expect("a directory for the soak's logs");
     let (release, js) = (nats.release(), jetstream(&nats.url()).await);
     let schedules = settings.tenants && settings.schedules && release >= (2, 12);
-    let base = match settings.tenants {
-        true => {
-            let config = logs.join("pgoutbox.toml");
-            std::fs::write(&config, tenants::config_file(schedules)).expect("the soak's config");
-            tenants::create_stream(&js, settings.duplicate_window, schedules).await;
-            vec!["--config".to_owned(), config.display().to_string()]
-        }
-        false => {
-            create_outbox_stream(&js, settings.duplicate_window).await;
-            Vec::new()
-        }
-    };
+    let config = logs.join("pgoutbox.toml");
+    std::fs::write(&config, config_file(&settings, schedules)).expect("the soak's config");
+    let base = vec!["--config".to_owned(), config.display().to_string()];
+    match settings.tenants {
+        true => tenants::create_stream(&js, settings.duplicate_window, schedules).await,
+        false => create_outbox_stream(&js, settings.duplicate_window).await,
+    }
     eprintln!("{}", tenants::said(&settings, schedules, release));
     // pgoutbox's defaults, the durability horizon's included: the `tail-loss` fault is what
     // they must survive (issue 56).
@@ -62,7 +60,8 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
 
     let gate = Arc::new(Mutex::new(Gate::default()));
     let t0 = Instant::now();
-    let writer = Writer::start(pg.port(), rng.fork(1), settings.truncate, gate.clone(), t0);
+    let (truncate, large) = (settings.truncate, settings.large);
+    let writer = Writer::start(pg.port(), rng.fork(1), truncate, large, gate.clone(), t0);
     let tenant_writer = settings
         .tenants
         .then(|| TenantWriter::start(pg.port(), rng.fork(3), schedules, gate.clone(), t0));
@@ -124,7 +123,13 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         let held = tenants::wait_delivered(&js, tenants).await;
         nemesis.say(&format!("scheduled rows: {held} still held"));
     }
-    let messages = read_all(&js, "OUTBOX").await;
+    let mut messages = read_all(&js, "OUTBOX").await;
+    let opened = objects::open_pointers(&js, &mut messages).await;
+    nemesis.say(&format!(
+        "{} pointers, {} objects not whole",
+        opened.pointers,
+        opened.trouble.count()
+    ));
     nemesis.save_log();
     let drops = nemesis.gate.lock().await.drops.clone();
     let mut verdict = check(&messages, &ledger, &nemesis.replays, &nemesis.timeline, &drops);
@@ -133,6 +138,7 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         figures.summary(tenants, tenants::adoptions(&nemesis.logs))
     });
     verdict.absorb(std::mem::take(&mut nemesis.trouble));
+    verdict.absorb(opened.trouble);
     let faults: Vec<String> =
         nemesis.faults.iter().map(|(f, n)| format!("{}={n}", f.name())).collect();
     let summary = format!(
@@ -160,7 +166,7 @@ struct Nemesis {
     pg: Postgres,
     nats: Nats,
     app: Pgoutbox,
-    /// Given to every `pgoutbox run` and replay: the tenants' `--config`, when they write;
+    /// Given to every `pgoutbox run` and replay: the soak's `--config` ([`config_file`]);
     /// nothing else, so that pgoutbox runs with its defaults.
     base: Vec<String>,
     rng: Rng,
@@ -218,7 +224,7 @@ impl Nemesis {
                     self.kill_app();
                 }
                 let unsynced = self.rng.millis(500, 5_000);
-                let cut = self.nats.lose_stored_within("OUTBOX", unsynced);
+                let cut = self.nats.lose_everything_stored_within(unsynced);
                 let with = if both { " with pgoutbox" } else { "" };
                 self.say(&format!("{cut} messages stored in the last {unsynced:?} lost{with}"));
                 let down = self.rng.millis(0, 2_000);
@@ -385,10 +391,7 @@ impl Nemesis {
             self.kill_app();
         }
         let mut cmd = command(&self.pg, &self.nats);
-        cmd.args(&self.base).args(["replay", "--ids", ids]);
-        if !self.base.is_empty() {
-            cmd.args(["--from-table", "public.outbox"]);
-        }
+        cmd.args(&self.base).args(["replay", "--ids", ids, "--from-table", "public.outbox"]);
         let mut replay = Pgoutbox::spawn(cmd);
         let ended = self.within(Duration::from_secs(90), |_| !replay.is_running()).await;
         let log = replay.log();
@@ -464,6 +467,22 @@ impl Nemesis {
 }
 
 /// `args` borrowed as `&str`s.
+/// The soak's config file: the object store for large events, the tenants' tables; every
+/// other setting pgoutbox's default.
+fn config_file(settings: &Settings, schedules: bool) -> String {
+    let mut file = String::new();
+    if settings.large {
+        file += &format!("object-store = \"{BUCKET}\"\nobject-store-over = \"{LARGE_OVER}\"\n\n");
+    }
+    if settings.tenants {
+        file += &tenants::config_file(schedules);
+    }
+    file
+}
+
+/// The bucket large events go to.
+const BUCKET: &str = "PAYLOADS";
+
 fn strs(args: &[String]) -> Vec<&str> {
     args.iter().map(String::as_str).collect()
 }

@@ -3,6 +3,7 @@
 //! and the tenants'), and the checkers that hold the stream against those records.
 
 pub mod check;
+pub mod objects;
 pub mod tenants;
 pub mod writer;
 
@@ -70,7 +71,8 @@ pub enum Fault {
     /// pgoutbox is killed (the replay then publishes by itself).
     Replay,
     /// A power loss of a nats-server that syncs its store every few seconds: killed, what
-    /// it stored in the last 0.5-5 s cut from its blocks (less than pgoutbox's default
+    /// every stream (the outbox's, the object bucket's, the claim's key-value bucket) stored
+    /// in the last 0.5-5 s cut from its blocks (less than pgoutbox's default
     /// durability horizon of 150 s, which the soak runs with), started again after 0-2 s;
     /// half of the time pgoutbox is killed with it, as on a host they share.
     TailLoss,
@@ -117,11 +119,14 @@ pub struct Settings {
     pub schedules: bool,
     /// The stream's duplicate window (`PGOUTBOX_SOAK_DUPLICATE_WINDOW`, seconds).
     pub duplicate_window: Duration,
+    /// Some outbox rows too large for their message (`large`): pgoutbox runs with
+    /// `--object-store`, so they go to a bucket whose stream a power loss cuts too.
+    pub large: bool,
 }
 
 impl Settings {
     /// What else `PGOUTBOX_SOAK_OFF` may turn off, besides the fault kinds.
-    pub const OFF: [&str; 3] = ["truncate", "tenants", "schedules"];
+    pub const OFF: [&str; 4] = ["truncate", "tenants", "schedules", "large"];
 
     /// `PGOUTBOX_SOAK_MINUTES` (default 3, fractions allowed), `PGOUTBOX_SOAK_SEED`
     /// (default: from the clock), `PGOUTBOX_SOAK_OFF` (fault names, [`Settings::OFF`]),
@@ -163,6 +168,7 @@ impl Settings {
             tenants: !off.contains("tenants"),
             schedules: !off.contains("schedules"),
             duplicate_window: Duration::from_secs(window),
+            large: !off.contains("large"),
         }
     }
 
@@ -175,6 +181,7 @@ impl Settings {
             .chain((!self.truncate).then_some("truncate"))
             .chain((!self.tenants).then_some("tenants"))
             .chain((!self.schedules).then_some("schedules"))
+            .chain((!self.large).then_some("large"))
             .collect();
         let minutes = self.duration.as_secs_f64() / 60.0;
         let mut line = format!("scripts/soak.sh --minutes {minutes} --seed {}", self.seed);

@@ -1,7 +1,9 @@
 //! The soak's writer: one connection committing transactions of 1-50 rows (now and then an
 //! empty or a rolled-back one) into a `bigserial` outbox, each row's payload `{"n": n}`
 //! with `n` a unique event number that grows in commit order (the writer commits serially),
-//! and now and then `TRUNCATE outbox RESTART IDENTITY`, so that ids are used again. It
+//! and now and then `TRUNCATE outbox RESTART IDENTITY`, so that ids are used again. With
+//! `large`, one event in [`LARGE_EVERY`] pads its payload past the soak's object-store
+//! threshold ([`LARGE_OVER`]), so that its message carries a pointer to an object. It
 //! records what it saw committed; a commit whose connection died is a maybe.
 
 use std::collections::HashSet;
@@ -18,6 +20,13 @@ use super::{Gate, Rng};
 pub const OUTBOX: &str = "CREATE TABLE outbox (id bigserial PRIMARY KEY, \
     aggregate_type text NOT NULL, aggregate_id text NOT NULL, event_type text NOT NULL, \
     payload jsonb NOT NULL, headers jsonb, created_at timestamptz NOT NULL DEFAULT now())";
+
+/// One event in this many is large (`n % LARGE_EVERY == 0`), when the soak writes large rows.
+pub const LARGE_EVERY: u64 = 37;
+
+/// The soak's `object-store-over`: a large event's payload (3-9 KB) is past it, the
+/// others (`{"n": n}`) far below.
+pub const LARGE_OVER: &str = "2KiB";
 
 /// One row the writer committed (or may have).
 #[derive(Debug, Clone, Copy)]
@@ -62,6 +71,7 @@ impl Writer {
         port: u16,
         rng: Rng,
         truncate: bool,
+        large: bool,
         gate: Arc<Mutex<Gate>>,
         t0: Instant,
     ) -> Writer {
@@ -72,7 +82,7 @@ impl Writer {
                 .enable_all()
                 .build()
                 .expect("the writer's runtime");
-            runtime.block_on(write(port, rng, truncate, gate, stopped, t0))
+            runtime.block_on(write(port, rng, truncate, large, gate, stopped, t0))
         });
         Writer { stop, handle }
     }
@@ -95,6 +105,7 @@ async fn write(
     port: u16,
     mut rng: Rng,
     truncate: bool,
+    large: bool,
     gate: Arc<Mutex<Gate>>,
     stop: Arc<AtomicBool>,
     t0: Instant,
@@ -152,7 +163,7 @@ async fn write(
         let from = next_n;
         next_n += rows;
         ledger.transactions += 1;
-        match transact(db, from, rows, rollback).await {
+        match transact(db, from, rows, rollback, large).await {
             Ok(rows) if rollback => {
                 debug_assert!(rows.is_empty());
                 ledger.rolled_back += 1;
@@ -207,6 +218,7 @@ async fn transact(
     from: u64,
     rows: u64,
     rollback: bool,
+    large: bool,
 ) -> Result<Vec<(i64, u64)>, Failure> {
     let tx = db.transaction().await.map_err(|_| Failure::Before)?;
     let mut inserted = Vec::new();
@@ -215,9 +227,11 @@ async fn transact(
         let returned = tx
             .query(
                 "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
-                 SELECT 'order', n::text, 'created', jsonb_build_object('n', n) \
+                 SELECT 'order', n::text, 'created', jsonb_build_object('n', n) || CASE \
+                 WHEN $3 AND n % $4 = 0 THEN jsonb_build_object('pad', repeat('x', 3000 + \
+                 (n % 7)::int * 1000)) ELSE '{}' END \
                  FROM generate_series($1::bigint, $2::bigint) AS n RETURNING id, aggregate_id",
-                &[&(from as i64), &last],
+                &[&(from as i64), &last, &large, &(LARGE_EVERY as i64)],
             )
             .await
             .map_err(|_| Failure::Before)?;
