@@ -74,8 +74,10 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
     Metrics::tables(labels.iter().map(String::as_str));
     let horizon = config.pipeline.durability_horizon.as_secs_f64();
     metrics::gauge!(crate::service::telemetry::names::DURABILITY_HORIZON_SECONDS).set(horizon);
-    // Exported from the start, so that PgoutboxAdoptionStalled has a series to read.
+    // Exported from the start, so that PgoutboxAdoptionStalled and PgoutboxTablesUnread
+    // have a series to read.
     metrics::gauge!(crate::service::telemetry::names::ADOPTION_ROWS_READ).set(0.0);
+    metrics::counter!(crate::service::telemetry::names::TABLES_UNREAD).increment(0);
     announce_durability(config.pipeline.durability_horizon);
     let readiness = Arc::new(Readiness::default());
     let http_addr = match args.http_addr {
