@@ -3,7 +3,7 @@
 //! with attempts given up (an ack that never came), processes killed, writes of abandoned
 //! connections landing late or never, the server forgetting the last message id on a
 //! restart, the duplicate window expiring, and a server that loses power and forgets what it
-//! acknowledged since its last sync (`forgetting`: the durability horizon's case).
+//! acknowledged since its last sync, behind the durability horizon's looks (`forgetting`).
 //!
 //! The JetStream model applies a publish's checks in the orders nats-server does
 //! (`processJetStreamMsg`): 2.9 checks the duplicate window first, then
@@ -32,10 +32,12 @@ mod forgetting;
 mod jetstream;
 mod promises;
 mod search;
+mod steps;
 
 use faults::Faults;
 use jetstream::{Checks, JetStream, Message, Write, Written};
 use promises::Broken;
+use steps::Step;
 
 #[derive(Debug, Clone, Default)]
 struct Connection {
@@ -92,11 +94,11 @@ struct World {
     ids_only: bool,
     /// How many of the stream's messages the server has synced to disk.
     synced: usize,
-    /// With a durability horizon, this attempt's confirmable positions not yet released,
-    /// each with the stream's length when the newest acknowledgement it rests on came.
-    horizon: Option<VecDeque<(u64, usize)>>,
-    /// The stream's length at this attempt's start (its tail) or its last acknowledgement.
-    acked_len: usize,
+    /// With a durability horizon, what waits for a look (`forgetting`).
+    horizon: Option<forgetting::Looked>,
+    /// The server lost power and this attempt's connection died with it; pgoutbox has not
+    /// noticed yet ([`Step::Notice`]).
+    unnoticed: bool,
 }
 
 /// The publish protocol up to 2026-11, transcribed to show that the model check catches
@@ -107,32 +109,6 @@ struct World {
 struct Legacy {
     expected: u64,
     resend_left: usize,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Step {
-    Decode,
-    Receive,
-    /// The server executes the next write of this connection.
-    Execute(usize),
-    /// An abandoned connection's writes never land.
-    Lose(usize),
-    GiveUp,
-    Crash,
-    ServerRestart,
-    WindowExpires,
-    ExpireOldest,
-    ForeignWrite,
-    /// The server syncs what it stored (time passes: the sync interval).
-    Sync,
-    /// The server loses power and restarts with what it had synced.
-    Forget,
-}
-
-impl Step {
-    fn is_fault(self) -> bool {
-        !matches!(self, Step::Decode | Step::Receive | Step::Execute(_))
-    }
 }
 
 /// The message id of a row, or of an old message, with the id number `id`.
@@ -200,9 +176,9 @@ impl World {
             ids_only: false,
             synced: 0,
             horizon: None,
-            acked_len: 0,
+            unnoticed: false,
         };
-        world.start_attempt();
+        world.start_attempt(false);
         world
     }
 
@@ -241,14 +217,17 @@ impl World {
             legacy.expected += 1;
         }
         let after_staged = self.strict_staging && self.answered_staged;
-        self.current().to_server.push_back(Write { message, id: id.clone(), guard, after_staged });
+        if !self.unnoticed {
+            let write = Write { message, id: id.clone(), guard, after_staged };
+            self.current().to_server.push_back(write);
+        }
         self.attempt.protocol.on_sent(id);
         self.attempt.in_flight.push_back(message);
     }
 
     /// A new attempt: a new connection, the stream's tail read, the slot read from its
     /// confirmed position.
-    fn start_attempt(&mut self) {
+    fn start_attempt(&mut self, crashed: bool) {
         let skip_through = self.jetstream.stored.last().and_then(|&message| {
             let row = message.row()?;
             Some(TailRow { position: self.position(row), msg_id: self.id_of_message(message) })
@@ -273,10 +252,7 @@ impl World {
                 events.push(Decoded::Commit(end_lsn(transaction)));
             }
         }
-        if let Some(held) = self.horizon.as_mut() {
-            held.clear(); // each attempt's horizon starts at the slot's position
-        }
-        self.acked_len = self.jetstream.stored.len();
+        self.horizon_at_start(crashed);
         self.connections.push(Connection::default());
         self.attempt = Attempt {
             connection: self.connections.len() - 1,
@@ -300,7 +276,7 @@ impl World {
                 self.ended_while_staged = 0;
             }
         }
-        self.start_attempt();
+        self.start_attempt(crashed);
     }
 
     fn current(&mut self) -> &mut Connection {
@@ -348,9 +324,7 @@ impl World {
         if self.faults.foreign_writes > 0 {
             steps.push(Step::ForeignWrite);
         }
-        if self.faults.forgets > 0 && self.synced < self.jetstream.stored.len() {
-            steps.extend([Step::Sync, Step::Forget]);
-        }
+        self.horizon_steps(&mut steps);
         steps
     }
 
@@ -379,7 +353,6 @@ impl World {
                 let (answer, found_staged) =
                     self.current().to_client.pop_front().ok_or("no answer")?;
                 self.answered_staged |= found_staged;
-                self.acked_len = self.jetstream.stored.len();
                 let sent =
                     self.attempt.in_flight.pop_front().ok_or("an answer with nothing sent")?;
                 let row = sent.row().ok_or("a message of no row in flight")?;
@@ -411,6 +384,9 @@ impl World {
                     (Some(_), Answer::Duplicate { sequence }) => Answer::Stored { sequence },
                     _ => answer,
                 };
+                if let Answer::Stored { sequence } = answer {
+                    self.stored_ack(sequence, position);
+                }
                 let mut outcome = self.attempt.protocol.on_answer(answer);
                 if let Outcome::CheckDuplicate { sequence } = outcome {
                     // The older message's headers say whether it is this row, stored before.
@@ -420,7 +396,17 @@ impl World {
                     if !same_row && let Some((_, letters)) = self.memory.as_mut() {
                         letters.push(row);
                     }
+
                     outcome = self.attempt.protocol.on_duplicate_origin(position, same_row);
+                }
+                // What the position rests on: the message acknowledged, its place in the
+                // stream given by the answer (`service::pipeline::acks`).
+                if let (
+                    Outcome::Stored | Outcome::AlreadyInPlace,
+                    Answer::Stored { sequence } | Answer::Duplicate { sequence },
+                ) = (outcome, answer)
+                {
+                    self.stored_ack(sequence, position);
                 }
                 match outcome {
                     Outcome::EndAttempt => self.end_attempt(false),
@@ -470,20 +456,20 @@ impl World {
                 self.foreign += 1;
                 self.jetstream.store(message, format!("foreign-{}", self.foreign));
             }
-            Step::Sync => self.synced = self.jetstream.stored.len(),
-            Step::Forget => {
-                self.faults.forgets -= 1;
-                self.forget();
-            }
+            Step::Sync
+            | Step::Forget
+            | Step::Notice
+            | Step::HorizonPasses
+            | Step::Look
+            | Step::LookAnswered => self.apply_horizon(step),
         }
         self.check_stream()
     }
 
     /// What the pipeline reports to Postgres, checked against the stream: with a horizon,
-    /// only what rests on synced acknowledgements (`forgetting`).
+    /// only what a look vouched for (`forgetting`).
     fn confirm(&mut self) {
         let confirmable = self.attempt.protocol.confirmed();
-        let released = self.through_horizon(confirmable);
-        self.slot_confirmed = self.slot_confirmed.max(released);
+        self.offer(confirmable);
     }
 }

@@ -39,7 +39,7 @@ fn the_model_check_finds_the_loss_of_the_sequence_chain() {
     let faults = Faults { give_ups: 2, ..Faults::NONE };
     let mut world = World::new(vec![0, 1, 1], 2, Checks::DedupeFirst, faults);
     world.legacy = Some(Legacy::default());
-    world.start_attempt();
+    world.start_attempt(false);
     let Err(Broken(why)) = explore(world, 2_000_000) else {
         panic!("the sequence chain passed the model check");
     };
@@ -144,6 +144,7 @@ proptest! {
             oldest_expiries,
             foreign_writes,
             forgets: 0,
+            horizons: 0,
         };
         let world = World::new(transaction_of, window_size, checks, faults);
         prop_assert_eq!(play(world, &choices), Ok(()));

@@ -14,6 +14,8 @@ pub(super) struct Faults {
     pub(super) foreign_writes: u8,
     /// The server loses power: what it stored since its last sync is gone.
     pub(super) forgets: u8,
+    /// A durability horizon passes (time; the server syncs at least once a horizon).
+    pub(super) horizons: u8,
 }
 
 impl Faults {
@@ -25,5 +27,6 @@ impl Faults {
         oldest_expiries: 0,
         foreign_writes: 0,
         forgets: 0,
+        horizons: 0,
     };
 }
