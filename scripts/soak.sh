@@ -8,7 +8,7 @@
 # (--object-store), its object read back and checked; then every event is checked. See
 # docs/guarantees.md, "The soak".
 #
-#   scripts/soak.sh [--minutes N] [--seed S] [--off KIND,...] [--duplicate-window SECONDS]
+#   scripts/soak.sh [--minutes N] [--seed S] [--off KIND,...] [--duplicate-window SECONDS] [--debug]
 #
 # --minutes   how long faults are injected (default 3; fractions allowed)
 # --seed      the schedule's seed (default: random, printed first: pass it to replay a run)
@@ -17,6 +17,8 @@
 #             tenants, or their scheduled rows (schedules, which run only on nats-server
 #             2.12+ and are skipped before)
 # --duplicate-window  the stream's duplicate window in seconds (default 5)
+# --debug     the debug build (CI: the suite's build, no release build of the tests; the
+#             release build, the default, gives the real binary's timing)
 # PGOUTBOX_TEST_NATS=2.12 picks a nats-server from scripts/fetch-nats.sh, as for the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,13 +27,15 @@ minutes=3
 seed=""
 off=""
 window=5
+profile=--release
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes="${2:?--minutes needs a number}"; shift 2 ;;
     --seed) seed="${2:?--seed needs a number}"; shift 2 ;;
     --off) off="${2:?--off needs a list of kinds}"; shift 2 ;;
     --duplicate-window) window="${2:?--duplicate-window needs seconds}"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --debug) profile=""; shift ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "soak.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -42,5 +46,5 @@ echo "soak: seed $seed, $minutes min${off:+, off: $off}" >&2
 
 PGOUTBOX_SOAK_MINUTES="$minutes" PGOUTBOX_SOAK_SEED="$seed" PGOUTBOX_SOAK_OFF="$off" \
 PGOUTBOX_SOAK_DUPLICATE_WINDOW="$window" \
-  cargo test --release --test main -- --ignored --exact \
+  cargo test $profile --test main -- --ignored --exact \
   cases::nemesis_soak::every_committed_event_once_in_order_under_a_seeded_nemesis --nocapture
