@@ -6,10 +6,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, object_store};
-use sha2::Digest;
 
 use crate::support::pgoutbox::Pgoutbox;
-use crate::support::stream::{Stored, count, fetch_object, jetstream, read_all};
+use crate::support::stream::{Stored, count, fetch_object, jetstream, read_all, sha256_hex};
 use crate::support::{
     Nats, Postgres, eventually, peak_rss_bytes, stop_and_wait_released, wait_until_streaming,
 };
@@ -32,10 +31,6 @@ pub(super) fn payload(len: usize, fill: char) -> Vec<u8> {
     bytes[0] = b'"';
     bytes[len - 1] = b'"';
     bytes
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The object a pointer names, read from its bucket, checked against the pointer's size and

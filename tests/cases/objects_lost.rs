@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::large_payloads::{BUCKET, MIB, bucket, fetched, payload, row, servers_with, stored};
 use crate::support::pgoutbox::Pgoutbox;
-use crate::support::stream::read_all;
+use crate::support::stream::{Stored, read_all};
 use crate::support::{eventually, stop_and_wait_released, wait_until_streaming};
 
 /// The issue 56 case: a power loss keeps a pointer and loses its object's chunks (here purged
@@ -66,14 +66,7 @@ async fn an_object_lost_within_the_horizon_is_stored_again_before_the_slot_moves
     chunks.purge().filter(format!("$O.{BUCKET}.C.>")).await.expect("the chunks lost");
     pg.psql(&row(1, 100, 'b'));
 
-    eventually(Duration::from_secs(30), "the object stored again", || async {
-        app.log().contains("its chunks, not its message").then_some(())
-    })
-    .await;
-    let again = tokio::time::timeout(Duration::from_secs(20), fetched(&js, &messages[0])).await;
-    assert!(again.is_ok_and(|bytes| bytes == payload(2 * MIB, 'a')), "{}", app.log());
-    let messages = stored(&js, 2).await;
-    assert_eq!(messages.len(), 2, "each row once: {}", app.log());
+    stored_again_once(&app, &js, &messages[0]).await;
     super::nats_forgets::slot_confirmed_everything(&pg).await;
     stop_and_wait_released(&pg, app).await;
 }
@@ -102,13 +95,19 @@ async fn a_power_loss_that_took_an_object_and_the_stream_s_tail_stores_the_objec
     assert!(cut >= 2, "the object's records and the second message cut: {cut}");
     nats.start_again();
 
+    stored_again_once(&app, &js, &messages[0]).await;
+    stop_and_wait_released(&pg, app).await;
+}
+
+/// pgoutbox says it stored the object of `pointer` (row 0, 2 MiB of 'a') again, the object
+/// is whole, and the stream holds rows 0 and 1 each once.
+async fn stored_again_once(app: &Pgoutbox, js: &async_nats::jetstream::Context, pointer: &Stored) {
     eventually(Duration::from_secs(30), "the object stored again", || async {
         app.log().contains("its chunks, not its message").then_some(())
     })
     .await;
-    let again = tokio::time::timeout(Duration::from_secs(20), fetched(&js, &messages[0])).await;
+    let again = tokio::time::timeout(Duration::from_secs(20), fetched(js, pointer)).await;
     assert!(again.is_ok_and(|bytes| bytes == payload(2 * MIB, 'a')), "{}", app.log());
-    let messages = stored(&js, 2).await;
+    let messages = stored(js, 2).await;
     assert_eq!(messages.len(), 2, "each row once: {}", app.log());
-    stop_and_wait_released(&pg, app).await;
 }

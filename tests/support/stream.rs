@@ -94,8 +94,13 @@ pub fn assert_rows_and_letters(
 
 /// The object a pointer names, read from its bucket and checked against the pointer's
 /// size and digest; what is wrong, if anything.
-pub async fn fetch_object(js: &jetstream::Context, pointer: &Stored) -> Result<Vec<u8>, String> {
+/// The SHA-256 of `bytes` in lowercase hex, as `Pgoutbox-Object-Sha256` gives it.
+pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub async fn fetch_object(js: &jetstream::Context, pointer: &Stored) -> Result<Vec<u8>, String> {
     use tokio::io::AsyncReadExt;
     let header = |name: &str| pointer.header(name).ok_or_else(|| format!("no {name} header"));
     if !pointer.payload.is_empty() {
@@ -111,8 +116,7 @@ pub async fn fetch_object(js: &jetstream::Context, pointer: &Stored) -> Result<V
     if size != header("Pgoutbox-Object-Size")? {
         return Err(format!("object {name} holds {size} bytes, the pointer says otherwise"));
     }
-    let digest: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-    if digest != header("Pgoutbox-Object-Sha256")? {
+    if sha256_hex(&bytes) != header("Pgoutbox-Object-Sha256")? {
         return Err(format!("object {name}'s digest is not the pointer's"));
     }
     Ok(bytes)

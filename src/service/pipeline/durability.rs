@@ -180,18 +180,16 @@ pub async fn objects_lost_before_start(
     objects_lost: &mut HashSet<Position>,
 ) {
     for (stored, pointer) in pointers.iter().rev() {
-        let Pointer { bucket, name, size, sha256 } = pointer;
-        let js = publisher.context();
-        match large_payloads::object_intact(js, bucket, name, Some(*size), sha256).await {
+        match whole(publisher, pointer).await {
             Ok(true) => return,
             Ok(false) => {
-                warn!(position = %stored.position, %bucket, object = %name,
-                    "a pointer's object was lost with the server's last writes: stored again \
-                     from the row before the slot moves past it");
+                warn!(position = %stored.position, bucket = %pointer.bucket,
+                    object = %pointer.name, "a pointer's object was lost with the server's \
+                    last writes: stored again from the row before the slot moves past it");
                 objects_lost.insert(stored.position);
             }
             Err(err) => {
-                tracing::debug!(object = %name, error = %err, "looking at an object at start");
+                tracing::debug!(error = %err, "looking at an object at start");
                 return;
             }
         }
@@ -205,13 +203,19 @@ async fn first_lost_object(
     pointers: &[(Stored, Pointer)],
 ) -> Result<Option<Stored>, PublisherError> {
     for (stored, pointer) in pointers {
-        let Pointer { bucket, name, size, sha256 } = pointer;
-        let js = publisher.context();
-        match large_payloads::object_intact(js, bucket, name, Some(*size), sha256).await {
-            Ok(true) => {}
-            Ok(false) => return Ok(Some(*stored)),
-            Err(err) => return Err(PublisherError::Unanswered(format!("object {name}: {err}"))),
+        if !whole(publisher, pointer).await? {
+            return Ok(Some(*stored));
         }
     }
     Ok(None)
+}
+
+/// Whether the object `pointer` names is there whole, as the pointer says; an object that
+/// could not be looked at is an unanswered request.
+async fn whole(publisher: &Publisher, pointer: &Pointer) -> Result<bool, PublisherError> {
+    let Pointer { bucket, name, size, sha256 } = pointer;
+    let js = publisher.context();
+    large_payloads::object_intact(js, bucket, name, Some(*size), sha256)
+        .await
+        .map_err(|err| PublisherError::Unanswered(format!("object {name}: {err}")))
 }

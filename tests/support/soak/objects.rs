@@ -9,11 +9,9 @@
 
 use std::collections::HashMap;
 
-use async_nats::jetstream;
-use sha2::Digest;
-
 use super::check::Verdict;
-use crate::support::stream::{Stored, read_all};
+use crate::support::stream::{Stored, read_all, sha256_hex};
+use async_nats::jetstream;
 
 /// What the pointers held: how many there were, and what was wrong with their objects.
 pub struct Opened {
@@ -49,16 +47,13 @@ pub async fn open_pointers(js: &jetstream::Context, messages: &mut [Stored]) -> 
 
 /// The object's bytes, if they are what the pointer says.
 fn matches(pointer: &Stored, bytes: Vec<u8>) -> Result<Vec<u8>, &'static str> {
-    let digest: String = sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-    match () {
-        _ if pointer.header("Pgoutbox-Object-Size") != Some(&bytes.len().to_string()) => {
-            Err("its size is not the pointer's")
-        }
-        _ if pointer.header("Pgoutbox-Object-Sha256") != Some(&digest) => {
-            Err("its digest is not the pointer's")
-        }
-        _ => Ok(bytes),
+    if pointer.header("Pgoutbox-Object-Size") != Some(&bytes.len().to_string()) {
+        return Err("its size is not the pointer's");
     }
+    if pointer.header("Pgoutbox-Object-Sha256") != Some(&sha256_hex(&bytes)) {
+        return Err("its digest is not the pointer's");
+    }
+    Ok(bytes)
 }
 
 /// A bucket as its stream holds it: each object's latest metadata, and each nuid's chunks.
