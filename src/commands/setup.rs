@@ -3,14 +3,13 @@
 use anyhow::Context;
 use tracing::{info, warn};
 
-use crate::domain::outbox::TableEntry;
 use crate::domain::source::Source;
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::large_payloads;
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::acknowledged;
-use crate::postgres::admin::{self, TableName, WalStatus};
+use crate::postgres::admin::{self, WalStatus};
 use crate::postgres::adoption::{self, Adopted};
 use crate::postgres::replay_table::{self as replays, public_may_emit_warning};
 use crate::postgres::tenant_tables;
@@ -49,7 +48,7 @@ pub async fn prepare_database(
     config: &Config,
     from_standby: bool,
 ) -> anyhow::Result<tokio_postgres::Client> {
-    let mut client = admin::connect(&config.database, &config.pg_tls).await?;
+    let client = admin::connect(&config.database, &config.pg_tls).await?;
     if config.messages_only {
         admin::check_server(&client).await?;
     } else {
@@ -79,15 +78,14 @@ pub async fn prepare_database(
         let exists = admin::publication_exists(&client, publication).await?;
         let exact = config.pipeline.tables.iter().filter(|e| e.pattern.is_none());
         let mut tables: Vec<_> = exact.map(|e| e.table.clone()).collect();
-        let mut unpublished = Vec::new();
         for entry in &config.pipeline.tables {
             let Some(pattern) = &entry.pattern else { continue };
             // A new publication names the exact tables only; a pattern's tables then join one
-            // at a time, so that one that cannot (unlogged, another's) fails alone.
+            // at a time (`join_pattern_tables`, or adoption), so that one that cannot
+            // (unlogged, another's) fails alone.
             for matched in tenant_tables::matched(&client, pattern, publication).await? {
-                match matched.published && exists {
-                    true => tables.push(matched.table),
-                    false => unpublished.push((matched.table, entry)),
+                if matched.published && exists {
+                    tables.push(matched.table);
                 }
             }
         }
@@ -98,7 +96,6 @@ pub async fn prepare_database(
         if !config.pipeline.tables.is_empty() {
             ensure_replay_table(config, &client).await;
         }
-        join_pattern_tables(config, &mut client, &unpublished).await?;
     }
     if !in_recovery {
         ensure_acknowledged_table(config, &client).await;
@@ -106,25 +103,32 @@ pub async fn prepare_database(
     Ok(client)
 }
 
-/// A pattern's tables out of the publication, before a slot exists: they join now, as a
-/// new publication's tables do, and a seed reads their rows from its snapshot. (With a
-/// slot, `run` adopts them, or `setup` does: [`adopt_pattern_tables`].) One that cannot
+/// A pattern's tables out of the publication, as the first slot of a stream is made (or
+/// made again for a `--backfill`): they join now, as a new publication's tables do, so that
+/// the rows they hold are history (a backfill's seed reads them from its snapshot) and
+/// those committed after are decoded. Never for a recovery: its seed reads the rows from
+/// the stream's last message on, and a table that never joined holds older rows the stream
+/// never had, which adoption hands over whole once the seed's slot exists. One that cannot
 /// join is named and the others go on.
-async fn join_pattern_tables(
-    config: &Config,
-    client: &mut tokio_postgres::Client,
-    unpublished: &[(TableName, &TableEntry)],
-) -> anyhow::Result<()> {
-    if admin::slot_state(client, &config.slot).await?.is_some() {
-        return Ok(());
-    }
+async fn join_pattern_tables(config: &Config) -> anyhow::Result<()> {
     let publication = &config.publication;
-    for (table, entry) in unpublished {
-        let pattern = &entry.table;
-        match adoption::join_before_slot(client, table, publication).await {
-            Ok(_) => info!(%table, %pattern, %publication, "table added to the publication"),
-            Err(err) => warn!(%table, %pattern, reason = %admin::server_said(&err),
-                "table not added to the publication: pgoutbox run tries again"),
+    let patterns = config.pipeline.tables.iter().filter_map(|e| Some((e.pattern.as_ref()?, e)));
+    let mut client: Option<tokio_postgres::Client> = None;
+    for (pattern, entry) in patterns {
+        let client = match &mut client {
+            Some(client) => client,
+            None => client.insert(admin::connect(&config.database, &config.pg_tls).await?),
+        };
+        for matched in tenant_tables::matched(client, pattern, publication).await? {
+            if matched.published {
+                continue;
+            }
+            let (table, pattern) = (&matched.table, &entry.table);
+            match adoption::join_before_slot(client, table, publication).await {
+                Ok(_) => info!(%table, %pattern, %publication, "table added to the publication"),
+                Err(err) => warn!(%table, %pattern, reason = %admin::server_said(&err),
+                    "table not added to the publication: pgoutbox run tries again"),
+            }
         }
     }
     Ok(())
@@ -373,8 +377,12 @@ pub async fn ensure_stream_and_slot(
                     next running-transactions record (up to 15 s; `SELECT \
                     pg_catalog.pg_log_standby_snapshot()` on the primary hurries it)");
             }
+            join_pattern_tables(config).await?;
             create_slot(client, name, args.failover).await?;
         }
+    }
+    if seeding == Some(SeedKind::Backfill) {
+        join_pattern_tables(config).await?;
     }
     if let Claim::Theirs(writer) = claims.claim(&config.stream, &source).await? {
         if !recreate {

@@ -164,10 +164,10 @@ async fn held_rows(
     Ok(row.get(0))
 }
 
-/// Adds `table` to `publication` without handing any row over, before a slot exists: its
-/// rows committed so far are a seed's to read from the new slot's snapshot
-/// (`run --recover`, `--backfill`), and those committed after are decoded. `false`: it was
-/// in the publication already.
+/// Adds `table` to `publication` without handing any row over, before a new stream's slot
+/// exists: its rows committed so far are history (a `--backfill` seed reads them from the
+/// new slot's snapshot), and those committed after are decoded. `false`: it was in the
+/// publication already.
 pub async fn join_before_slot(
     client: &mut Client,
     table: &TableName,

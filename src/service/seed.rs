@@ -31,8 +31,8 @@
 //!
 //! The tables read are the named ones and, for a pattern, each table it matches that is in
 //! the publication, as the snapshot shows them: a matching table not yet published has had
-//! none of its rows decoded, and adopting it later inserts them again, so the new slot
-//! decodes them then.
+//! none of its rows decoded, and adopting it once the new slot exists hands every row over
+//! to that slot (a recovery never joins such a table before its slot: `commands::setup`).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -373,10 +373,10 @@ async fn two_tables_are_backfilled_into_a_new_stream_once_each() {
 }
 
 /// `--recover` with a table pattern: the slot dropped while two tenants' tables stream,
-/// rows committed to both while no slot exists, and a third tenant created then (setup
-/// publishes it at the restart, before the seed's snapshot). The seed reads every tenant
-/// table the publication has in its snapshot, and each tenant's rows are in the stream
-/// once, on its own subject; rows committed after the recovery come from the slot.
+/// rows committed to both while no slot exists, and a third tenant created then (adopted
+/// once the seed's slot exists, its rows handed over). The seed reads every tenant table
+/// the publication has in its snapshot, and each tenant's rows are in the stream once, on
+/// its own subject; rows committed after the recovery come from the slot.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_dropped_slot_of_a_table_pattern_is_recovered_for_every_tenant() {
     use crate::cases::several_tables::{per_tenant, tenant_rows, tenant_table};
@@ -406,8 +406,63 @@ async fn a_dropped_slot_of_a_table_pattern_is_recovered_for_every_tenant() {
     let want = want.iter().map(|(s, n)| ((*s).to_owned(), *n)).collect();
     assert_eq!(per_tenant(&stored), want, "{}", app.log());
     let seeded = stored.iter().filter(|m| m.header("Pgoutbox-Seed").is_some()).count();
-    assert_eq!(seeded, 30, "the gap's 25 rows and tenant_3's 5 seeded:\n{}", app.log());
+    assert_eq!(seeded, 25, "the gap's 25 rows seeded (tenant_3's adopted):\n{}", app.log());
     assert!(app.log().contains("seed finished"), "{}", app.log());
+}
+
+/// `--recover` with a table pattern, where a tenant's table never joined the publication
+/// before the slot was lost (created while pgoutbox was down, or an adoption that had not
+/// come round yet), and its rows are older than the stream's last message (their
+/// created-at set an hour back, as a long-lived table's would be): the recovery's seed
+/// reads rows only from the stream's last message on, so the table's rows come whole by
+/// adoption once the seed's slot exists, never by a join before the slot that leaves them
+/// to that seed (3 of 3 were lost so).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_table_never_published_before_a_recovery_has_all_its_rows_streamed() {
+    use crate::cases::several_tables::{per_tenant, tenant_rows, tenant_table};
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(&tenant_table("tenant_1"));
+    let pattern =
+        ["--table", "tenant_*.outbox", "--subject-template", "tenants.{$schema}.{event_type}"];
+    let app = Pgoutbox::run(&pg, &nats, &pattern);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&tenant_rows("tenant_1", 0, 10));
+    wait_for(&nats, 10, "the first 10 rows stored").await;
+    stop_and_wait_released(&pg, app).await;
+    pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
+    let old = tenant_rows("tenant_2", 0, 3).replace(
+        "INSERT INTO tenant_2.outbox (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES (",
+        "INSERT INTO tenant_2.outbox (created_at, aggregate_type, aggregate_id, event_type, \
+         payload) VALUES (now() - interval '1 hour', ",
+    );
+    assert!(old.contains("1 hour"), "the rows' insert changed shape: {old}");
+    pg.psql(&(tenant_table("tenant_2") + &old + &tenant_rows("tenant_1", 10, 12)));
+
+    let mut args = pattern.to_vec();
+    args.extend(["--recover", "--recover-margin", "0s"]);
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&tenant_rows("tenant_2", 3, 5));
+    let js = jetstream(&nats.url()).await;
+    let want: std::collections::HashMap<String, usize> =
+        [("tenant_1".to_owned(), 12), ("tenant_2".to_owned(), 5)].into();
+    let stored = eventually(Duration::from_secs(60), "every tenant's rows stored", || async {
+        let stored = read_all(&js, "OUTBOX").await;
+        (per_tenant(&stored) == want).then_some(stored)
+    })
+    .await;
+    let tenant_2: Vec<String> = stored
+        .iter()
+        .filter(|m| m.subject.starts_with("tenants.tenant_2."))
+        .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+        .collect();
+    let in_order: Vec<String> = (0..5).map(|k| format!("{{\"k\": {k}}}")).collect();
+    assert_eq!(tenant_2, in_order, "tenant_2's rows in commit order:\n{}", app.log());
+    let log = app.log();
+    let adopted = log.lines().any(|l| l.contains("tenant_2.outbox") && l.contains("rows=3"));
+    assert!(adopted, "tenant_2's 3 rows not handed over by adoption:\n{log}");
 }
 
 /// A tenant table that does not fit the pattern's columns stops `--backfill` with one line

@@ -37,8 +37,8 @@ impl TenantFigures {
         format!(
             "tenants: {created} created ({with_rows} with {rows_at_create} rows in the \
              creating transaction), {dropped} dropped{retiring}; adoptions in the logs: \
-             {tables} tables, {handed} rows handed over; {joined} tables added by a recovery's \
-             setup\ntenant rows: {committed} committed ({maybe} maybe; lost COMMITs looked up: \
+             {tables} tables, {handed} rows handed over; {joined} tables joined before a new \
+             stream's slot\ntenant rows: {committed} committed ({maybe} maybe; lost COMMITs looked up: \
              {yes} committed, {no} not) in {transactions} transactions ({rolled_back} rolled \
              back, {failed} failed); stream: {stored} messages of {tenants} tenants, \
              {letters} dead letters; scheduled: {scheduled} rows, {delivered} delivered, \

@@ -105,7 +105,7 @@ async fn held_schedules(js: &async_nats::jetstream::Context) -> usize {
 }
 
 /// Tables adopted, and rows they handed over, by the pgoutbox logs kept in `logs`; and
-/// tables a recovery's setup added before its slot (their rows the seed's).
+/// tables joined before a new stream's slot (their rows history).
 pub fn adoptions(logs: &std::path::Path) -> (usize, u64, usize) {
     let (mut tables, mut rows, mut joined) = (0, 0, 0);
     let files = std::fs::read_dir(logs).into_iter().flatten().flatten();
