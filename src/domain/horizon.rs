@@ -259,19 +259,25 @@ impl Forgotten {
     }
 }
 
-impl fmt::Display for Forgotten {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let lsn = |l: u64| tokio_postgres::types::PgLsn::from(l);
+impl Forgotten {
+    /// What was lost, without what comes of it: "the stream lost acknowledged events: …".
+    pub fn loss(&self) -> String {
         let tail = self.tail_position.map_or("none of ours".to_owned(), |p| p.to_string());
-        write!(
-            f,
+        format!(
             "the stream lost acknowledged events: it ends at sequence {} (position {tail}), and \
-             had stored up to sequence {} (position {}): {} lost; ",
+             had stored up to sequence {} (position {}): {} lost",
             self.tail_sequence,
             self.stored.sequence,
             self.stored.position,
             self.lost()
-        )?;
+        )
+    }
+}
+
+impl fmt::Display for Forgotten {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let lsn = |l: u64| tokio_postgres::types::PgLsn::from(l);
+        write!(f, "{}; ", self.loss())?;
         match self.refilled() {
             true => write!(
                 f,

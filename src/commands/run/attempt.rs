@@ -244,16 +244,29 @@ impl Target<'_> {
             memory.acknowledged_through = None;
             // The pointers the stream kept still wait for their objects to be looked at.
             memory.pointers.retain(|(pointer, _)| pointer.sequence <= tail.last_sequence);
-            if let Some((seed_last, acked_at, end)) = pinned.filter(|_| memory.seed.is_none()) {
+            let only_in_the_table = match pinned.filter(|_| memory.seed.is_none()) {
                 // A recovery's rows the stream lost within the horizon: only the table has
                 // them. Otherwise the slot, held at the seed's end, gives back the rest, and
                 // the seed's last row still waits to be vouched for.
-                if tail.last_sequence < seed_last.sequence {
-                    return Err(seed_again(&mut conn, &config.slot, &forgotten, memory).await);
+                Some((seed_last, _, _)) if tail.last_sequence < seed_last.sequence => true,
+                Some((seed_last, acked_at, end)) => {
+                    let mut kept = Horizon::new(pipeline.durability_horizon, start);
+                    kept.pin(seed_last, acked_at, end);
+                    memory.horizon = Some(kept);
+                    false
                 }
-                let mut kept = Horizon::new(pipeline.durability_horizon, start);
-                kept.pin(seed_last, acked_at, end);
-                memory.horizon = Some(kept);
+                // A process started after the loss knows no pin: behind a horizon the slot
+                // confirms nothing decoded before the stream kept it, so a loss past the slot
+                // is of what the WAL never held, a recovery's rows (soak seed 29: a power
+                // loss 3 s after a seed, with pgoutbox killed beside nats-server).
+                None => {
+                    memory.seed.is_none()
+                        && !forgotten.refilled()
+                        && !pipeline.durability_horizon.is_zero()
+                }
+            };
+            if only_in_the_table {
+                return Err(seed_again(&mut conn, &config.slot, &forgotten, memory).await);
             }
             match forgotten.refilled() {
                 true => warn!(stream = %config.stream, "{forgotten}"),
@@ -393,15 +406,17 @@ async fn recorded_acknowledgement(
 /// after the seed ended: the WAL cannot give those rows back, and the slot was confirmed no
 /// further than the seed's end (`Horizon::pin`), so nothing decoded since is lost with it.
 /// The slot is dropped, and the next attempt seeds the stream from the table again, from a
-/// new snapshot and what the stream holds then.
+/// new snapshot and what the stream holds then, as `run --recover` would.
 async fn seed_again(
     conn: &mut ReplicationConnection,
     slot: &str,
     forgotten: &Forgotten,
     memory: &mut Memory,
 ) -> PipelineError {
-    warn!(%slot, "{forgotten}; they include rows a recovery seeded within the durability \
-        horizon, which only the table has: seeding again");
+    let loss = forgotten.loss();
+    warn!(%slot, "{loss}; past the slot, within the durability horizon: rows a recovery \
+        seeded, which only the table has: seeding again from the table, as `run --recover` \
+        does (emitted events among them cannot come back)");
     let drop =
         format!("DROP_REPLICATION_SLOT {}", postgres_protocol::escape::escape_identifier(slot));
     if let Err(err) = conn.simple_query(&drop).await {
