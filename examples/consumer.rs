@@ -26,7 +26,8 @@
 //!   headers do not describe is reported on stderr and skipped; a payload that cannot be
 //!   fetched stops the consumer, whose restart reads it again.
 //!
-//! Settings: `NATS_URL`, `PGOUTBOX_STREAM` (OUTBOX), `PARTITIONS` (4), and
+//! Settings: `NATS_URL`, `PGOUTBOX_STREAM` (OUTBOX), `PARTITIONS` (4), `SUBJECT_ROOT`
+//! (`outbox`: the template's first token, and `<root>.dead_letter` the dead letters'), and
 //! `CONSUMER_DATABASE_URL`, a libpq connection string for the consumer's own database.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -85,9 +86,10 @@ async fn main() -> Result<(), Error> {
     let stream = js.get_stream(setting("PGOUTBOX_STREAM", "OUTBOX")).await?;
 
     // One lane per partition, and one for the dead letters.
+    let root = setting("SUBJECT_ROOT", "outbox");
     let lanes: Vec<String> = (0..partitions)
-        .map(|p| format!("outbox.{p}.*.*"))
-        .chain(["outbox.dead_letter".to_owned()])
+        .map(|p| format!("{root}.{p}.*.*"))
+        .chain([format!("{root}.dead_letter")])
         .collect();
     let (arrived, mut arrivals) = mpsc::channel(10_000);
     for (lane, filter) in lanes.iter().enumerate() {

@@ -33,10 +33,16 @@ fn consumer_binary() -> PathBuf {
 }
 
 fn start_consumer(pg: &Postgres, nats: &Nats) -> Pgoutbox {
+    start_consumer_with(pg, nats, &[])
+}
+
+/// The consumer with settings `env` besides the servers' and the partitions'.
+fn start_consumer_with(pg: &Postgres, nats: &Nats, env: &[(&str, &str)]) -> Pgoutbox {
     let mut cmd = Command::new(consumer_binary());
     cmd.env("NATS_URL", nats.url())
         .env("PARTITIONS", PARTITIONS)
-        .env("CONSUMER_DATABASE_URL", pg.url_for("postgres", None, "consumer"));
+        .env("CONSUMER_DATABASE_URL", pg.url_for("postgres", None, "consumer"))
+        .envs(env.iter().copied());
     Pgoutbox::spawn(cmd) // a child process with its log: the consumer's
 }
 
@@ -193,5 +199,52 @@ async fn the_example_consumer_applies_the_rows_of_every_seed_once() {
     let ns = pg.psql_db("consumer", &format!("SELECT {n} FROM consumer_events ORDER BY {n}"));
     let ns: Vec<u64> = ns.lines().filter_map(|n| n.trim().parse().ok()).collect();
     assert_eq!(ns, (0..15).collect::<Vec<_>>(), "{}", consumer.log());
+    stop_and_wait_released(&pg, app).await;
+}
+
+const ORDERS_TEMPLATE: &str = "orders.{$partition}.{aggregate_type}.{event_type}";
+
+/// The README's way to the example consumer, as a reader follows it: `pgoutbox run` as the
+/// quick start has it (stream `OUTBOX`, subjects `outbox.*.*`), then partitions. On that
+/// stream the partitioned template is refused with one line (the README sent readers
+/// there: pgoutbox never changes an existing stream); stopped and torn down, pgoutbox
+/// streams into a stream of its own, and the consumer, told its stream and subjects'
+/// root, applies every row, with no word of a stream made again.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readme_s_way_to_the_example_consumer_works_as_written() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("CREATE DATABASE consumer");
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 3, 1));
+    stop_and_wait_released(&pg, app).await;
+
+    let partitioned = "outbox.{$partition}.{aggregate_type}.{event_type}";
+    let mut on_outbox = crate::support::pgoutbox::command(&pg, &nats);
+    on_outbox.args(["run", "--partitions", PARTITIONS, "--subject-template", partitioned]);
+    let refused = on_outbox.output().expect("pgoutbox run");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && said.contains("do not cover"), "{said}");
+
+    let mut teardown = crate::support::pgoutbox::command(&pg, &nats);
+    let torn = teardown.args(["teardown", "--yes"]).output().expect("pgoutbox teardown");
+    assert!(torn.status.success(), "{}", String::from_utf8_lossy(&torn.stderr));
+    let ordered = [
+        ["--stream", "ORDERS", "--partitions", PARTITIONS],
+        ["--dead-letter-subject", "orders.dead_letter", "--subject-template", ORDERS_TEMPLATE],
+    ];
+    let app = Pgoutbox::run(&pg, &nats, &ordered.concat());
+    wait_until_streaming(&pg, &app).await;
+    let consumer = start_consumer_with(
+        &pg,
+        &nats,
+        &[("PGOUTBOX_STREAM", "ORDERS"), ("SUBJECT_ROOT", "orders")],
+    );
+    pg.psql(&numbered_rows(3, 13, 1));
+    wait_applied(&pg, &consumer, 10, "the rows applied from stream ORDERS").await;
+    let log = app.log();
+    assert!(!log.contains("created again"), "a new stream taken for one made again:\n{log}");
     stop_and_wait_released(&pg, app).await;
 }
