@@ -23,6 +23,7 @@ mod tail;
 pub use overlap::SubjectsTaken;
 pub use read_back::ReadFrom;
 pub use replay_board::ReplayRecord;
+pub use tail::StreamTail;
 
 /// Header carrying the row's [`Position`].
 pub const POSITION_HEADER: &str = "Pgoutbox-Position";

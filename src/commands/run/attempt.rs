@@ -3,29 +3,26 @@
 
 use std::time::Duration;
 
-use tracing::{error, info, warn};
+use tracing::info;
 
-use crate::domain::horizon::{Forgotten, Horizon, Stored};
-use crate::domain::source::{Source, TailVerdict, judge_tail, parse_timeline_history};
+use crate::domain::source::Source;
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::handshake::Dialer;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::Publisher;
-use crate::postgres::acknowledged;
-use crate::postgres::admin::WalStatus;
 use crate::postgres::outbox_table::StreamedTable;
 use crate::postgres::tenant_tables;
 use crate::postgres::{ConnectionError, ReplicationConnection, outbox_table};
-use crate::service::acknowledgements::stream_identity;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 use crate::service::liveness::{Liveness, Watched};
-use crate::service::pipeline::{
-    Ended, Memory, Pipeline, Resume, acknowledged_through, objects_lost_before_start,
-};
+use crate::service::pipeline::{Ended, Memory, Pipeline, Resume, objects_lost_before_start};
 use crate::service::seed::Seed;
 use crate::service::shutdown::Shutdown;
-use crate::service::telemetry::{Metrics, Readiness, names};
+use crate::service::telemetry::{Metrics, Readiness};
 use crate::settings::config::{Config, PipelineConfig};
+
+mod lost;
+mod slot;
 
 /// Reading the stream's end or its claim takes milliseconds; no answer means no leader
 /// yet for the stream or the claims bucket (an election), and retrying soon beats waiting
@@ -117,23 +114,13 @@ impl Target<'_> {
     }
 
     /// Reads where the stream ends, makes sure this source still holds the stream, decides
-    /// what the tail lets us skip, and starts replication.
+    /// what the tail lets us skip and what the stream lost, and starts replication.
     async fn start(
         &self,
         memory: &mut Memory,
         readiness: &Readiness,
     ) -> Result<Started, PipelineError> {
-        let Target {
-            config,
-            pipeline,
-            database,
-            publisher,
-            dialer,
-            claims,
-            failover,
-            from_standby,
-            ..
-        } = self;
+        let Target { config, pipeline, database, publisher, dialer, failover, .. } = self;
         let tail =
             leader_probe("reading the end of the stream", "no stream leader?", publisher.tail())
                 .await?;
@@ -141,167 +128,35 @@ impl Target<'_> {
         Metrics::nats_info(&publisher.server_version(), true);
         let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;
         // A seed publishes from its own slot until it is done (`service::seed`).
-        let slot = memory.seed.as_ref().map_or(&config.slot, |seed| &seed.slot);
+        let slot = memory.seed.as_ref().map_or(&config.slot, |seed| &seed.slot).clone();
         let identity = conn.identify_system().await?;
-        // A standby (or one being promoted) has no say about the slot yet: wait.
-        let recovery = conn.simple_query("SELECT pg_catalog.pg_is_in_recovery()").await?;
-        if !from_standby
-            && recovery.first().and_then(|r| r.first()).and_then(Option::as_deref) == Some("t")
-        {
-            return Err(PipelineError::InRecovery { slot: slot.clone() });
-        }
+        self.refuse_a_server_in_recovery(&mut conn, &slot).await?;
         let outbox_tables = streamed_tables(&mut conn, pipeline, &config.publication).await?;
         // The source is named by the slot it streams from for good, also while seeding.
         let source =
             Source::new(identity.system_id, identity.timeline, &identity.database, &config.slot);
-        let claim = leader_probe(
-            "checking the stream's claim",
-            "no leader for the claims bucket?",
-            claims.claim(&config.stream, &source),
-        )
-        .await?;
-        if let Claim::Theirs(writer) = claim {
-            let database = &source.database;
-            return Err(PipelineError::stream_claimed(&config.stream, writer, database, slot));
-        }
-        let history = match tail.origin.source.as_deref().and_then(|s| s.parse::<Source>().ok()) {
-            Some(theirs) if theirs.timeline < source.timeline => {
-                parse_timeline_history(&conn.timeline_history(source.timeline).await?)
-            }
-            _ => Vec::new(),
-        };
-        let verdict = judge_tail(&source, identity.wal_end, &history, &tail.origin);
-        let skip_through = match verdict {
-            // A seed starts before every row the slot sends: nothing to skip.
-            _ if memory.seed.is_some() => None,
-            TailVerdict::SkipThrough(row) if memory.tail_not_in_wal.as_ref() == Some(&row) => {
-                warn!(stream = %config.stream, tail = %row,
-                    "the stream's last message is not in this server's WAL; nothing is skipped");
-                None
-            }
-            TailVerdict::SkipThrough(row) => Some(row),
-            TailVerdict::NothingToSkip(why) => {
-                if let Some(why) = why {
-                    warn!(stream = %config.stream, "{why}");
-                }
-                None
-            }
-            // The claim is ours, so the tail is the previous source's, from before the
-            // operator moved the stream to this one (`--recreate-slot`).
-            TailVerdict::OtherWriter(theirs) => {
-                warn!(stream = %config.stream, previous = %theirs,
-                "the stream's last message is another source's; nothing is skipped");
-                None
-            }
-        };
-        let rows = conn
-            .simple_query(&format!(
-                "SELECT confirmed_flush_lsn::pg_catalog.text, wal_status, active, \
-                        pg_catalog.to_jsonb(s) ->> 'failover', \
-                        pg_catalog.to_jsonb(s) ->> 'invalidation_reason' \
-                 FROM pg_catalog.pg_replication_slots s \
-                 WHERE slot_name = {}",
-                postgres_protocol::escape::escape_literal(slot)
-            ))
-            .await?;
-        let Some(row) = rows.first() else {
-            return Err(PipelineError::SlotMissing { slot: slot.clone() });
-        };
-        let reason = row.get(4).and_then(Option::as_deref);
-        if row.get(1).and_then(Option::as_deref).and_then(WalStatus::parse) == Some(WalStatus::Lost)
-            || reason.is_some()
-        {
-            return Err(PipelineError::slot_invalidated(slot, reason));
-        }
-        let start: u64 = row
-            .first()
-            .and_then(Option::as_deref)
-            .and_then(|lsn| lsn.parse::<tokio_postgres::types::PgLsn>().ok())
-            .map(u64::from)
-            .unwrap_or(0);
-        // Kept across an attempt that gets no acknowledgement: a later one still judges by it.
-        let stored = match memory.stored {
-            Some(stored) => Some(stored),
-            None if !memory.recorded_read => {
-                memory.recorded_read = true;
-                recorded_acknowledgement(&mut conn, publisher, config).await
-            }
-            None => None,
-        };
-        let tail_position = tail.origin.position;
-        if let Some(stored) = stored {
-            acknowledged_through(&mut memory.acknowledged_through, stored.position);
-        }
-        if let Some(forgotten) =
-            stored.and_then(|s| Forgotten::judge(s, tail.last_sequence, tail_position, start))
-        {
-            metrics::counter!(names::STREAM_LOST_EVENTS).increment(forgotten.lost());
-            let pinned = memory.horizon.as_ref().and_then(Horizon::pinned);
-            // What waited rested on acknowledgements the stream no longer holds; the loss is
-            // named once, and the stream's tail is where the next judgement starts.
-            memory.horizon = None;
-            memory.stored = None;
-            memory.acknowledged_through = None;
-            // The pointers the stream kept still wait for their objects to be looked at.
-            memory.pointers.retain(|(pointer, _)| pointer.sequence <= tail.last_sequence);
-            let only_in_the_table = match pinned.filter(|_| memory.seed.is_none()) {
-                // A recovery's rows the stream lost within the horizon: only the table has
-                // them. Otherwise the slot, held at the seed's end, gives back the rest, and
-                // the seed's last row still waits to be vouched for.
-                Some((seed_last, _, _)) if tail.last_sequence < seed_last.sequence => true,
-                Some((seed_last, acked_at, end)) => {
-                    let mut kept = Horizon::new(pipeline.durability_horizon, start);
-                    kept.pin(seed_last, acked_at, end);
-                    memory.horizon = Some(kept);
-                    false
-                }
-                // A process started after the loss knows no pin: behind a horizon the slot
-                // confirms nothing decoded before the stream kept it, so a loss past the slot
-                // is of what the WAL never held, a recovery's rows (soak seed 29: a power
-                // loss 3 s after a seed, with pgoutbox killed beside nats-server).
-                None => {
-                    memory.seed.is_none()
-                        && !forgotten.refilled()
-                        && !pipeline.durability_horizon.is_zero()
-                }
-            };
-            if only_in_the_table {
-                return Err(seed_again(&mut conn, &config.slot, &forgotten, memory).await);
-            }
-            match forgotten.refilled() {
-                true => warn!(stream = %config.stream, "{forgotten}"),
-                false => error!(stream = %config.stream, "{forgotten}"),
-            }
-            // A seed under way knows which rows the stream held before it lost some: it
-            // begins again, from a new snapshot and what the stream holds now.
-            if memory.seed.is_some() {
-                memory.seed = None;
-                let why = "the stream lost acknowledged events while seeding: seeding again";
-                return Err(NatsFailure::new(NatsFailureKind::Request, why).into());
-            }
-        }
+        self.hold_the_claim(&source, &slot).await?;
+        let skip_through =
+            slot::what_the_tail_skips(&mut conn, config, &source, identity.wal_end, &tail, memory)
+                .await?;
+        let slot_state = slot::SlotStart::read(&mut conn, &slot).await?;
+        lost::judge_what_the_stream_lost(self, &mut conn, memory, &tail, slot_state.start).await?;
         objects_lost_before_start(publisher, &memory.pointers, &mut memory.objects_lost).await;
-        // `failover` is a column from 17 on; --failover was refused below that at setup.
-        if *failover && row.get(3).and_then(Option::as_deref) == Some("false") {
-            conn.simple_query(&format!(
-                "ALTER_REPLICATION_SLOT {} ( FAILOVER true )",
-                postgres_protocol::escape::escape_identifier(slot)
-            ))
-            .await
-            .map_err(|err| PipelineError::from_start_replication(slot, err))?;
-            info!(%slot, "failover turned on for the existing slot");
+        if *failover && slot_state.failover == Some(false) {
+            slot::turn_failover_on(&mut conn, &slot).await?;
         }
         // Always: `pgoutbox replay` hands its rows over as messages (PostgreSQL 14+).
-        conn.start_replication(slot, start, &config.publication)
+        conn.start_replication(&slot, slot_state.start, &config.publication)
             .await
-            .map_err(|err| PipelineError::from_start_replication(slot, err))?;
+            .map_err(|err| PipelineError::from_start_replication(&slot, err))?;
         // Stopped when this attempt ends, with the guard.
         let watched = Watched::of(&pipeline.tables, &outbox_tables, config.adoption());
-        let liveness = Liveness::spawn(database, &config.pg_tls, slot, conn.backend_pid(), watched);
+        let liveness =
+            Liveness::spawn(database, &config.pg_tls, &slot, conn.backend_pid(), watched);
         info!(
             %slot,
             %source,
-            from = %tokio_postgres::types::PgLsn::from(start),
+            from = %tokio_postgres::types::PgLsn::from(slot_state.start),
             stream_sequence = tail.last_sequence,
             skip_through = skip_through.as_ref().map(|tail| tail.position.to_string()),
             walsender_pid = conn.backend_pid(),
@@ -309,7 +164,7 @@ impl Target<'_> {
             "streaming"
         );
         let resume = Resume {
-            lsn: start,
+            lsn: slot_state.start,
             stream_sequence: tail.last_sequence,
             skip_through,
             source,
@@ -325,6 +180,37 @@ impl Target<'_> {
         })?;
         readiness.set_streaming(true);
         Ok(Started { conn, resume, liveness, outbound })
+    }
+
+    /// A standby (or one being promoted) has no say about the slot yet: the attempt waits,
+    /// unless `--from-standby` makes the standby where the slot lives.
+    async fn refuse_a_server_in_recovery(
+        &self,
+        conn: &mut ReplicationConnection,
+        slot: &str,
+    ) -> Result<(), PipelineError> {
+        let recovery = conn.simple_query("SELECT pg_catalog.pg_is_in_recovery()").await?;
+        if !self.from_standby
+            && recovery.first().and_then(|r| r.first()).and_then(Option::as_deref) == Some("t")
+        {
+            return Err(PipelineError::InRecovery { slot: slot.to_owned() });
+        }
+        Ok(())
+    }
+
+    /// This source still holds the stream: another's claim ends the attempt.
+    async fn hold_the_claim(&self, source: &Source, slot: &str) -> Result<(), PipelineError> {
+        let stream = &self.config.stream;
+        let claim = leader_probe(
+            "checking the stream's claim",
+            "no leader for the claims bucket?",
+            self.claims.claim(stream, source),
+        )
+        .await?;
+        if let Claim::Theirs(writer) = claim {
+            return Err(PipelineError::stream_claimed(stream, writer, &source.database, slot));
+        }
+        Ok(())
     }
 }
 
@@ -382,47 +268,4 @@ async fn leader_probe<T, E: std::fmt::Display>(
             Err(failure(&format!("no answer in {waited} s ({silence})")))
         }
     }
-}
-
-/// What the previous process recorded as acknowledged (`postgres::acknowledged`), read at
-/// the first attempt: the memory a start after a restart of both pgoutbox and nats-server
-/// has. `None` when there is no record, or it is of another stream.
-async fn recorded_acknowledgement(
-    conn: &mut ReplicationConnection,
-    publisher: &Publisher,
-    config: &Config,
-) -> Option<Stored> {
-    let table = acknowledged::table_beside(&config.pipeline.replay_table);
-    let exists = conn.simple_query(&acknowledged::exists_sql(&table)).await.ok()?;
-    if exists.first()?.first()?.as_deref() != Some("t") {
-        return None;
-    }
-    let rows = conn.simple_query(&acknowledged::read_sql(&table, &config.slot)).await.ok()?;
-    let stream = stream_identity(publisher, &config.stream).await?;
-    acknowledged::parse_recorded(&rows, &stream)
-}
-
-/// The stream lost what a recovery (or backfill) seeded, within the durability horizon
-/// after the seed ended: the WAL cannot give those rows back, and the slot was confirmed no
-/// further than the seed's end (`Horizon::pin`), so nothing decoded since is lost with it.
-/// The slot is dropped, and the next attempt seeds the stream from the table again, from a
-/// new snapshot and what the stream holds then, as `run --recover` would.
-async fn seed_again(
-    conn: &mut ReplicationConnection,
-    slot: &str,
-    forgotten: &Forgotten,
-    memory: &mut Memory,
-) -> PipelineError {
-    let loss = forgotten.loss();
-    warn!(%slot, "{loss}; past the slot, within the durability horizon: rows a recovery \
-        seeded, which only the table has: seeding again from the table, as `run --recover` \
-        does (emitted events among them cannot come back)");
-    let drop =
-        format!("DROP_REPLICATION_SLOT {}", postgres_protocol::escape::escape_identifier(slot));
-    if let Err(err) = conn.simple_query(&drop).await {
-        return PipelineError::from_start_replication(slot, err);
-    }
-    memory.seed_wanted = Some(crate::service::seed::SeedKind::Recover);
-    let why = "the stream lost rows a recovery seeded within the durability horizon: seeding again";
-    NatsFailure::new(NatsFailureKind::Request, why).into()
 }
