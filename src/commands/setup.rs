@@ -346,6 +346,14 @@ pub async fn ensure_stream_and_slot(
             }
         }
         None if seed.is_some() => seeding = seed,
+        // A seed under way when its process stopped (a `--recover`, a `--backfill`, or one
+        // pgoutbox began by itself when the stream lost what only the table held) is
+        // finished as a recovery: from the stream's end on, compared with the table.
+        None if unfinished_seed => {
+            warn!(slot = %seed_slot, "a seed from the table was under way when pgoutbox \
+                stopped: finishing it, as `run --recover` would");
+            seeding = Some(SeedKind::Recover);
+        }
         None => {
             let written_before = match holder {
                 // By an earlier run, or by a setup that stopped short of making the slot
@@ -357,14 +365,7 @@ pub async fn ensure_stream_and_slot(
                 Claim::Theirs(_) => false,
             };
             if written_before && !recreate {
-                let err = PipelineError::SlotMissing { slot: name.clone() };
-                if unfinished_seed {
-                    anyhow::bail!(
-                        "{err}; a seed from the table was under way (slot {seed_slot}): run \
-                         again with the same --recover or --backfill to finish it"
-                    );
-                }
-                return Err(err.into());
+                return Err(PipelineError::SlotMissing { slot: name.clone() }.into());
             }
             if written_before {
                 warn!(slot = %name, "creating a new slot, as asked; events committed while \

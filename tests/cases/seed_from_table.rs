@@ -108,8 +108,12 @@ async fn a_new_stream_is_backfilled_while_rows_keep_committing() {
     assert!(app.is_running(), "{}", app.log());
 }
 
+/// A recovery killed halfway is seen in `status` while pgoutbox is down, and the next start
+/// finishes it without the flag: pgoutbox may begin a seed by itself (the stream lost what
+/// only the table held), so a plain restart must not leave it half done (it exited 1
+/// asking for `--recover`: the 30-minute soak, seed 29, stayed down 30 s so).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_recovery_killed_halfway_is_refused_without_the_flag_and_finished_with_it() {
+async fn a_recovery_killed_halfway_is_finished_by_the_next_start_without_the_flag() {
     let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
     let nats = Nats::start();
     slot_dropped_with_rows_in_the_gap(&pg, &nats, 50_000).await;
@@ -118,10 +122,6 @@ async fn a_recovery_killed_halfway_is_refused_without_the_flag_and_finished_with
     app.kill9();
     assert!(count(&jetstream(&nats.url()).await, "OUTBOX").await < 50_100, "killed too late");
 
-    let mut plain = Pgoutbox::run(&pg, &nats, &[]);
-    let status = plain.wait_exit(Duration::from_secs(30));
-    assert!(!status.success(), "{}", plain.log());
-    assert!(plain.log().contains("run again with the same --recover"), "{}", plain.log());
     let status = command(&pg, &nats).args(["status", "--json"]).output().expect("status runs");
     let report: serde_json::Value =
         serde_json::from_slice(&status.stdout).expect("status prints JSON");
@@ -132,10 +132,11 @@ async fn a_recovery_killed_halfway_is_refused_without_the_flag_and_finished_with
     assert!(report["seed"]["wal_status"].is_string(), "{report:#}");
     assert!(report["problems"].to_string().contains("did not finish"), "{report:#}");
 
-    let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(50_100, 50_200, 10));
     assert_exactly_once_in_order(&nats, 50_200, &app.log()).await;
+    assert!(app.log().contains("finishing it"), "{}", app.log());
 }
 
 /// The number of rows the seed said it reads from the table.
