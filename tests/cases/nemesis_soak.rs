@@ -62,9 +62,10 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
     let t0 = Instant::now();
     let (truncate, large) = (settings.truncate, settings.large);
     let writer = Writer::start(pg.port(), rng.fork(1), truncate, large, gate.clone(), t0);
-    let tenant_writer = settings
-        .tenants
-        .then(|| TenantWriter::start(pg.port(), rng.fork(3), schedules, gate.clone(), t0));
+    let tenant_writer = settings.tenants.then(|| {
+        let servers = (pg.port(), nats.url());
+        TenantWriter::start(servers, rng.fork(3), schedules, gate.clone(), t0)
+    });
     let mut nemesis = Nemesis {
         pg,
         nats,

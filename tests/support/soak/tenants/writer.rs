@@ -12,8 +12,9 @@
 //!   order (this writer commits serially); with schedules, 8 % of the rows carry a
 //!   `deliver_at` 1-6 s ahead;
 //! - tears tenants down (every 4-20 s one is retired: no more rows): once its table is in
-//!   the publication and the slot is confirmed past the WAL written since, all its rows are
-//!   in the stream, and `DROP SCHEMA … CASCADE` removes it while pgoutbox runs (`teardown
+//!   the publication, the slot is confirmed past the WAL written since and the stream has
+//!   held every row of it for [`HELD_BEFORE_DROP`], all its rows are in the stream for
+//!   good, and `DROP SCHEMA … CASCADE` removes it while pgoutbox runs (`teardown
 //!   --only-table` refuses a pattern's table by design). Never while the slot is dropped:
 //!   then the recovery's seed still reads the tables.
 //!
@@ -95,7 +96,7 @@ pub struct TenantWriter {
 
 impl TenantWriter {
     pub fn start(
-        port: u16,
+        (port, nats_url): (u16, String),
         rng: Rng,
         schedules: bool,
         gate: Arc<Mutex<Gate>>,
@@ -118,6 +119,8 @@ impl TenantWriter {
                 next_k: 1,
                 pending: None,
                 retiring: None,
+                nats_url,
+                stream: None,
             };
             runtime.block_on(tenants.write(port, stopped));
             tenants.ledger.retiring_at_end = tenants.retiring.map(|r| r.tenant);
@@ -155,7 +158,15 @@ struct Pending {
 struct Retiring {
     tenant: u32,
     mark: Option<String>,
+    /// Since when the stream has held every committed row of the tenant, uninterrupted.
+    held_since: Option<Instant>,
 }
+
+/// How long the stream must have held every row of a retired tenant before its table is
+/// dropped: longer than the tail-loss fault takes back (the last seconds stored). The slot
+/// confirmed past the rows is not enough: a recovery's seeded rows are confirmed at once,
+/// and only the table holds them until the durability horizon passes (docs/operations.md).
+const HELD_BEFORE_DROP: Duration = Duration::from_secs(20);
 
 enum Failure {
     Before,
@@ -172,6 +183,9 @@ struct Tenants {
     next_k: u32,
     pending: Option<Pending>,
     retiring: Option<Retiring>,
+    nats_url: String,
+    /// The stream, once connected: where a retired tenant's rows are counted.
+    stream: Option<async_nats::jetstream::stream::Stream>,
 }
 
 impl Tenants {
@@ -241,7 +255,8 @@ impl Tenants {
             if self.retiring.is_none() && self.live.len() >= 2 {
                 let retired = self.live.remove(pick % self.live.len());
                 self.say(&format!("tenant_{} retired: no more rows", retired.tenant));
-                self.retiring = Some(Retiring { tenant: retired.tenant, mark: None });
+                self.retiring =
+                    Some(Retiring { tenant: retired.tenant, mark: None, held_since: None });
             }
         }
         self.write_rows(db).await
@@ -388,12 +403,45 @@ impl Tenants {
             )
             .await?
             .get(0);
-        if passed {
+        if passed && self.held_a_while(retiring.tenant).await {
             db.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await?;
             self.dropped(retiring.tenant);
         }
         drop(gate);
         Ok(())
+    }
+
+    /// Whether the stream has held every committed row of `tenant` for
+    /// [`HELD_BEFORE_DROP`]: counted on its subjects, at each call.
+    async fn held_a_while(&mut self, tenant: u32) -> bool {
+        let committed = self.ledger.committed.iter().filter(|r| r.tenant == tenant).count();
+        let held = self.held_in_stream(tenant).await;
+        let Some(retiring) = self.retiring.as_mut() else { return false };
+        if held.is_none_or(|held| held < committed) {
+            retiring.held_since = None;
+            return false;
+        }
+        retiring.held_since.get_or_insert_with(Instant::now).elapsed() >= HELD_BEFORE_DROP
+    }
+
+    /// How many messages the stream holds on `tenant`'s subjects; `None`: unknown.
+    async fn held_in_stream(&mut self, tenant: u32) -> Option<usize> {
+        if self.stream.is_none() {
+            let client = async_nats::connect(&self.nats_url).await.ok()?;
+            let js = async_nats::jetstream::new(client);
+            self.stream = Some(js.get_stream("OUTBOX").await.ok()?);
+        }
+        let stream = self.stream.as_mut()?;
+        let filter = format!("tenants.tenant_{tenant}.>");
+        let Ok(mut subjects) = stream.info_with_subjects(filter).await else {
+            self.stream = None;
+            return None;
+        };
+        let mut held = 0;
+        while let Some(next) = futures_util::StreamExt::next(&mut subjects).await {
+            held += next.ok()?.1;
+        }
+        Some(held)
     }
 
     fn dropped(&mut self, tenant: u32) {
