@@ -113,17 +113,15 @@ async fn behind_a_horizon_the_slot_is_confirmed_once_the_stream_still_holds_the_
     slot_confirmed_everything(&pg).await;
 }
 
-/// A recovery's rows come from the table, which the slot cannot give back: behind a horizon
-/// the seed's slot becomes the slot only once the stream has kept them a horizon, and a power
-/// loss before that seeds them again. Seed 501 of the soak lost the rows of a recovery to a
-/// power loss 2 s after it: the slot had taken the seed's place at once.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_power_loss_right_after_a_recovery_seeds_its_rows_again() {
+const HORIZON: [&str; 2] = ["--durability-horizon", "5s"];
+
+/// 100 rows streamed behind a 5 s horizon, the slot dropped, 200 rows committed meanwhile,
+/// and a recovery that has seeded them (its process returned, still running).
+async fn a_recovery_behind_a_horizon() -> (Postgres, Nats, Pgoutbox) {
     let pg = Postgres::start();
-    let mut nats = Nats::start();
+    let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let horizon = ["--durability-horizon", "5s"];
-    let app = Pgoutbox::run(&pg, &nats, &horizon);
+    let app = Pgoutbox::run(&pg, &nats, &HORIZON);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(0, 100, 10));
     stored(&nats, 100, "100 rows stored").await;
@@ -131,8 +129,18 @@ async fn a_power_loss_right_after_a_recovery_seeds_its_rows_again() {
     stop_and_wait_released(&pg, app).await;
     pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
     pg.psql(&numbered_rows(100, 300, 10));
-    let recovering = Pgoutbox::run(&pg, &nats, &[&horizon[..], &["--recover"]].concat());
+    let recovering = Pgoutbox::run(&pg, &nats, &[&HORIZON[..], &["--recover"]].concat());
     stored(&nats, 300, "the seed's 200 rows stored").await;
+    (pg, nats, recovering)
+}
+
+/// A recovery's rows come from the table, which the slot cannot give back: behind a horizon
+/// the seed's slot becomes the slot only once the stream has kept them a horizon, and a power
+/// loss before that seeds them again. Seed 501 of the soak lost the rows of a recovery to a
+/// power loss 2 s after it: the slot had taken the seed's place at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_power_loss_right_after_a_recovery_seeds_its_rows_again() {
+    let (pg, mut nats, recovering) = a_recovery_behind_a_horizon().await;
     nats.lose_stored_within("OUTBOX", Duration::from_secs(3));
     nats.start_again();
     assert!(now_holds(&nats).await < 300, "the power loss took none of the seed's rows");
@@ -151,27 +159,14 @@ async fn a_power_loss_right_after_a_recovery_seeds_its_rows_again() {
 /// the table by itself. Before, it said so in one ERROR and streamed on: 200 of 310 lacking.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_power_loss_of_both_right_after_a_recovery_seeds_its_rows_again_at_the_next_start() {
-    let pg = Postgres::start();
-    let mut nats = Nats::start();
-    pg.psql(include_str!("../../sql/outbox.sql"));
-    let horizon = ["--durability-horizon", "5s"];
-    let app = Pgoutbox::run(&pg, &nats, &horizon);
-    wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(0, 100, 10));
-    stored(&nats, 100, "100 rows stored").await;
-    slot_confirmed_everything(&pg).await;
-    stop_and_wait_released(&pg, app).await;
-    pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
-    pg.psql(&numbered_rows(100, 300, 10));
-    let mut recovering = Pgoutbox::run(&pg, &nats, &[&horizon[..], &["--recover"]].concat());
-    stored(&nats, 300, "the seed's 200 rows stored").await;
+    let (pg, mut nats, mut recovering) = a_recovery_behind_a_horizon().await;
     recorded(&pg, 300).await;
     recovering.kill9();
     nats.lose_stored_within("OUTBOX", Duration::from_secs(4));
     nats.start_again();
     assert!(now_holds(&nats).await < 300, "the power loss took none of the seed's rows");
 
-    let app = Pgoutbox::run(&pg, &nats, &horizon);
+    let app = Pgoutbox::run(&pg, &nats, &HORIZON);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(300, 310, 10));
     stored(&nats, 310, "every row stored after the loss").await;
