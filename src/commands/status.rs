@@ -78,14 +78,15 @@ async fn report(config: &Config, args: &StatusArgs) -> (serde_json::Value, Healt
                     if seed.active && state.is_none() {
                         health = Health::Warning;
                         problems = vec![format!(
-                            "the stream is being seeded from the table (run --recover or \
-                             --backfill); slot {} is made when that ends",
+                            "the stream is being seeded from the table (--recover, \
+                             --backfill, or a loss only the table could refill); slot {} is \
+                             made when that ends",
                             config.slot
                         )];
                     } else if !seed.active {
                         problems.push(format!(
                             "slot {seed_name} is left by a seed from the table that did not \
-                             finish: run pgoutbox again with the same --recover or --backfill"
+                             finish: the next pgoutbox run finishes it"
                         ));
                     }
                 }
