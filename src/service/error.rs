@@ -64,6 +64,11 @@ pub enum PipelineError {
     DrainIncomplete { left: usize, cause: Box<PipelineError> },
     #[error("a row could not be published and neither could its dead letter: {0}")]
     DeadLetter(String),
+    #[error(
+        "JetStream refused a transaction's end message (--transaction-subject): {0}; let \
+         pgoutbox's NATS user publish on that subject, or drop --transaction-subject"
+    )]
+    TransactionEnd(String),
     /// The outbox table or its publication changed: nothing more can be streamed as set up.
     #[error(transparent)]
     TableDrift(#[from] crate::postgres::outbox_table::TableDrift),

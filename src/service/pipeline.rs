@@ -23,7 +23,7 @@ use crate::domain::outbox::{Rejection, RowMapping};
 use crate::domain::progress::{Position, Timing};
 use crate::domain::publishing::{Publishing, Start, TailNotInWal};
 use crate::domain::source::Source;
-use crate::domain::transaction::InTransaction;
+use crate::domain::transaction::{Counts, InTransaction};
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher};
 use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
@@ -47,6 +47,7 @@ mod publish;
 mod replayed;
 mod seed;
 mod tables;
+mod transaction_end;
 mod window;
 
 pub use durability::objects_lost_before_start;
@@ -92,6 +93,8 @@ struct Transaction {
     rows: u32,
     /// The newest of them, held until the next one or the Commit.
     held: Option<HeldRow>,
+    /// What its rows became, for its end message (`--transaction-subject`).
+    counts: Counts,
 }
 
 pub struct Pipeline<'a> {
@@ -394,18 +397,21 @@ impl<'a> Pipeline<'a> {
                     next_index: 0,
                     rows: 0,
                     held: None,
+                    counts: Counts::default(),
                 });
                 if let Some(traces) = &mut self.traces {
                     traces.begin();
                 }
             }
             LogicalMessage::Commit(commit) => {
-                let Some(transaction) = self.transaction.take() else {
+                let Some(mut transaction) = self.transaction.take() else {
                     return Err(PipelineError::Protocol("Commit outside a transaction"));
                 };
-                if let Some(last) = transaction.held {
+                if let Some(last) = transaction.held.take() {
                     let rows = transaction.rows;
-                    self.publish_row(last, Some(InTransaction::Last { rows })).await?;
+                    let became = self.publish_row(last, Some(InTransaction::Last { rows })).await?;
+                    transaction.counts.add(became);
+                    self.publish_end(&transaction).await?;
                 }
                 let timing = Timing { committed: commit.commit_time, received: pg_now_micros() };
                 let committed = self.protocol.on_commit(commit.end_lsn, timing);

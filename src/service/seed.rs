@@ -398,6 +398,7 @@ async fn bound(
             || origin.emitted
             || is_replayed_message(&id)
             || id.starts_with(DEAD_LETTER_ID_PREFIX)
+            || id.starts_with(crate::domain::transaction::END_ID_PREFIX)
         {
             continue;
         }

@@ -248,6 +248,14 @@ pub struct CommonArgs {
         value_name = "SUBJECT"
     )]
     pub dead_letter_subject: String,
+    /// Also publish each transaction's end, with what it holds, on this subject
+    ///
+    /// One message after each committed transaction's messages, in its place in the stream:
+    /// JSON counting its events there, by partition, its dead letters and its scheduled
+    /// rows, so that a consumer of one partition knows when its part is whole (see
+    /// docs/how-to/consume.md). Like Debezium's transaction metadata; off by default
+    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_TRANSACTION_SUBJECT", value_name = "SUBJECT", hide_short_help = true)]
+    pub transaction_subject: Option<String>,
     /// NATS credentials file (JWT and NKey seed, as issued by nsc)
     #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_CREDS", value_name = "FILE")]
     pub nats_creds: Option<std::path::PathBuf>,

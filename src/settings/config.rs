@@ -69,6 +69,8 @@ pub struct PipelineConfig {
     pub replay_table: TableName,
     /// Where payloads too large for a message go (`--object-store`); `None`: dead letters.
     pub large_payloads: Option<crate::nats::large_payloads::LargePayloads>,
+    /// Where each transaction's end message goes (`--transaction-subject`), if anywhere.
+    pub transaction_subject: Option<String>,
 }
 
 impl PipelineConfig {
@@ -215,6 +217,7 @@ impl Config {
                 name: format!("{}_replay", args.publication),
             },
         };
+        let transaction_subject = transaction_subject(args, &tables, &entry)?;
         Ok(Config {
             database,
             pg_tls,
@@ -227,6 +230,7 @@ impl Config {
                 message_prefix: None,
                 replay_table,
                 large_payloads: None,
+                transaction_subject,
             },
             table,
             messages_only: args.messages_only,
@@ -310,6 +314,7 @@ impl Config {
         for entry in self.entries().iter().chain(defaults) {
             wanted.push(entry.template.wildcard());
             wanted.push(entry.dead_letter_subject.clone());
+            wanted.extend(self.pipeline.transaction_subject.clone());
             if let Some(schedule) = &entry.roles.schedule {
                 wanted.push(format!("{}.>", schedule.subject_prefix));
             }
@@ -432,6 +437,35 @@ fn table_entry(
         }
     }
     Ok(TableEntry { table, pattern, roles, template, dead_letter_subject, message_id })
+}
+
+/// `--transaction-subject`, checked: a subject of its own, which no event, dead letter or
+/// schedule can have, so that an end message is never read as one of them.
+fn transaction_subject(
+    args: &CommonArgs,
+    tables: &[TableEntry],
+    defaults: &TableEntry,
+) -> anyhow::Result<Option<String>> {
+    let Some(subject) = &args.transaction_subject else { return Ok(None) };
+    check_subject("--transaction-subject", subject)?;
+    for entry in tables.iter().chain([defaults]) {
+        let mut theirs = vec![
+            ("--subject-template", entry.template.wildcard()),
+            ("--dead-letter-subject", entry.dead_letter_subject.clone()),
+        ];
+        if let Some(schedule) = &entry.roles.schedule {
+            theirs.push(("--schedule-subject-prefix", format!("{}.>", schedule.subject_prefix)));
+        }
+        if let Some((flag, other)) =
+            theirs.iter().find(|(_, other)| subjects_overlap(subject, other))
+        {
+            anyhow::bail!(
+                "--transaction-subject {subject} overlaps {flag}'s subjects ({other}): an end \
+                 message must have a subject of its own; choose another, e.g. outbox.transactions"
+            );
+        }
+    }
+    Ok(Some(subject.clone()))
 }
 
 /// A variable of a former name, which clap would ignore: rows whose headers it allowed

@@ -74,6 +74,7 @@ mod survives_postgres_restart;
 mod tenant_table_created_while_running;
 mod tenants_without_trust;
 mod traces;
+mod transaction_ends;
 mod upgrade;
 mod verify;
 mod version_matrix;

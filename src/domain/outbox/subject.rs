@@ -103,6 +103,20 @@ impl RowMapping {
         Ok(subject)
     }
 
+    /// The partition `{$partition}` puts the row on, when its subject has one: the one
+    /// [`Self::subject_of`] writes, `None` when the aggregate id cannot give one.
+    pub fn partition_of(&self, tuple: &[ColumnValue]) -> Option<u32> {
+        if tuple.len() != self.column_names.len() {
+            return None;
+        }
+        self.subject.iter().find_map(|part| match part {
+            SubjectPart::Partition(i, partitions) => {
+                Some(partition(self.text(tuple, *i).ok()?.as_bytes(), *partitions))
+            }
+            _ => None,
+        })
+    }
+
     /// The template's text back from the parts, for traces.
     pub(super) fn template_text(&self) -> String {
         let mut template = String::with_capacity(64);

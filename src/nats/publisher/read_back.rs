@@ -167,7 +167,11 @@ impl Publisher {
 
     /// A message's `Nats-Msg-Id`; for one the server delivered for one of pgoutbox's
     /// schedules, the schedule's (deleted once delivered): the row is in the stream either way.
+    /// A transaction's end message names no row: `None`.
     fn msg_id_of(&self, headers: &async_nats::HeaderMap) -> Option<String> {
+        if headers.get(crate::domain::transaction::END_HEADER).is_some() {
+            return None;
+        }
         if let Some(id) = headers.get(MESSAGE_ID_HEADER) {
             return Some(id.as_str().to_owned());
         }

@@ -215,6 +215,14 @@ impl Pipeline<'_> {
         };
         self.memory.published = self.memory.published.saturating_sub(1);
         self.publish_dead_letter(&row, &reason).await?;
+        // Counted as what it would have become: its transaction's end is still to go out
+        // (it would be in flight behind it, and the row not alone).
+        if let Some(transaction) =
+            self.transaction.as_mut().filter(|t| t.commit_lsn == position.commit_lsn)
+        {
+            let was = super::publish::became_before(&row.mapping, &row.tuple, false);
+            transaction.counts.became_dead_letter(was);
+        }
         self.last_sent = Some(row);
         Ok(())
     }

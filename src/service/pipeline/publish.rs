@@ -17,7 +17,7 @@ use crate::domain::publishing::{
 };
 use crate::domain::seed::REPLAY_HEADER;
 use crate::domain::source::SOURCE_HEADER;
-use crate::domain::transaction::{self, InTransaction};
+use crate::domain::transaction::{self, Became, InTransaction};
 use crate::nats::large_payloads::{self, StoreError};
 use crate::nats::publisher::{POSITION_HEADER, refused_for_itself};
 use crate::nats::wire::HeaderBlock;
@@ -33,6 +33,8 @@ pub(super) enum Sending<'a> {
     Row(&'a RowMapping),
     /// A row's dead letter, sent in its place for this reason.
     DeadLetter(&'a str),
+    /// A transaction's end message (`--transaction-subject`).
+    TransactionEnd,
 }
 
 impl Pipeline<'_> {
@@ -56,73 +58,88 @@ impl Pipeline<'_> {
     ) -> Result<(), PipelineError> {
         let row = HeldRow { mapping, tuple, position, rejected };
         let Some(transaction) = self.transaction.as_mut() else {
-            return self.publish_row(row, None).await;
+            return self.publish_row(row, None).await.map(|_| ());
         };
         transaction.rows += 1;
-        match transaction.held.replace(row) {
-            Some(before) => self.publish_row(before, Some(InTransaction::NotLast)).await,
-            None => Ok(()),
+        let Some(before) = transaction.held.replace(row) else { return Ok(()) };
+        let became = self.publish_row(before, Some(InTransaction::NotLast)).await?;
+        if let Some(transaction) = self.transaction.as_mut() {
+            transaction.counts.add(became);
         }
+        Ok(())
     }
 
-    /// Publishes one row, or its dead letter, saying its place in its transaction.
+    /// Publishes one row, or its dead letter, saying its place in its transaction, and
+    /// says what it became (for a row the stream held already, what it became then).
     pub(super) async fn publish_row(
         &mut self,
         row: HeldRow,
         in_transaction: Option<InTransaction>,
-    ) -> Result<(), PipelineError> {
+    ) -> Result<Became, PipelineError> {
         let HeldRow { mapping, tuple, position, rejected } = row;
         let row_id = mapping.row_id(&tuple);
         match self.protocol.on_row(position, row_id.as_deref()) {
             Ok(RowStep::Publish) => {}
-            Ok(RowStep::Skip) if self.memory.objects_lost.remove(&position) => {
-                return self.store_object_again(&mapping, &tuple, position).await;
+            Ok(RowStep::Skip) => {
+                let refused = self.memory.refused.get(&position).or(rejected.as_ref());
+                let became = became_before(&mapping, &tuple, refused.is_some());
+                if self.memory.objects_lost.remove(&position) {
+                    self.store_object_again(&mapping, &tuple, position).await?;
+                }
+                return Ok(became);
             }
-            Ok(RowStep::Skip) => return Ok(()),
             Err(err) => return Err(self.tail_not_in_wal(err)),
         }
-        let reason = match self.memory.refused.get(&position).cloned().or(rejected) {
-            Some(refused) => Some(refused),
+        let sent = match self.memory.refused.get(&position).cloned().or(rejected) {
+            Some(refused) => Err(refused),
             None => self.send_row(&mapping, &tuple, position, in_transaction).await?,
         };
         let row = SentRow { mapping, tuple, position, in_transaction };
-        if let Some(reason) = reason {
-            self.publish_dead_letter(&row, &reason).await?;
-        }
+        let became = match sent {
+            Ok(became) => became,
+            Err(reason) => {
+                self.publish_dead_letter(&row, &reason).await?;
+                Became::DeadLetter
+            }
+        };
         // Kept while it is the newest in flight: a collision answered for it alone puts its
         // dead letter in its place (`Outcome::Collision`). Replacing the last one costs no
         // more than dropping it here would.
         self.last_sent = Some(row);
-        Ok(())
+        Ok(became)
     }
 
-    /// Maps the row and hands its message to NATS. `Some`: why it cannot go as it is (its
-    /// mapping, the bucket, or JetStream refused it for itself), and its dead letter goes in
-    /// its place; `Err`: no answer, and the attempt ends.
+    /// Maps the row and hands its message to NATS, saying what it became. `Err(why)`: it
+    /// cannot go as it is (its mapping, the bucket, or JetStream refused it for itself), and
+    /// its dead letter goes in its place; `Err` outside: no answer, and the attempt ends.
     async fn send_row(
         &mut self,
         mapping: &RowMapping,
         tuple: &[ColumnValue],
         position: Position,
         in_transaction: Option<InTransaction>,
-    ) -> Result<Option<Rejection>, PipelineError> {
+    ) -> Result<Result<Became, Rejection>, PipelineError> {
         let event = match mapping.map(tuple) {
             Ok(event) => event,
-            Err(reason) => return Ok(Some(reason)),
+            Err(reason) => return Ok(Err(reason)),
+        };
+        let became = match event.headers.get(SCHEDULE_HEADER) {
+            Some(_) => Became::Scheduled,
+            None => Became::Event { partition: mapping.partition_of(tuple) },
         };
         let event = match self.large_payload(event, position).await? {
             Ok(event) => event,
-            Err(refused) => return Ok(Some(refused)),
+            Err(refused) => return Ok(Err(refused)),
         };
         let counters = self.counters.of(mapping.counted_as());
         let sending = Sending::Row(mapping);
         match self.dispatch(event, (position, in_transaction), counters, sending) {
             Ok(()) => {
                 self.memory.published += 1;
-                Ok(None)
+                Ok(Ok(became))
             }
             Err(err) => match refused_for_itself(&err) {
-                Some(why) => Ok(Some(Rejection(why))),
+                Some(why) => Ok(Err(Rejection(why))),
                 None => {
                     self.unsent_row = Some(position);
                     Err(PipelineError::Nats(NatsFailure::unacknowledged(&err)))
@@ -277,6 +294,15 @@ impl Pipeline<'_> {
     /// Refused again, it was the dead letter that was refused, and pgoutbox stops.
     pub(super) fn refused(&mut self, position: Position, err: &PublishError) -> PipelineError {
         let failure = NatsFailure::unacknowledged(err);
+        // The server refuses a publish it does not permit with an `-ERR` alone: no answer
+        // comes, and every attempt would wait for it again.
+        if let Some(subject) = &self.config.transaction_subject
+            && crate::nats::connect::publish_denied(subject)
+        {
+            return PipelineError::TransactionEnd(format!(
+                "Permissions Violation for Publish to {subject}"
+            ));
+        }
         match refused_for_itself(err) {
             Some(why) if self.memory.refused.get(&position).is_some() => {
                 PipelineError::DeadLetter(format!("{why} (position {position})"))
@@ -313,8 +339,8 @@ impl Pipeline<'_> {
                 let held = headers.get(SCHEDULE_HEADER).is_some();
                 let template = || match sending {
                     Sending::Row(mapping) => mapping.subject_template(held),
-                    // One subject per table: it is its own template.
-                    Sending::DeadLetter(_) => subject.clone(),
+                    // One subject per table, or for every transaction: its own template.
+                    Sending::DeadLetter(_) | Sending::TransactionEnd => subject.clone(),
                 };
                 traces.producer(&id, &subject, template, position, &mut headers)
             }
@@ -361,5 +387,17 @@ impl Pipeline<'_> {
         self.in_flight.push(token, position, payload.len(), span, counters);
         self.protocol.on_sent(id);
         Ok(())
+    }
+}
+
+/// What a row the stream held already became when it was published: told again from its
+/// mapping, or a dead letter when it was refused before. A row JetStream or the bucket
+/// refused in an earlier process is told as its mapping says (docs/how-to/consume.md).
+pub(super) fn became_before(mapping: &RowMapping, tuple: &[ColumnValue], refused: bool) -> Became {
+    match mapping.map(tuple) {
+        Err(_) => Became::DeadLetter,
+        Ok(_) if refused => Became::DeadLetter,
+        Ok(event) if event.headers.get(SCHEDULE_HEADER).is_some() => Became::Scheduled,
+        Ok(_) => Became::Event { partition: mapping.partition_of(tuple) },
     }
 }

@@ -92,6 +92,23 @@ fn stream_subjects_add_the_dead_letter_subject_unless_covered() {
 }
 
 #[test]
+fn the_transaction_subject_joins_the_stream_and_may_not_overlap_an_event_s() {
+    let base = [("DATABASE_URL", "dbname=x")];
+    let c = config(&["--transaction-subject", "outbox.transactions"], &base).unwrap();
+    assert_eq!(c.stream_subjects(), ["outbox.*.*", "outbox.dead_letter", "outbox.transactions"]);
+    assert_eq!(c.pipeline.transaction_subject.as_deref(), Some("outbox.transactions"));
+    for (subject, flag) in [
+        ("outbox.order.created", "--subject-template"),
+        ("outbox.dead_letter", "--dead-letter-subject"),
+        ("outbox.*", "--transaction-subject"),
+    ] {
+        let err =
+            format!("{:#}", config(&["--transaction-subject", subject], &base).err().unwrap());
+        assert!(err.contains(flag) && !err.contains('\n'), "{subject}: {err}");
+    }
+}
+
+#[test]
 fn cloudevents_and_nats_controls_are_read_and_checked() {
     let db = [("DATABASE_URL", "postgres://u@h:1/shop")];
     let c =

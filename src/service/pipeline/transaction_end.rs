@@ -1,0 +1,51 @@
+//! A transaction's end message (`--transaction-subject`): after its last row, in its place
+//! in the stream, chained and skipped like a row at the position after that row's, so that
+//! a restart publishes it once, whichever message the stream ended with.
+
+use super::{Pipeline, Transaction, lsn};
+use crate::domain::outbox::{Headers, MESSAGE_ID_HEADER, OutboxEvent};
+use crate::domain::progress::Position;
+use crate::domain::publishing::RowStep;
+use crate::domain::transaction::END_HEADER;
+use crate::nats::publisher::refused_for_itself;
+use crate::service::error::{NatsFailure, PipelineError};
+
+use super::publish::Sending;
+
+/// What `/metrics` counts end messages under: the `table` label.
+const END_LABEL: &str = "(transactions)";
+
+impl Pipeline<'_> {
+    /// Publishes the end of `transaction`, whose rows have all gone out, when
+    /// `--transaction-subject` is set.
+    pub(super) async fn publish_end(
+        &mut self,
+        transaction: &Transaction,
+    ) -> Result<(), PipelineError> {
+        let Some(subject) = &self.config.transaction_subject else { return Ok(()) };
+        let position =
+            Position { commit_lsn: transaction.commit_lsn, index: transaction.next_index };
+        let commit_lsn = lsn(transaction.commit_lsn).to_string();
+        let (id, body) = transaction.counts.end_message(&self.source_header, &commit_lsn);
+        match self.protocol.on_row(position, Some(&id)) {
+            Ok(RowStep::Publish) => {}
+            Ok(RowStep::Skip) => return Ok(()),
+            Err(err) => return Err(self.tail_not_in_wal(err)),
+        }
+        let mut headers = Headers::with_capacity(64 + id.len());
+        headers.insert(MESSAGE_ID_HEADER, &id);
+        headers.insert(END_HEADER, &commit_lsn);
+        let event = OutboxEvent { id, subject: subject.clone(), headers, payload: body.into() };
+        let counters = self.counters.of(END_LABEL);
+        match self.dispatch(event, (position, None), counters, Sending::TransactionEnd) {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                self.unsent_row = Some(position);
+                Err(match refused_for_itself(&err) {
+                    Some(why) => PipelineError::TransactionEnd(why),
+                    None => PipelineError::Nats(NatsFailure::unacknowledged(&err)),
+                })
+            }
+        }
+    }
+}
