@@ -9,6 +9,15 @@
 //!   the transaction has (`Pgoutbox-Transaction-Rows`). A transaction is applied in one
 //!   transaction of the consumer's database once all its events arrived and it is the
 //!   oldest waiting on every partition it touches. Dead letters are read too: they count.
+//! - **Or one process per partition.** With `PARTITION=<p>`, the process reads partition
+//!   `p` alone, with the transactions' ends (pgoutbox's `--transaction-subject`, read from
+//!   `TRANSACTION_SUBJECT`, `<root>.transactions` by default) in one ordered consumer: a
+//!   transaction's part on `p` is the events of its commit LSN before its end, and the end
+//!   says how many (`partitions[p]`). Each part is applied in one transaction when its end
+//!   arrives; a part short of its count (a message removed before it was read) is reported
+//!   and applied as it is. Dead letters are counted by the end, not read: a reader of the
+//!   dead-letter subject of its own handles them. A scheduled row's delivery and a seeded
+//!   row are each applied alone, when they arrive.
 //! - **Payloads of any size.** A payload pgoutbox stored in the Object Store
 //!   (`--object-store`) arrives as a pointer (`Pgoutbox-Object-Bucket`, `-Name`, `-Size`,
 //!   `-Sha256`) with no payload: the object is fetched and checked against its digest.
@@ -26,7 +35,7 @@
 //!   headers do not describe is reported on stderr and skipped; a payload that cannot be
 //!   fetched stops the consumer, whose restart reads it again.
 //!
-//! Settings: `NATS_URL`, `PGOUTBOX_STREAM` (OUTBOX), `PARTITIONS` (4), `SUBJECT_ROOT`
+//! Settings: `NATS_URL`, `PGOUTBOX_STREAM` (OUTBOX), `PARTITIONS` (4) or `PARTITION`, `SUBJECT_ROOT`
 //! (`outbox`: the template's first token, and `<root>.dead_letter` the dead letters'), and
 //! `CONSUMER_DATABASE_URL`, a libpq connection string for the consumer's own database.
 
@@ -81,12 +90,31 @@ async fn main() -> Result<(), Error> {
             std::process::exit(1);
         }
     });
-    db.batch_execute(SCHEMA).await?;
-    let js = jetstream::new(async_nats::connect(&nats_url).await?);
+    // One process per partition may start at once: one of them makes the tables.
+    db.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock(5481); {SCHEMA} COMMIT;"))
+        .await?;
+    let client = async_nats::connect(&nats_url).await?;
+    let version = client.server_info().version;
+    let js = jetstream::new(client);
     let stream = js.get_stream(setting("PGOUTBOX_STREAM", "OUTBOX")).await?;
+    let root = setting("SUBJECT_ROOT", "outbox");
+    if let Ok(partition) = std::env::var("PARTITION") {
+        // Before 2.10 the server ignores a consumer's several filter subjects: it would
+        // read every partition.
+        let release: Vec<u32> = version.split('.').take(2).filter_map(|n| n.parse().ok()).collect();
+        if release < vec![2, 10] {
+            return Err(
+                format!("PARTITION needs nats-server 2.10 or later (it is {version})").into()
+            );
+        }
+        let ends = setting("TRANSACTION_SUBJECT", &format!("{root}.transactions"));
+        let lane = partition.parse()?;
+        println!("consumer: reading partition {lane} and the transactions' ends on {ends}");
+        let filters = vec![format!("{root}.{lane}.*.*"), ends.clone()];
+        return consume_partition(&mut db, &js, (stream, lane, filters), &ends).await;
+    }
 
     // One lane per partition, and one for the dead letters.
-    let root = setting("SUBJECT_ROOT", "outbox");
     let lanes: Vec<String> = (0..partitions)
         .map(|p| format!("{root}.{p}.*.*"))
         .chain([format!("{root}.dead_letter")])
@@ -117,6 +145,73 @@ async fn main() -> Result<(), Error> {
         };
         for transaction in waiting.add(event) {
             apply(&mut db, transaction).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Partition `lane` alone, read with the transactions' ends (`filters`) in stream order:
+/// the events of a transaction on it are those before its end, applied when it arrives.
+async fn consume_partition(
+    db: &mut tokio_postgres::Client,
+    js: &jetstream::Context,
+    (stream, lane, filters): (Stream, usize, Vec<String>),
+    ends: &str,
+) -> Result<(), Error> {
+    let row = db
+        .query_opt("SELECT applied_through FROM consumer_lanes WHERE lane = $1", &[&(lane as i32)])
+        .await?;
+    let after = row.map_or(0, |row| row.get::<_, i64>(0)) as u64;
+    let config = OrderedConfig {
+        filter_subjects: filters,
+        deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: after + 1 },
+        ..Default::default()
+    };
+    let mut messages = stream.create_consumer(config).await?.messages().await?;
+    // The events of the transaction whose end is next: all of one commit LSN.
+    let mut part: Vec<Event> = Vec::new();
+    while let Some(message) = messages.next().await {
+        let message = message?;
+        let sequence = message.info()?.stream_sequence;
+        if message.subject.as_str() == ends {
+            let end: serde_json::Value = match serde_json::from_slice(&message.payload) {
+                Ok(end) => end,
+                Err(err) => {
+                    eprintln!("consumer: an end skipped at {sequence}: {err}");
+                    continue;
+                }
+            };
+            let commit = end["commit_lsn"].as_str().unwrap_or_default().to_owned();
+            let counted = end["partitions"][lane.to_string()].as_u64().unwrap_or(0) as usize;
+            let events = std::mem::take(&mut part);
+            if events.len() != counted || events.iter().any(|e| e.transaction != commit) {
+                eprintln!(
+                    "consumer: transaction {commit} has {} events on partition {lane}, its end \
+                     counts {counted}: applied as it is",
+                    events.len()
+                );
+            }
+            record(db, &format!("{commit}/{lane}"), &events, [(lane, sequence)].into()).await?;
+            continue;
+        }
+        let event = match event(js, lane, &message).await {
+            Ok(event) => event,
+            Err(Malformed::Skipped(why)) => {
+                eprintln!("consumer: a message skipped: {why}");
+                continue;
+            }
+            Err(Malformed::Fatal(err)) => return Err(err),
+        };
+        let delivered = message.headers.as_ref().is_some_and(|h| h.get("Nats-Scheduler").is_some());
+        if delivered || event.transaction.starts_with("seed:") {
+            // An event of its own: a schedule's delivery, stored at its time; a seeded row.
+            let name = match delivered {
+                true => format!("delivery:{}", event.id),
+                false => event.transaction.clone(),
+            };
+            record(db, &name, std::slice::from_ref(&event), [(lane, sequence)].into()).await?;
+        } else {
+            part.push(event);
         }
     }
     Ok(())
@@ -297,15 +392,29 @@ impl Waiting {
 /// Applies a whole transaction, once, with how far its lanes are now applied.
 async fn apply(db: &mut tokio_postgres::Client, transaction: Transaction) -> Result<(), Error> {
     let Some(first) = transaction.events.values().next() else { return Ok(()) };
-    let tx = db.transaction().await?;
-    let new = tx
-        .execute(
-            "INSERT INTO consumer_transactions VALUES ($1) ON CONFLICT DO NOTHING",
-            &[&first.transaction],
-        )
-        .await?;
+    let name = first.transaction.clone();
     let mut through: BTreeMap<usize, u64> = BTreeMap::new();
     for event in transaction.events.values() {
+        let lane = through.entry(event.lane).or_default();
+        *lane = (*lane).max(event.sequence);
+    }
+    let events: Vec<Event> = transaction.events.into_values().collect();
+    record(db, &name, &events, through).await
+}
+
+/// Applies `events` as the transaction `name`, once, in one transaction of the database
+/// that also records how far each lane is applied (`through`).
+async fn record(
+    db: &mut tokio_postgres::Client,
+    name: &str,
+    events: &[Event],
+    through: BTreeMap<usize, u64>,
+) -> Result<(), Error> {
+    let tx = db.transaction().await?;
+    let new = tx
+        .execute("INSERT INTO consumer_transactions VALUES ($1) ON CONFLICT DO NOTHING", &[&name])
+        .await?;
+    for event in events {
         if new == 1 {
             tx.execute(
                 "INSERT INTO consumer_events \
@@ -322,8 +431,6 @@ async fn apply(db: &mut tokio_postgres::Client, transaction: Transaction) -> Res
             )
             .await?;
         }
-        let lane = through.entry(event.lane).or_default();
-        *lane = (*lane).max(event.sequence);
     }
     for (lane, sequence) in through {
         tx.execute(

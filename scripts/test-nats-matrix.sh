@@ -56,6 +56,8 @@ tests=(
   cloudevents                  # CloudEvents read back by the Python SDK
   several_tables::kill_9       # two tables' rows in one chain, in commit order, under kill -9
   large_payloads               # the Object Store: chunks, rollup and purge on a re-put, limits
+  transaction_ends             # each transaction's end after its rows; a schedule counted apart (2.12+)
+  example_consumer::each_partition  # one consumer per partition, with the ends (2.10+: several filters)
 )
 between=(
   version_matrix
@@ -71,6 +73,8 @@ between=(
   dedup_window_expired
   message_ttl
   scheduled_rows
+  transaction_ends
+  example_consumer::each_partition
 )
 smoke=(
   version_matrix

@@ -248,3 +248,84 @@ async fn the_readme_s_way_to_the_example_consumer_works_as_written() {
     assert!(!log.contains("created again"), "a new stream taken for one made again:\n{log}");
     stop_and_wait_released(&pg, app).await;
 }
+
+/// Each partition in a process of its own (`PARTITION=<p>`), reading its partition with
+/// the transactions' ends (`--transaction-subject`, issue 57): the same 1,000 transactions,
+/// one of the four processes killed with -9 twice and pgoutbox once. Every event applied
+/// once; each transaction's part on a partition applied whole, in one transaction of the
+/// consumer's database holding that part alone; each aggregate in commit order.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_partition_s_own_consumer_applies_its_part_of_each_transaction_once_and_whole() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    if nats.release() < (2, 10) {
+        return; // one consumer of several filter subjects: nats-server 2.10+
+    }
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("CREATE DATABASE consumer");
+    let template = "outbox.{$partition}.{aggregate_type}.{event_type}";
+    let args = [
+        ["--partitions", PARTITIONS],
+        ["--subject-template", template],
+        ["--object-store", "PAYLOADS"],
+        ["--transaction-subject", "outbox.transactions"],
+    ]
+    .concat();
+    let mut first = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &first).await;
+    let (sql, made) = transactions(&mut Lcg::from_time());
+    let total: u64 = made.iter().map(|t| t.len() as u64).sum();
+    let writer = pg.psql_in_background(sql);
+    let partition = |p: &str| start_consumer_with(&pg, &nats, &[("PARTITION", p)]);
+    let mut consumers: Vec<Pgoutbox> = ["0", "1", "2", "3"].map(partition).into();
+
+    wait_applied(&pg, &consumers[1], total / 3, "a third applied").await;
+    consumers[1].kill9();
+    first.kill9();
+    let mut app = Pgoutbox::run(&pg, &nats, &args);
+    consumers[1] = partition("1");
+    wait_applied(&pg, &consumers[1], total * 2 / 3, "two thirds applied").await;
+    consumers[1].kill9();
+    consumers[1] = partition("1");
+    writer.join().expect("the writer").expect("the transactions commit");
+    wait_applied(&pg, &consumers[1], total, "every event applied").await;
+    for consumer in &mut consumers {
+        assert!(consumer.is_running(), "a consumer exited: {}", consumer.log());
+        assert!(!consumer.log().contains("applied as it is"), "{}", consumer.log());
+    }
+    assert!(app.is_running(), "pgoutbox exited: {}", app.log());
+
+    let rows = pg.psql_db(
+        "consumer",
+        "SELECT convert_from(payload, 'UTF8')::json->>'n', applied_in, applied_order, \
+         split_part(subject, '.', 2) FROM consumer_events",
+    );
+    // Each event: (the consumer transaction it was applied in, its order, its partition).
+    let mut events: BTreeMap<u64, (u64, u64, u64)> = BTreeMap::new();
+    for line in rows.lines() {
+        let fields: Vec<u64> = line.split('|').filter_map(|f| f.trim().parse().ok()).collect();
+        let [n, applied_in, order, p] = fields[..] else { panic!("four numbers: {line}") };
+        assert!(events.insert(n, (applied_in, order, p)).is_none(), "event {n} applied twice");
+    }
+    assert_eq!(events.len() as u64, total, "events applied, of {total}");
+    let mut sizes: BTreeMap<u64, usize> = BTreeMap::new();
+    for &(applied_in, _, _) in events.values() {
+        *sizes.entry(applied_in).or_default() += 1;
+    }
+    for transaction in &made {
+        let mut parts: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for e in transaction {
+            parts.entry(events[e].2).or_default().push(*e);
+        }
+        for (p, part) in parts {
+            let applied_in = events[&part[0]].0;
+            let together = part.iter().all(|e| events[e].0 == applied_in);
+            assert!(together && sizes[&applied_in] == part.len(), "{part:?} on {p} not whole");
+        }
+    }
+    for aggregate in 0..AGGREGATES {
+        let orders: Vec<u64> =
+            events.iter().filter(|(n, _)| *n % AGGREGATES == aggregate).map(|(_, e)| e.1).collect();
+        assert!(orders.is_sorted(), "aggregate {aggregate} applied out of commit order");
+    }
+}
