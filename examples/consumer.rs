@@ -266,10 +266,7 @@ fn described(lane: usize, message: &jetstream::Message) -> Result<Event, Error> 
     let position = header("Pgoutbox-Position").ok_or("a message without Pgoutbox-Position")?;
     let (commit, index) = position.split_once(':').ok_or("a malformed Pgoutbox-Position")?;
     let last = header("Pgoutbox-Transaction-Last");
-    let id = match header("Pgoutbox-Event-Id") {
-        Some(id) => id,
-        None => event_id(&header("Nats-Msg-Id").ok_or("a message without Nats-Msg-Id")?),
-    };
+    let id = event_id(message).ok_or("a message without Nats-Msg-Id")?;
     let (transaction, rows) = match last.as_deref() {
         // A seeded row: the table does not say which rows were one transaction, and each
         // seed numbers positions from 0/0:0.
@@ -292,11 +289,16 @@ fn described(lane: usize, message: &jetstream::Message) -> Result<Event, Error> 
     })
 }
 
-/// The event a `Nats-Msg-Id` names: a replayed row's is `replay:<replay id>/<n>:<id>`.
-fn event_id(msg_id: &str) -> String {
+/// The key to apply a message's event once by, as `examples/consumer.rs` reads it.
+fn event_id(message: &async_nats::jetstream::Message) -> Option<String> {
+    let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str().to_owned());
+    if let Some(id) = header("Pgoutbox-Event-Id") {
+        return Some(id); // a scheduled row, delivered without Nats-Msg-Id
+    }
+    let msg_id = header("Nats-Msg-Id")?;
     match msg_id.strip_prefix("replay:").and_then(|rest| rest.split_once(':')) {
-        Some((_, id)) => id.to_owned(),
-        None => msg_id.to_owned(),
+        Some((_replay_and_n, id)) => Some(id.to_owned()),
+        None => Some(msg_id),
     }
 }
 

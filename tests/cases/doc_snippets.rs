@@ -290,6 +290,23 @@ async fn the_tutorial_runs_as_written() {
     run_doc("docs/tutorial.md").await;
 }
 
+/// The consumer's contract shows Rust: each block is code of `examples/consumer.rs`, line
+/// for line, which CI compiles and runs against real servers (`example_consumer`).
+#[test]
+fn the_consumer_contract_s_rust_is_the_example_s_running_code() {
+    let read = |path: &str| std::fs::read_to_string(Path::new(ROOT).join(path)).expect(path);
+    let lines = |text: &str| text.lines().map(str::trim).collect::<Vec<_>>().join("\n");
+    let example = lines(&read("examples/consumer.rs"));
+    let doc = "docs/how-to/consume.md";
+    let rust: Vec<Block> =
+        blocks(doc, &read(doc)).into_iter().filter(|b| b.lang == "rust").collect();
+    assert!(!rust.is_empty(), "{doc} shows no Rust");
+    for block in rust {
+        let code = lines(&block.code);
+        assert!(example.contains(code.trim()), "{doc}:{}: not in examples/consumer.rs", block.line);
+    }
+}
+
 #[tokio::test]
 async fn the_how_to_guides_run_as_written() {
     for doc in docs_in("docs/how-to") {
