@@ -348,7 +348,9 @@ impl RowMapping {
             }
             headers.insert(controls::SCHEDULE_HEADER, &at);
             headers.insert(controls::SCHEDULE_TARGET_HEADER, &subject);
-            headers.insert(controls::EVENT_ID_HEADER, &id);
+            // The event's id, as a consumer keys it: a replay's copy is the same event.
+            let event_id = format!("{}{text}", self.id_qualifier);
+            headers.insert(controls::EVENT_ID_HEADER, &event_id);
             subject = held_on;
         }
         let payload = match &tuple[self.payload] {

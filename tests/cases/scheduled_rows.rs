@@ -293,3 +293,29 @@ async fn a_restart_behind_a_burst_of_deliveries_from_a_far_server_goes_on() {
     assert_eq!(events(&stored).len(), 601, "each row once");
     assert!(!app.log().contains("no stream leader?"), "{}", app.log());
 }
+
+/// A scheduled row published again by `pgoutbox replay` is the same event: its delivery's
+/// `Pgoutbox-Event-Id` is the row's id, not the replay's message id. The consumer soak
+/// (issue 57, seed 2) applied such a row twice: the header said
+/// `replay:<replay id>/<n>:<id>`, which a consumer takes as the event's key.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replayed_scheduled_row_is_delivered_under_its_own_event_id() {
+    let Some((pg, nats, js)) = servers_with_schedules().await else { return };
+    let app = start(&pg, &nats);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&insert(1, "now() + interval '1 second'"));
+    wait_for_events(&js, &["1"], &app).await;
+    let id = pg.psql("SELECT id FROM outbox WHERE aggregate_id = '1'");
+    let replayed =
+        command(&pg, &nats).args([SCHEDULE, "replay", "--ids", &id]).output().expect("replay runs");
+    let said = String::from_utf8_lossy(&replayed.stderr);
+    assert!(replayed.status.success(), "{said}");
+    let stored = wait_for_events(&js, &["1", "1"], &app).await;
+    let ids: Vec<Option<&str>> = stored
+        .iter()
+        .filter(|m| m.subject == "outbox.order.created")
+        .map(|m| m.header("Pgoutbox-Event-Id"))
+        .collect();
+    assert_eq!(ids, [Some(id.as_str()), Some(id.as_str())], "both deliveries, one event");
+    drop(app);
+}
