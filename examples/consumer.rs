@@ -61,12 +61,21 @@ const SCHEMA: &str = "
         applied_in bigint NOT NULL DEFAULT txid_current(),
         applied_order bigserial);
     CREATE TABLE IF NOT EXISTS consumer_transactions (transaction text PRIMARY KEY);
-    CREATE TABLE IF NOT EXISTS consumer_lanes (lane int PRIMARY KEY, applied_through bigint);";
+    CREATE TABLE IF NOT EXISTS consumer_lanes (lane int PRIMARY KEY, applied_through bigint);
+    -- When the stream stored the message at applied_through (ns): whether it still does.
+    ALTER TABLE consumer_lanes ADD COLUMN IF NOT EXISTS applied_at bigint;";
+
+/// How far back a lane reads again when the stream no longer holds the last message it
+/// applied: pgoutbox's durability horizon (150 s by default) and nats-server's sync
+/// interval (2 min), with room.
+const REWIND: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// One event, as a lane's reader hands it over.
 struct Event {
     lane: usize,
     sequence: u64,
+    /// When the stream stored it, in nanoseconds since the epoch.
+    stored_at: i64,
     id: String,
     /// The commit LSN of its transaction (or, for an event outside any, its position).
     transaction: String,
@@ -93,7 +102,17 @@ async fn main() -> Result<(), Error> {
     // One process per partition may start at once: one of them makes the tables.
     db.batch_execute(&format!("BEGIN; SELECT pg_advisory_xact_lock(5481); {SCHEMA} COMMIT;"))
         .await?;
-    let client = async_nats::connect(&nats_url).await?;
+    // A server that went away may come back without its unsynced tail: start again from the
+    // database, which then finds out (`resume_point`).
+    let client = async_nats::ConnectOptions::new()
+        .event_callback(|event| async move {
+            if matches!(event, async_nats::Event::Disconnected) {
+                eprintln!("consumer: NATS disconnected: exiting, to resume from the database");
+                std::process::exit(75);
+            }
+        })
+        .connect(&nats_url)
+        .await?;
     let version = client.server_info().version;
     let js = jetstream::new(client);
     let stream = js.get_stream(setting("PGOUTBOX_STREAM", "OUTBOX")).await?;
@@ -121,14 +140,8 @@ async fn main() -> Result<(), Error> {
         .collect();
     let (arrived, mut arrivals) = mpsc::channel(10_000);
     for (lane, filter) in lanes.iter().enumerate() {
-        let row = db
-            .query_opt(
-                "SELECT applied_through FROM consumer_lanes WHERE lane = $1",
-                &[&(lane as i32)],
-            )
-            .await?;
-        let after = row.map_or(0, |row| row.get::<_, i64>(0)) as u64;
-        let lane_of = (stream.clone(), lane, filter.clone(), after);
+        let from = resume_point(&db, &stream, lane).await?;
+        let lane_of = (stream.clone(), lane, filter.clone(), from);
         tokio::spawn(read_lane(js.clone(), lane_of, arrived.clone()));
     }
     drop(arrived);
@@ -143,6 +156,10 @@ async fn main() -> Result<(), Error> {
             }
             Err(Malformed::Fatal(err)) => return Err(err),
         };
+        // Read again after a rewind: applied before, it is nothing.
+        if !waiting.knows(&event.transaction) && applied_before(&db, &event.transaction).await? {
+            continue;
+        }
         for transaction in waiting.add(event) {
             apply(&mut db, transaction).await?;
         }
@@ -158,13 +175,9 @@ async fn consume_partition(
     (stream, lane, filters): (Stream, usize, Vec<String>),
     ends: &str,
 ) -> Result<(), Error> {
-    let row = db
-        .query_opt("SELECT applied_through FROM consumer_lanes WHERE lane = $1", &[&(lane as i32)])
-        .await?;
-    let after = row.map_or(0, |row| row.get::<_, i64>(0)) as u64;
     let config = OrderedConfig {
         filter_subjects: filters,
-        deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: after + 1 },
+        deliver_policy: resume_point(db, &stream, lane).await?,
         ..Default::default()
     };
     let mut messages = stream.create_consumer(config).await?.messages().await?;
@@ -172,26 +185,29 @@ async fn consume_partition(
     let mut part: Vec<Event> = Vec::new();
     while let Some(message) = messages.next().await {
         let message = message?;
-        let sequence = message.info()?.stream_sequence;
+        let info = message.info()?;
+        let at = (info.stream_sequence, info.published.unix_timestamp_nanos() as i64);
         if message.subject.as_str() == ends {
             let end: serde_json::Value = match serde_json::from_slice(&message.payload) {
                 Ok(end) => end,
                 Err(err) => {
-                    eprintln!("consumer: an end skipped at {sequence}: {err}");
+                    eprintln!("consumer: an end skipped at {}: {err}", at.0);
                     continue;
                 }
             };
             let commit = end["commit_lsn"].as_str().unwrap_or_default().to_owned();
             let counted = end["partitions"][lane.to_string()].as_u64().unwrap_or(0) as usize;
             let events = std::mem::take(&mut part);
-            if events.len() != counted || events.iter().any(|e| e.transaction != commit) {
+            let whole = events.len() == counted && events.iter().all(|e| e.transaction == commit);
+            let name = format!("{commit}/{lane}");
+            // A part read again after a rewind may begin short: applied before, it is nothing.
+            if record(db, &name, &events, [(lane, at)].into()).await? && !whole {
                 eprintln!(
                     "consumer: transaction {commit} has {} events on partition {lane}, its end \
                      counts {counted}: applied as it is",
                     events.len()
                 );
             }
-            record(db, &format!("{commit}/{lane}"), &events, [(lane, sequence)].into()).await?;
             continue;
         }
         let event = match event(js, lane, &message).await {
@@ -203,13 +219,25 @@ async fn consume_partition(
             Err(Malformed::Fatal(err)) => return Err(err),
         };
         let delivered = message.headers.as_ref().is_some_and(|h| h.get("Nats-Scheduler").is_some());
-        if delivered || event.transaction.starts_with("seed:") {
+        let seeded = event.transaction.starts_with("seed:");
+        let cut = |first: &Event| seeded || first.transaction != event.transaction;
+        if !delivered && part.first().is_some_and(cut) {
+            // The part before never got its end: its transaction was cut when the slot was
+            // lost, and a seed brings the rest, each row a transaction of its own.
+            apply_cut(db, std::mem::take(&mut part), lane).await?;
+        }
+        if delivered || seeded {
             // An event of its own: a schedule's delivery, stored at its time; a seeded row.
             let name = match delivered {
                 true => format!("delivery:{}", event.id),
                 false => event.transaction.clone(),
             };
-            record(db, &name, std::slice::from_ref(&event), [(lane, sequence)].into()).await?;
+            // Read past the part still waiting for its end only once that part is applied.
+            let through = match part.is_empty() {
+                true => [(lane, at)].into(),
+                false => BTreeMap::new(),
+            };
+            record(db, &name, std::slice::from_ref(&event), through).await?;
         } else {
             part.push(event);
         }
@@ -217,17 +245,67 @@ async fn consume_partition(
     Ok(())
 }
 
-/// Reads one lane in stream order, from after sequence `after`, and hands each event over.
+/// Applies the part of a transaction that will never get its end, as it is, and says so.
+async fn apply_cut(
+    db: &mut tokio_postgres::Client,
+    part: Vec<Event>,
+    lane: usize,
+) -> Result<(), Error> {
+    let Some(last) = part.last() else { return Ok(()) };
+    let (commit, through) = (last.transaction.clone(), (last.sequence, last.stored_at));
+    eprintln!(
+        "consumer: transaction {commit} has {} events on partition {lane} and no end (its slot \
+         was lost?): applied as it is",
+        part.len()
+    );
+    record(db, &format!("{commit}/{lane}"), &part, [(lane, through)].into()).await?;
+    Ok(())
+}
+
+/// Where `lane` resumes: after the last message it applied, while the stream still holds
+/// that message. A server that lost its unsynced tail (a power loss) no longer does, and
+/// pgoutbox publishes again into it, so the sequences past its new end name other
+/// messages: then the lane reads again from [`REWIND`] before that message, by time, and
+/// the event ids and transactions applied make what is read twice nothing.
+async fn resume_point(
+    db: &tokio_postgres::Client,
+    stream: &Stream,
+    lane: usize,
+) -> Result<DeliverPolicy, Error> {
+    let query = "SELECT applied_through, applied_at FROM consumer_lanes WHERE lane = $1";
+    let Some(row) = db.query_opt(query, &[&(lane as i32)]).await? else {
+        return Ok(DeliverPolicy::All);
+    };
+    let (through, at): (i64, Option<i64>) = (row.get(0), row.get(1));
+    let after = DeliverPolicy::ByStartSequence { start_sequence: through as u64 + 1 };
+    let Some(at) = at else { return Ok(after) };
+    let held = stream.get_raw_message(through as u64).await.ok();
+    if held.is_some_and(|message| message.time.unix_timestamp_nanos() as i64 == at) {
+        return Ok(after);
+    }
+    eprintln!(
+        "consumer: lane {lane}: the stream no longer holds the message at sequence {through} \
+         applied last (its server lost its tail?): reading again from {REWIND:?} before it"
+    );
+    let from = at as i128 - REWIND.as_nanos() as i128;
+    let start_time = time::OffsetDateTime::from_unix_timestamp_nanos(from)?;
+    Ok(DeliverPolicy::ByStartTime { start_time })
+}
+
+/// Whether the transaction `name` was applied before.
+async fn applied_before(db: &tokio_postgres::Client, name: &str) -> Result<bool, Error> {
+    let query = "SELECT EXISTS (SELECT FROM consumer_transactions WHERE transaction = $1)";
+    Ok(db.query_one(query, &[&name]).await?.get(0))
+}
+
+/// Reads one lane in stream order, from `from`, and hands each event over.
 async fn read_lane(
     js: jetstream::Context,
-    (stream, lane, filter, after): (Stream, usize, String, u64),
+    (stream, lane, filter, from): (Stream, usize, String, DeliverPolicy),
     arrived: mpsc::Sender<Result<Event, Malformed>>,
 ) {
-    let config = OrderedConfig {
-        filter_subject: filter,
-        deliver_policy: DeliverPolicy::ByStartSequence { start_sequence: after + 1 },
-        ..Default::default()
-    };
+    let config =
+        OrderedConfig { filter_subject: filter, deliver_policy: from, ..Default::default() };
     let messages = match stream.create_consumer(config).await {
         Ok(consumer) => consumer.messages().await.map_err(Error::from),
         Err(err) => Err(Error::from(err)),
@@ -280,6 +358,7 @@ fn described(lane: usize, message: &jetstream::Message) -> Result<Event, Error> 
     Ok(Event {
         lane,
         sequence: message.info()?.stream_sequence,
+        stored_at: message.info()?.published.unix_timestamp_nanos() as i64,
         id,
         transaction,
         index: index.parse()?,
@@ -357,11 +436,19 @@ impl Waiting {
         Waiting { transactions: HashMap::new(), lanes: vec![VecDeque::new(); lanes] }
     }
 
+    /// Whether events of the transaction `name` are waiting.
+    fn knows(&self, name: &str) -> bool {
+        self.transactions.contains_key(name)
+    }
+
     /// Takes `event`; returns the transactions that may be applied now, in order.
     fn add(&mut self, event: Event) -> Vec<Transaction> {
         let lane = &mut self.lanes[event.lane];
         if lane.back() != Some(&event.transaction) {
             lane.push_back(event.transaction.clone());
+        }
+        if event.transaction.starts_with("seed:") {
+            self.cut_before_seed(event.lane);
         }
         let transaction = self.transactions.entry(event.transaction.clone()).or_default();
         transaction.rows = transaction.rows.or(event.rows);
@@ -376,6 +463,25 @@ impl Waiting {
             ready.extend(self.transactions.remove(&next));
         }
         ready
+    }
+
+    /// A seed's row arrived on `lane`: a transaction waiting there for its last event will
+    /// never get it (the slot was lost and the seed brings its rest, each row alone). It is
+    /// taken as whole as it is, and said.
+    fn cut_before_seed(&mut self, lane: usize) {
+        for name in &self.lanes[lane] {
+            if let Some(transaction) = self.transactions.get_mut(name)
+                && !transaction.is_whole()
+                && !name.starts_with("seed:")
+            {
+                eprintln!(
+                    "consumer: transaction {name} has {} events and no last (its slot was \
+                     lost?): applied as it is",
+                    transaction.events.len()
+                );
+                transaction.rows = Some(transaction.events.len());
+            }
+        }
     }
 
     /// A whole transaction that is the oldest waiting on every lane it touches.
@@ -395,23 +501,25 @@ impl Waiting {
 async fn apply(db: &mut tokio_postgres::Client, transaction: Transaction) -> Result<(), Error> {
     let Some(first) = transaction.events.values().next() else { return Ok(()) };
     let name = first.transaction.clone();
-    let mut through: BTreeMap<usize, u64> = BTreeMap::new();
+    let mut through: BTreeMap<usize, (u64, i64)> = BTreeMap::new();
     for event in transaction.events.values() {
         let lane = through.entry(event.lane).or_default();
-        *lane = (*lane).max(event.sequence);
+        *lane = (*lane).max((event.sequence, event.stored_at));
     }
     let events: Vec<Event> = transaction.events.into_values().collect();
-    record(db, &name, &events, through).await
+    record(db, &name, &events, through).await?;
+    Ok(())
 }
 
 /// Applies `events` as the transaction `name`, once, in one transaction of the database
-/// that also records how far each lane is applied (`through`).
+/// that also records how far each lane is applied (`through`: the last message's sequence
+/// and when the stream stored it). Whether it was new (not applied before).
 async fn record(
     db: &mut tokio_postgres::Client,
     name: &str,
     events: &[Event],
-    through: BTreeMap<usize, u64>,
-) -> Result<(), Error> {
+    through: BTreeMap<usize, (u64, i64)>,
+) -> Result<bool, Error> {
     let tx = db.transaction().await?;
     let new = tx
         .execute("INSERT INTO consumer_transactions VALUES ($1) ON CONFLICT DO NOTHING", &[&name])
@@ -434,14 +542,15 @@ async fn record(
             .await?;
         }
     }
-    for (lane, sequence) in through {
+    for (lane, (sequence, at)) in through {
         tx.execute(
-            "INSERT INTO consumer_lanes VALUES ($1, $2) ON CONFLICT (lane) DO UPDATE \
-             SET applied_through = greatest(consumer_lanes.applied_through, $2)",
-            &[&(lane as i32), &(sequence as i64)],
+            "INSERT INTO consumer_lanes (lane, applied_through, applied_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (lane) DO UPDATE SET applied_through = $2, applied_at = $3 \
+             WHERE consumer_lanes.applied_through <= $2",
+            &[&(lane as i32), &(sequence as i64), &at],
         )
         .await?;
     }
     tx.commit().await?;
-    Ok(())
+    Ok(new == 1)
 }

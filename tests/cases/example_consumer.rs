@@ -6,11 +6,10 @@
 //! commit order.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use crate::support::pgoutbox::Pgoutbox;
+use crate::support::pgoutbox::{Pgoutbox, example_consumer_binary};
 use crate::support::{
     Lcg, Nats, Postgres, numbered_rows, stop_and_wait_released, wait_until_streaming,
 };
@@ -18,27 +17,13 @@ use crate::support::{
 const PARTITIONS: &str = "4";
 const AGGREGATES: u64 = 41;
 
-/// `target/<profile>/examples/consumer`, which `scripts/test.sh` builds first (`cargo test
-/// --all-targets` builds examples only as test harnesses).
-fn consumer_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
-    let binary = profile.join("examples").join("consumer");
-    assert!(
-        binary.is_file(),
-        "no {binary:?}: build it with `cargo build --example consumer` \
-         (scripts/test.sh does)"
-    );
-    binary
-}
-
 fn start_consumer(pg: &Postgres, nats: &Nats) -> Pgoutbox {
     start_consumer_with(pg, nats, &[])
 }
 
 /// The consumer with settings `env` besides the servers' and the partitions'.
 fn start_consumer_with(pg: &Postgres, nats: &Nats, env: &[(&str, &str)]) -> Pgoutbox {
-    let mut cmd = Command::new(consumer_binary());
+    let mut cmd = Command::new(example_consumer_binary());
     cmd.env("NATS_URL", nats.url())
         .env("PARTITIONS", PARTITIONS)
         .env("CONSUMER_DATABASE_URL", pg.url_for("postgres", None, "consumer"))

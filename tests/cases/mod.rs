@@ -7,6 +7,7 @@ mod cloudevents;
 mod config_file;
 mod configuration_doc;
 mod connects_like_psql;
+mod consumer_soak;
 mod container_route;
 mod crash_anywhere;
 mod dedup_window_expired;

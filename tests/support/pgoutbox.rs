@@ -15,6 +15,20 @@ pub struct Pgoutbox {
     _dir: tempfile::TempDir,
 }
 
+/// `target/<profile>/examples/consumer`, which `scripts/test.sh` builds first (`cargo test
+/// --all-targets` builds examples only as test harnesses).
+pub fn example_consumer_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
+    let binary = profile.join("examples").join("consumer");
+    assert!(
+        binary.is_file(),
+        "no {binary:?}: build it with `cargo build --example consumer` \
+         (scripts/test.sh does)"
+    );
+    binary
+}
+
 /// The binary with the servers' URLs set and no PGOUTBOX_* settings, nor libpq's PG*
 /// variables, nor OTEL_* ones, inherited.
 pub fn command(pg: &Postgres, nats: &Nats) -> Command {

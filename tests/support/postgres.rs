@@ -125,6 +125,10 @@ impl Postgres {
         self.run_psql("postgres", sql)
     }
 
+    pub fn try_psql_db(&self, db: &str, sql: &str) -> Result<String, String> {
+        self.run_psql(db, sql)
+    }
+
     fn run_psql(&self, db: &str, sql: &str) -> Result<String, String> {
         run_psql(self.port, db, sql)
     }

@@ -3,6 +3,7 @@
 //! and the tenants'), and the checkers that hold the stream against those records.
 
 pub mod check;
+pub mod consumer;
 pub mod objects;
 pub mod tenants;
 pub mod writer;
