@@ -86,6 +86,7 @@ struct HeldRow {
     rejected: Option<Rejection>,
 }
 
+#[derive(Default)]
 struct Transaction {
     commit_lsn: u64,
     next_index: u32,
@@ -392,27 +393,17 @@ impl<'a> Pipeline<'a> {
                 if self.transaction.is_some() {
                     return Err(PipelineError::Protocol("Begin inside a transaction"));
                 }
-                self.transaction = Some(Transaction {
-                    commit_lsn: begin.final_lsn,
-                    next_index: 0,
-                    rows: 0,
-                    held: None,
-                    counts: Counts::default(),
-                });
+                let commit_lsn = begin.final_lsn;
+                self.transaction = Some(Transaction { commit_lsn, ..Transaction::default() });
                 if let Some(traces) = &mut self.traces {
                     traces.begin();
                 }
             }
             LogicalMessage::Commit(commit) => {
-                let Some(mut transaction) = self.transaction.take() else {
+                let Some(transaction) = self.transaction.take() else {
                     return Err(PipelineError::Protocol("Commit outside a transaction"));
                 };
-                if let Some(last) = transaction.held.take() {
-                    let rows = transaction.rows;
-                    let became = self.publish_row(last, Some(InTransaction::Last { rows })).await?;
-                    transaction.counts.add(became);
-                    self.publish_end(&transaction).await?;
-                }
+                self.publish_last_and_end(transaction).await?;
                 let timing = Timing { committed: commit.commit_time, received: pg_now_micros() };
                 let committed = self.protocol.on_commit(commit.end_lsn, timing);
                 committed.map_err(|err| self.tail_not_in_wal(err))?;

@@ -217,7 +217,7 @@ impl Config {
                 name: format!("{}_replay", args.publication),
             },
         };
-        let transaction_subject = transaction_subject(args, &tables, &entry)?;
+        let transaction_subject = transaction_subject::checked(args, &tables, &entry)?;
         Ok(Config {
             database,
             pg_tls,
@@ -439,35 +439,6 @@ fn table_entry(
     Ok(TableEntry { table, pattern, roles, template, dead_letter_subject, message_id })
 }
 
-/// `--transaction-subject`, checked: a subject of its own, which no event, dead letter or
-/// schedule can have, so that an end message is never read as one of them.
-fn transaction_subject(
-    args: &CommonArgs,
-    tables: &[TableEntry],
-    defaults: &TableEntry,
-) -> anyhow::Result<Option<String>> {
-    let Some(subject) = &args.transaction_subject else { return Ok(None) };
-    check_subject("--transaction-subject", subject)?;
-    for entry in tables.iter().chain([defaults]) {
-        let mut theirs = vec![
-            ("--subject-template", entry.template.wildcard()),
-            ("--dead-letter-subject", entry.dead_letter_subject.clone()),
-        ];
-        if let Some(schedule) = &entry.roles.schedule {
-            theirs.push(("--schedule-subject-prefix", format!("{}.>", schedule.subject_prefix)));
-        }
-        if let Some((flag, other)) =
-            theirs.iter().find(|(_, other)| subjects_overlap(subject, other))
-        {
-            anyhow::bail!(
-                "--transaction-subject {subject} overlaps {flag}'s subjects ({other}): an end \
-                 message must have a subject of its own; choose another, e.g. outbox.transactions"
-            );
-        }
-    }
-    Ok(Some(subject.clone()))
-}
-
 /// A variable of a former name, which clap would ignore: rows whose headers it allowed
 /// would become dead letters.
 fn refuse_former_variables(env: &dyn Env) -> anyhow::Result<()> {
@@ -513,3 +484,4 @@ mod partitions;
 mod tables;
 #[cfg(test)]
 mod tests;
+mod transaction_subject;

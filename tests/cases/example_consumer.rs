@@ -69,6 +69,14 @@ fn transactions(random: &mut Lcg) -> (String, Vec<Vec<u64>>) {
     (sql, made)
 }
 
+/// pgoutbox's arguments for the example: 4 partitions in the subject, payloads too large for
+/// a message in the Object Store, and `extra`.
+fn partitioned_with(extra: &[&'static str]) -> Vec<&'static str> {
+    let template = "outbox.{$partition}.{aggregate_type}.{event_type}";
+    let args = ["--partitions", PARTITIONS, "--subject-template", template];
+    [&args[..], &["--object-store", "PAYLOADS"], extra].concat()
+}
+
 /// How many events the consumer applied.
 fn applied(pg: &Postgres) -> u64 {
     let made = pg.psql_db("consumer", "SELECT to_regclass('consumer_events') IS NOT NULL");
@@ -98,13 +106,7 @@ async fn the_example_consumer_applies_each_transaction_once_whole_and_in_key_ord
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("CREATE DATABASE consumer");
-    let template = "outbox.{$partition}.{aggregate_type}.{event_type}";
-    let args = [
-        ["--partitions", PARTITIONS],
-        ["--subject-template", template],
-        ["--object-store", "PAYLOADS"],
-    ]
-    .concat();
+    let args = partitioned_with(&[]);
     let mut first = Pgoutbox::run(&pg, &nats, &args);
     wait_until_streaming(&pg, &first).await;
     let (sql, made) = transactions(&mut Lcg::from_time());
@@ -248,14 +250,7 @@ async fn each_partition_s_own_consumer_applies_its_part_of_each_transaction_once
     }
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("CREATE DATABASE consumer");
-    let template = "outbox.{$partition}.{aggregate_type}.{event_type}";
-    let args = [
-        ["--partitions", PARTITIONS],
-        ["--subject-template", template],
-        ["--object-store", "PAYLOADS"],
-        ["--transaction-subject", "outbox.transactions"],
-    ]
-    .concat();
+    let args = partitioned_with(&["--transaction-subject", "outbox.transactions"]);
     let mut first = Pgoutbox::run(&pg, &nats, &args);
     wait_until_streaming(&pg, &first).await;
     let (sql, made) = transactions(&mut Lcg::from_time());

@@ -1,12 +1,12 @@
-//! A transaction's end message (`--transaction-subject`): after its last row, in its place
-//! in the stream, chained and skipped like a row at the position after that row's, so that
-//! a restart publishes it once, whichever message the stream ended with.
+//! A transaction's last row and its end message (`--transaction-subject`): after its last
+//! row, in its place in the stream, chained and skipped like a row at the position after
+//! that row's, so that a restart publishes it once, whichever message the stream ended with.
 
 use super::{Pipeline, Transaction, lsn};
 use crate::domain::outbox::{Headers, MESSAGE_ID_HEADER, OutboxEvent};
 use crate::domain::progress::Position;
 use crate::domain::publishing::RowStep;
-use crate::domain::transaction::END_HEADER;
+use crate::domain::transaction::{END_HEADER, InTransaction};
 use crate::nats::publisher::refused_for_itself;
 use crate::service::error::{NatsFailure, PipelineError};
 
@@ -16,6 +16,18 @@ use super::publish::Sending;
 const END_LABEL: &str = "(transactions)";
 
 impl Pipeline<'_> {
+    /// At a Commit: the transaction's held row goes out as its last, then its end.
+    pub(super) async fn publish_last_and_end(
+        &mut self,
+        mut transaction: Transaction,
+    ) -> Result<(), PipelineError> {
+        let Some(last) = transaction.held.take() else { return Ok(()) };
+        let rows = transaction.rows;
+        let became = self.publish_row(last, Some(InTransaction::Last { rows })).await?;
+        transaction.counts.add(became);
+        self.publish_end(&transaction).await
+    }
+
     /// Publishes the end of `transaction`, whose rows have all gone out, when
     /// `--transaction-subject` is set.
     pub(super) async fn publish_end(
