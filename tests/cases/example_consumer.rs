@@ -77,6 +77,16 @@ fn partitioned_with(extra: &[&'static str]) -> Vec<&'static str> {
     [&args[..], &["--object-store", "PAYLOADS"], extra].concat()
 }
 
+/// `(event, the order the consumer applied it in)`, by event: each aggregate's events
+/// (event number modulo [`AGGREGATES`]) applied in commit order.
+fn assert_each_aggregate_in_commit_order(applied: impl Iterator<Item = (u64, u64)> + Clone) {
+    for aggregate in 0..AGGREGATES {
+        let orders: Vec<u64> =
+            applied.clone().filter(|(n, _)| n % AGGREGATES == aggregate).map(|(_, o)| o).collect();
+        assert!(orders.is_sorted(), "aggregate {aggregate} applied out of commit order");
+    }
+}
+
 /// How many events the consumer applied.
 fn applied(pg: &Postgres) -> u64 {
     let made = pg.psql_db("consumer", "SELECT to_regclass('consumer_events') IS NOT NULL");
@@ -149,11 +159,7 @@ async fn the_example_consumer_applies_each_transaction_once_whole_and_in_key_ord
         let together = transaction.iter().all(|e| events[e].0 == applied_in);
         assert!(together && sizes[&applied_in] == transaction.len(), "{transaction:?} not whole");
     }
-    for aggregate in 0..AGGREGATES {
-        let orders: Vec<u64> =
-            events.iter().filter(|(n, _)| *n % AGGREGATES == aggregate).map(|(_, e)| e.1).collect();
-        assert!(orders.is_sorted(), "aggregate {aggregate} applied out of commit order");
-    }
+    assert_each_aggregate_in_commit_order(events.iter().map(|(n, e)| (*n, e.1)));
 }
 
 /// Rows seeded by a `--backfill`, then by a `--recover` after the slot was dropped: every
@@ -303,9 +309,5 @@ async fn each_partition_s_own_consumer_applies_its_part_of_each_transaction_once
             assert!(together && sizes[&applied_in] == part.len(), "{part:?} on {p} not whole");
         }
     }
-    for aggregate in 0..AGGREGATES {
-        let orders: Vec<u64> =
-            events.iter().filter(|(n, _)| *n % AGGREGATES == aggregate).map(|(_, e)| e.1).collect();
-        assert!(orders.is_sorted(), "aggregate {aggregate} applied out of commit order");
-    }
+    assert_each_aggregate_in_commit_order(events.iter().map(|(n, e)| (*n, e.1)));
 }

@@ -69,6 +69,12 @@ impl Pipeline<'_> {
         Ok(())
     }
 
+    /// Whether what rows become is counted: only for transactions' ends
+    /// (`--transaction-subject`), so that no row is mapped again or hashed for nothing.
+    fn counting(&self) -> bool {
+        self.config.transaction_subject.is_some()
+    }
+
     /// Publishes one row, or its dead letter, saying its place in its transaction, and
     /// says what it became (for a row the stream held already, what it became then).
     pub(super) async fn publish_row(
@@ -82,7 +88,10 @@ impl Pipeline<'_> {
             Ok(RowStep::Publish) => {}
             Ok(RowStep::Skip) => {
                 let refused = self.memory.refused.get(&position).or(rejected.as_ref());
-                let became = became_before(&mapping, &tuple, refused.is_some());
+                let became = match self.counting() {
+                    true => became_before(&mapping, &tuple, refused.is_some()),
+                    false => Became::Event { partition: None },
+                };
                 if self.memory.objects_lost.remove(&position) {
                     self.store_object_again(&mapping, &tuple, position).await?;
                 }
@@ -125,6 +134,7 @@ impl Pipeline<'_> {
         };
         let became = match event.headers.get(SCHEDULE_HEADER) {
             Some(_) => Became::Scheduled,
+            None if !self.counting() => Became::Event { partition: None },
             None => Became::Event { partition: mapping.partition_of(tuple) },
         };
         let event = match self.large_payload(event, position).await? {
