@@ -1,7 +1,7 @@
 //! The consumer soak (issue 57): the nemesis soak's faults, judged where the consumer
 //! stands. pgoutbox streams numbered transactions over 4 partitions with its transactions'
 //! ends, large events through the object store and, on nats-server 2.12+, scheduled ones;
-//! the example consumer (`examples/consumer.rs`) applies them to its own database, one
+//! the example consumer (`examples/consumer/`) applies them to its own database, one
 //! process per partition on 2.10+ (one for all on 2.9). A seeded schedule kills pgoutbox
 //! and consumers with -9, pauses and restarts nats-server, restarts Postgres, drops the slot
 //! for a `--recover`, replays rows and cuts the stream's unsynced tail. Then everything heals

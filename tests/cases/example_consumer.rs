@@ -1,4 +1,4 @@
-//! The example consumer (`examples/consumer.rs`, issue 48) against real servers: pgoutbox
+//! The example consumer (`examples/consumer/`, issue 48) against real servers: pgoutbox
 //! spreads 1,000 random transactions of 1-50 events (41 aggregates, some events emitted
 //! with `pg_logical_emit_message`) over 4 partitions; the consumer is killed with -9 twice
 //! while it applies them, pgoutbox once. In the consumer's own database every event is
