@@ -3,17 +3,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::Context;
 use opentelemetry_sdk::trace::Tracer;
 use tracing::{info, warn};
 
 use super::setup::{ensure_stream_and_slot, prepare_database};
-use crate::domain::outbox::{EMITTED_LABEL, TableEntry, letter_row_in};
 use crate::domain::retry::{Attempt, Backoff, Next, RepeatedError, RetryPolicy};
 use crate::domain::stall::Progress;
-use crate::nats::handshake::Dialer;
 use crate::nats::publisher::Publisher;
-use crate::postgres::{acknowledged, admin};
 use crate::service::error::{NatsFailureKind, PipelineError};
 use crate::service::pipeline::{Ended, Memory};
 use crate::service::seed::SeedKind;
@@ -21,18 +17,18 @@ use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::{self, Metrics, Readiness, ReconnectTarget};
 use crate::service::traces::Tracing;
 use crate::settings::cli::RunArgs;
-use crate::settings::config::PipelineConfig;
 use crate::settings::config::{Config, ProcessEnv};
 use attempt::Target;
+use startup::Tasks;
 use waiting::{
-    JETSTREAM_RETRY_CAP, UNANSWERED, UNREACHABLE, jetstream_unanswered, patiently,
-    wait_until_primary,
+    JETSTREAM_RETRY_CAP, UNANSWERED, jetstream_unanswered, patiently, wait_until_primary,
 };
 
 /// How long an ending `run` waits to record what JetStream acknowledged last.
 const RECORD_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 mod attempt;
+mod startup;
 mod waiting;
 
 pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
@@ -63,122 +59,39 @@ pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
 
 /// Sets up, then streams until shutdown; `tracer` makes spans when traces are configured.
 async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyhow::Result<()> {
-    // Every task beside the pipeline (signals, HTTP, stall watch, retention), stopped and
-    // awaited when `run` ends.
-    let mut tasks = tokio::task::JoinSet::new();
+    let mut tasks = Tasks::new();
     let mut shutdown = Shutdown::listen(&mut tasks)?;
     let prometheus = telemetry::install_recorder()?;
-    let emitted = (!args.message_prefix.is_empty()).then_some(EMITTED_LABEL.to_owned());
-    let labels: Vec<String> =
-        config.pipeline.tables.iter().map(TableEntry::metrics_label).chain(emitted).collect();
-    Metrics::tables(labels.iter().map(String::as_str));
-    let horizon = config.pipeline.durability_horizon.as_secs_f64();
-    metrics::gauge!(crate::service::telemetry::names::DURABILITY_HORIZON_SECONDS).set(horizon);
-    // Exported from the start, so that PgoutboxAdoptionStalled and PgoutboxTablesUnread
-    // have a series to read.
-    metrics::gauge!(crate::service::telemetry::names::ADOPTION_ROWS_READ).set(0.0);
-    metrics::counter!(crate::service::telemetry::names::TABLES_UNREAD).increment(0);
-    announce_durability(config.pipeline.durability_horizon);
+    startup::export_metrics(config, args);
+    startup::announce_durability(config.pipeline.durability_horizon);
     let readiness = Arc::new(Readiness::default());
-    let http_addr = match args.http_addr {
-        Some(addr) => Some(
-            telemetry::serve(addr, prometheus, readiness.clone(), &mut tasks)
-                .await
-                .with_context(|| format!("listening on --http-addr {addr}"))?,
-        ),
-        None => {
-            let addr = telemetry::DEFAULT_HTTP_ADDR;
-            match telemetry::serve(addr, prometheus, readiness.clone(), &mut tasks).await {
-                Ok(bound) => Some(bound),
-                Err(err) => {
-                    warn!(%err, "no HTTP endpoints: the default {addr} is taken; set --http-addr");
-                    None
-                }
-            }
-        }
-    };
-    let mut database = config.database.clone();
-    if let Some(addr) = http_addr
-        && database.get_application_name().is_none()
-    {
-        database.application_name(format!("{}{addr}", telemetry::ADVERTISED_PREFIX));
-    }
+    let http_addr = startup::serve_http(args, prometheus, &readiness, &mut tasks).await?;
+    let database = startup::advertised(config, http_addr);
     if !args.slot.from_standby && !wait_until_primary(config, &mut shutdown, &readiness).await? {
         return Ok(());
     }
     let client = prepare_database(config, args.slot.from_standby).await?;
-    if !args.message_prefix.is_empty() {
-        super::setup::warn_if_public_may_emit(&client).await;
-        let template = &config.pipeline.defaults.template;
-        if template.names_table() {
-            warn!(%template, prefix = %args.message_prefix,
-                "emitted events become dead letters: the subject template names the row's \
-                 table ({{$schema}}, {{$table}}), which an event's content may not say; set \
-                 --message-prefix '' to stream tables only");
-        }
-    }
-    if args.retention.is_some() {
-        // A pattern's tables are looked at on each pass (`retention::servable`).
-        for entry in config.pipeline.tables.iter().filter(|e| e.pattern.is_none()) {
-            let column = &entry.roles.created_at;
-            crate::postgres::admin::check_prerequisites(
-                &client,
-                &entry.table,
-                &[("created-at column (for --retention)", column)],
-            )
-            .await?;
-        }
-    }
-    let (disconnects, nats_disconnects) = tokio::sync::watch::channel(0);
-    let disconnects = Arc::new(disconnects);
-    let connect = || {
-        crate::nats::connect::connect_nats_watched(&config.nats, disconnects.clone(), || {
-            Metrics::reconnect(ReconnectTarget::Nats)
-        })
-    };
-    let Some(nats) =
-        patiently(UNREACHABLE, |_| true, Backoff::new(), &mut shutdown, &readiness, connect)
-            .await?
+    startup::check_database(&client, config, args).await?;
+    let Some((publisher, nats_disconnects)) =
+        startup::connect_nats(config, &mut shutdown, &readiness).await?
     else {
         return Ok(());
     };
-    readiness.set_nats(nats.clone());
-    let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT)
-        .with_schedules(config.schedules().cloned().collect());
-    let nats_version = publisher.server_version();
-    if let Some(warning) = crate::nats::server_version::unsupported(&nats_version) {
-        warn!("{warning}");
-    }
-    Metrics::nats_info(&nats_version, false);
-    let seed = match (args.recover, args.backfill) {
-        (true, _) => Some(SeedKind::Recover),
-        (_, true) => Some(SeedKind::Backfill),
-        _ => None,
-    };
+    let seed = SeedKind::asked(args.recover, args.backfill);
     let set_up = || ensure_stream_and_slot(config, &client, &publisher, &args.slot, seed);
-    let backoff = || Backoff::capped(JETSTREAM_RETRY_CAP);
+    let backoff = Backoff::capped(JETSTREAM_RETRY_CAP);
     let Some((claims, seeding)) =
-        patiently(UNANSWERED, jetstream_unanswered, backoff(), &mut shutdown, &readiness, set_up)
+        patiently(UNANSWERED, jetstream_unanswered, backoff, &mut shutdown, &readiness, set_up)
             .await?
     else {
         return Ok(());
     };
-    Metrics::nats_info(&publisher.server_version(), true);
-    let (_, version) = admin::server_version(&client).await?;
-    let slot = admin::slot_state(&client, &config.slot).await?;
-    Metrics::postgres_info(
-        &version,
-        slot.as_ref().and_then(|s| s.failover),
-        slot.and_then(|s| s.synced),
-    );
+    startup::export_versions(&client, config, &publisher).await?;
     drop(client);
 
     let progress = Arc::new(Progress::default());
-    tasks.spawn(crate::service::telemetry::watch_stalls(
-        progress.clone(),
-        readiness.clone(),
-        args.stall_timeout,
-    ));
+    let stall_timeout = args.stall_timeout;
+    tasks.spawn(telemetry::watch_stalls(progress.clone(), readiness.clone(), stall_timeout));
     let mut memory = Memory::new(progress, nats_disconnects);
     // A stream seeded from the table is rebuilt: the record of what it acknowledged before
     // is not compared with it.
@@ -186,98 +99,27 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
     memory.seed_wanted = seeding;
     memory.tracer = tracer;
     if let Some(keep) = args.retention {
-        // Dead letters of earlier runs that lack their payload: those rows must stay.
-        let mut subjects: Vec<&str> =
-            config.pipeline.tables.iter().map(|e| e.dead_letter_subject.as_str()).collect();
-        subjects.sort_unstable();
-        subjects.dedup();
-        for subject in subjects {
-            let read = || async {
-                publisher.rows_of_letters_without_payload(subject).await.with_context(|| {
-                    format!("reading the dead letters on {subject} that --retention must keep")
-                })
-            };
-            let Some(rows) = patiently(
-                UNANSWERED,
-                jetstream_unanswered,
-                backoff(),
-                &mut shutdown,
-                &readiness,
-                read,
-            )
+        let waiting = (&mut shutdown, &*readiness);
+        let retention = (config, keep);
+        if !startup::start_retention(retention, &publisher, &mut memory, waiting, &mut tasks)
             .await?
-            else {
-                return Ok(());
-            };
-            for (table, id) in rows {
-                for entry in &config.pipeline.tables {
-                    if let Some((table, row)) = letter_row_in(entry, &table, &id) {
-                        memory.kept_rows.keep_letter_id(&table, &row);
-                    }
-                }
-            }
+        {
+            return Ok(());
         }
-        let tables = config
-            .pipeline
-            .tables
-            .iter()
-            .map(|entry| crate::service::retention::RetainedTable {
-                table: entry.table.clone(),
-                pattern: entry.pattern.clone(),
-                created_at: entry.roles.created_at.clone(),
-                id: entry.roles.id.clone(),
-            })
-            .collect();
-        let scope = crate::service::retention::Scope {
-            tables,
-            slot: config.slot.clone(),
-            publication: config.publication.clone(),
-            trusted: config.trusted_owners.clone(),
-            acknowledged: memory.acknowledged.clone(),
-        };
-        tasks.spawn(crate::service::retention::run(
-            config.database.clone(),
-            config.pg_tls.clone(),
-            scope,
-            keep,
-            memory.published_up_to.clone(),
-            memory.kept_rows.clone(),
-            shutdown.clone(),
-        ));
     }
     let (stopped, stopped_rx) = tokio::sync::watch::channel(false);
-    let recorder = tokio::spawn(crate::service::acknowledgements::record_every(
-        config.database.clone(),
-        config.pg_tls.clone(),
-        (acknowledged::table_beside(&config.pipeline.replay_table), config.slot.clone()),
-        publisher.clone(),
-        memory.acknowledged.clone(),
-        stopped_rx,
-    ));
+    let recorder = startup::start_recorder(config, &publisher, &memory, stopped_rx);
     if !args.verify_every.is_zero() {
+        let published = memory.published_up_to.clone();
         tasks.spawn(crate::service::delivery_check::run_every(
             crate::service::delivery_check::Scope::of(config),
             publisher.clone(),
             args.verify_every,
-            memory.published_up_to.clone(),
+            published,
             shutdown.clone(),
         ));
     }
-    let target = Target {
-        config,
-        pipeline: PipelineConfig {
-            max_in_flight_bytes: args.max_in_flight_bytes,
-            message_prefix: Some(args.message_prefix.clone()).filter(|p| !p.is_empty()),
-            ..config.pipeline.clone()
-        },
-        database,
-        publisher,
-        dialer: Dialer::new(&config.nats),
-        claims,
-        failover: args.slot.failover,
-        from_standby: args.slot.from_standby,
-        seed_margin: args.recover_margin,
-    };
+    let target = Target::of((config, args), database, publisher, claims);
     let outcome = attempts(&target, &mut memory, &mut shutdown, &readiness).await;
     if let Some(seed) = memory.seed.take() {
         seed.abandon(config).await;
@@ -403,25 +245,6 @@ async fn finish_seed(target: &Target<'_>, memory: &mut Memory) -> Result<(), Pip
     memory.forget_seed_rows();
     Metrics::seed_rows(0);
     Ok(())
-}
-
-/// One line on what the durability horizon keeps, or, at `0s`, what that gives up.
-fn announce_durability(horizon: std::time::Duration) {
-    if horizon.is_zero() {
-        warn!(
-            "--durability-horizon 0s: an event JetStream acknowledged is confirmed at once, \
-            so a nats-server that loses power (or any crash of an R1 stream without \
-            sync_interval: always) loses what it had not synced, up to 2 min of events; table \
-            rows then come back only with `pgoutbox run --recover`, emitted events not at all"
-        );
-    } else {
-        info!(
-            horizon_s = horizon.as_secs_f64(),
-            "durability horizon: the slot is confirmed \
-            only once the stream still holds, that long after, what JetStream acknowledged; a \
-            power loss of nats-server within it is published again from the WAL"
-        );
-    }
 }
 
 /// Purges the chunks of puts cut short, once this process holds the slot and before it

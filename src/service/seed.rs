@@ -76,6 +76,17 @@ pub enum SeedKind {
     Backfill,
 }
 
+impl SeedKind {
+    /// What `--recover` or `--backfill` asks for (`--recover` first); `None` for neither.
+    pub fn asked(recover: bool, backfill: bool) -> Option<SeedKind> {
+        match (recover, backfill) {
+            (true, _) => Some(SeedKind::Recover),
+            (_, true) => Some(SeedKind::Backfill),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SeedError {
     #[error(transparent)]

@@ -19,6 +19,7 @@ use crate::service::pipeline::{Ended, Memory, Pipeline, Resume, objects_lost_bef
 use crate::service::seed::Seed;
 use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::{Metrics, Readiness};
+use crate::settings::cli::RunArgs;
 use crate::settings::config::{Config, PipelineConfig};
 
 mod lost;
@@ -52,6 +53,32 @@ pub struct Target<'a> {
     pub from_standby: bool,
     /// `--recover-margin` (`service::seed`).
     pub seed_margin: Duration,
+}
+
+impl<'a> Target<'a> {
+    /// What every attempt of `run` streams from and to, as the settings say.
+    pub fn of(
+        (config, args): (&'a Config, &RunArgs),
+        database: tokio_postgres::Config,
+        publisher: Publisher,
+        claims: Claims,
+    ) -> Target<'a> {
+        Target {
+            config,
+            pipeline: PipelineConfig {
+                max_in_flight_bytes: args.max_in_flight_bytes,
+                message_prefix: Some(args.message_prefix.clone()).filter(|p| !p.is_empty()),
+                ..config.pipeline.clone()
+            },
+            database,
+            publisher,
+            dialer: Dialer::new(&config.nats),
+            claims,
+            failover: args.slot.failover,
+            from_standby: args.slot.from_standby,
+            seed_margin: args.recover_margin,
+        }
+    }
 }
 
 /// An attempt ready to stream.
