@@ -9,6 +9,9 @@
 //!   the transaction has (`Pgoutbox-Transaction-Rows`). A transaction is applied in one
 //!   transaction of the consumer's database once all its events arrived and it is the
 //!   oldest waiting on every partition it touches. Dead letters are read too: they count.
+//!   The marks cannot tell a message still to come from one removed before it was read (a
+//!   TTL, the stream's limits): a transaction that waits `REPORT_WAITING_AFTER` seconds
+//!   (60) for its other events is reported on stderr, and waits on.
 //! - **Or one process per partition.** With `PARTITION=<p>`, the process reads partition
 //!   `p` alone, with the transactions' ends (pgoutbox's `--transaction-subject`, read from
 //!   `TRANSACTION_SUBJECT`, `<root>.transactions` by default) in one ordered consumer: a
@@ -35,7 +38,8 @@
 //!   headers do not describe is reported on stderr and skipped; a payload that cannot be
 //!   fetched stops the consumer, whose restart reads it again.
 //!
-//! Settings: `NATS_URL`, `PGOUTBOX_STREAM` (OUTBOX), `PARTITIONS` (4) or `PARTITION`, `SUBJECT_ROOT`
+//! Settings: `NATS_URL`, `PGOUTBOX_STREAM` (OUTBOX), `PARTITIONS` (4) and
+//! `REPORT_WAITING_AFTER` (60), or `PARTITION` and `TRANSACTION_SUBJECT`, `SUBJECT_ROOT`
 //! (`outbox`: the template's first token, and `<root>.dead_letter` the dead letters'), and
 //! `CONSUMER_DATABASE_URL`, a libpq connection string for the consumer's own database.
 //!
@@ -47,6 +51,8 @@ mod message;
 mod partition;
 mod store;
 mod whole;
+
+use std::time::Duration;
 
 use async_nats::jetstream;
 
@@ -68,7 +74,8 @@ async fn main() -> Result<(), Error> {
         Ok(partition) => partition::consume(&mut db, &js, stream, (&root, &partition)).await,
         Err(_) => {
             let partitions = setting("PARTITIONS", "4").parse()?;
-            whole::consume(&mut db, &js, stream, (&root, partitions)).await
+            let report_after = Duration::from_secs(setting("REPORT_WAITING_AFTER", "60").parse()?);
+            whole::consume(&mut db, &js, stream, (&root, partitions, report_after)).await
         }
     }
 }

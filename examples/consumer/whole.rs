@@ -3,6 +3,7 @@
 //! and it is the oldest waiting on every partition it touches.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
 use async_nats::jetstream::{self, stream::Stream};
@@ -14,12 +15,13 @@ use crate::message::{Event, Malformed, event};
 use crate::store::{applied_before, record, resume_point};
 
 /// Reads `partitions` partitions under `root`, and `<root>.dead_letter`, applying each
-/// transaction whole, in order.
+/// transaction whole, in order; says which transaction waited `report_after` for the rest
+/// of its events.
 pub async fn consume(
     db: &mut tokio_postgres::Client,
     js: &jetstream::Context,
     stream: Stream,
-    (root, partitions): (&str, usize),
+    (root, partitions, report_after): (&str, usize, Duration),
 ) -> Result<(), Error> {
     // One lane per partition, and one for the dead letters.
     let lanes: Vec<String> = (0..partitions)
@@ -35,7 +37,16 @@ pub async fn consume(
     drop(arrived);
     println!("consumer: reading {} partitions and the dead letters", partitions);
     let mut waiting = Waiting::new(lanes.len());
-    while let Some(event) = arrivals.recv().await {
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        let event = tokio::select! {
+            event = arrivals.recv() => event,
+            _ = check.tick() => {
+                waiting.report_stuck(report_after);
+                continue;
+            }
+        };
+        let Some(event) = event else { return Ok(()) };
         let event = match event {
             Ok(event) => event,
             Err(Malformed::Skipped(why)) => {
@@ -52,7 +63,6 @@ pub async fn consume(
             apply(db, transaction).await?;
         }
     }
-    Ok(())
 }
 
 /// Reads one lane in stream order, from `from`, and hands each event over.
@@ -94,6 +104,9 @@ struct Transaction {
     /// By their index in the transaction.
     events: BTreeMap<u32, Event>,
     rows: Option<usize>,
+    /// When its first event arrived, and whether it was said to wait too long.
+    since: Option<Instant>,
+    reported: bool,
 }
 
 impl Transaction {
@@ -123,6 +136,7 @@ impl Waiting {
         }
         let transaction = self.transactions.entry(event.transaction.clone()).or_default();
         transaction.rows = transaction.rows.or(event.rows);
+        transaction.since.get_or_insert_with(Instant::now);
         transaction.events.insert(event.index, event);
         let mut ready = Vec::new();
         while let Some(next) = self.next_ready() {
@@ -152,6 +166,28 @@ impl Waiting {
                 );
                 transaction.rows = Some(transaction.events.len());
             }
+        }
+    }
+
+    /// Says, once for each, which transaction first on a lane waited `after` for the rest
+    /// of its events: the marks cannot tell a message still to come from one removed before
+    /// it was read (a TTL, the stream's limits), which holds its lanes for good.
+    fn report_stuck(&mut self, after: Duration) {
+        for name in self.lanes.iter().filter_map(VecDeque::front) {
+            let Some(transaction) = self.transactions.get_mut(name) else { continue };
+            let waited = transaction.since.is_some_and(|since| since.elapsed() >= after);
+            if transaction.reported || transaction.is_whole() || !waited {
+                continue;
+            }
+            transaction.reported = true;
+            let rows = transaction.rows.map_or("?".to_owned(), |rows| rows.to_string());
+            eprintln!(
+                "consumer: transaction {name} has {} of {rows} events after {after:?}: still \
+                 waiting; a message removed before it was read (a TTL, the stream's limits) \
+                 never comes: read one partition per process with the transactions' ends \
+                 (PARTITION), which applies such a part as it is",
+                transaction.events.len()
+            );
         }
     }
 

@@ -16,6 +16,8 @@ use crate::support::{
 
 const PARTITIONS: &str = "4";
 const AGGREGATES: u64 = 41;
+/// Where pgoutbox puts the transactions' ends, and the example reads them by default.
+const ENDS: &str = "outbox.transactions";
 
 fn start_consumer(pg: &Postgres, nats: &Nats) -> Pgoutbox {
     start_consumer_with(pg, nats, &[])
@@ -310,4 +312,109 @@ async fn each_partition_s_own_consumer_applies_its_part_of_each_transaction_once
         }
     }
     assert_each_aggregate_in_commit_order(events.iter().map(|(n, e)| (*n, e.1)));
+}
+
+/// One row of `outbox` for aggregate `n`, with a TTL (`--ttl-column`) and a due time
+/// (`--schedule-column`) when given.
+fn row(n: u32, ttl: &str, deliver_at: &str) -> String {
+    format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, ttl, \
+         deliver_at) VALUES ('00000000-0000-0000-0000-{n:012}', 'order', '{n}', 'created', \
+         '{{\"n\": {n}}}', {ttl}, {deliver_at});\n"
+    )
+}
+
+/// A partition's own consumer (`PARTITION=<p>`) meets a transaction's scheduled row and one
+/// whose message expired (`Nats-TTL`) before it was read, as docs/how-to/consume.md says:
+/// the part short of what its end counts is applied as it is, and said; the scheduled row,
+/// counted apart by its end, is applied alone at its time under its own id; a kill -9 after
+/// it applies nothing twice. The example reading every partition by the marks alone cannot
+/// tell the expired message from one still to come: it says so on stderr, and waits on.
+/// nats-server 2.12+ (schedules).
+#[tokio::test(flavor = "multi_thread")]
+async fn each_partition_s_consumer_applies_a_part_short_of_an_expired_message_and_a_scheduled_row()
+{
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("ALTER TABLE outbox ADD COLUMN ttl text, ADD COLUMN deliver_at timestamptz;");
+    pg.psql("CREATE DATABASE consumer");
+    let template = "outbox.{$partition}.{aggregate_type}.{event_type}";
+    let args = [
+        ["--partitions", "1", "--subject-template", template],
+        ["--ttl-column", "ttl", "--schedule-column", "deliver_at"],
+    ]
+    .concat();
+    let mut app =
+        Pgoutbox::run(&pg, &nats, &[&args[..], &["--transaction-subject", ENDS]].concat());
+    if app.refused_before(&nats, (2, 12), "--schedule-column needs nats-server 2.12 or later") {
+        return;
+    }
+    wait_until_streaming(&pg, &app).await;
+    // Row 2 lives 1 s, gone before any consumer reads partition 0.
+    pg.psql(&format!(
+        "BEGIN;\n{}{}{}COMMIT;",
+        row(1, "NULL", "NULL"),
+        row(2, "'1s'", "NULL"),
+        row(3, "NULL", "NULL")
+    ));
+    let js = crate::support::stream::jetstream(&nats.url()).await;
+    crate::support::eventually(Duration::from_secs(20), "row 2 expired", || async {
+        // Rows 1 and 3 and the end.
+        (crate::support::stream::count(&js, "OUTBOX").await == 3).then_some(())
+    })
+    .await;
+    // Row 5 is due in 3 s.
+    let due = "now() + interval '3 seconds'";
+    pg.psql(&format!("BEGIN;\n{}{}COMMIT;", row(4, "NULL", "NULL"), row(5, "NULL", due)));
+
+    let mut consumer = start_consumer_with(&pg, &nats, &[("PARTITION", "0")]);
+    wait_applied(&pg, &consumer, 4, "rows 1, 3, 4 and the delivery of 5").await;
+    let id = |n: u32| format!("00000000-0000-0000-0000-{n:012}");
+    let commit_of = |n: u32| {
+        let query = format!("SELECT transaction FROM consumer_events WHERE id = '{}'", id(n));
+        pg.psql_db("consumer", &query)
+    };
+    let applied = pg.psql_db("consumer", "SELECT id FROM consumer_events ORDER BY applied_order");
+    assert_eq!(
+        applied.lines().collect::<Vec<_>>(),
+        [id(1), id(3), id(4), id(5)],
+        "{}",
+        consumer.log()
+    );
+    let log = consumer.log();
+    assert!(
+        log.contains("has 2 events on partition 0, its end counts 3: applied as it is"),
+        "{log}"
+    );
+    // The first part in one transaction of the consumer's database, the delivery alone.
+    let together = "SELECT count(DISTINCT applied_in) FROM consumer_events WHERE id IN ($1, $2)";
+    let together =
+        together.replace("$1", &format!("'{}'", id(1))).replace("$2", &format!("'{}'", id(3)));
+    assert_eq!(pg.psql_db("consumer", &together), "1");
+
+    // All partitions in one process, by the marks alone: it cannot tell row 2 removed from
+    // row 2 still to come, and says so rather than wait in silence.
+    pg.psql("CREATE DATABASE whole");
+    let whole_db = pg.url_for("postgres", None, "whole");
+    let whole = [("PARTITIONS", "1"), ("REPORT_WAITING_AFTER", "1")];
+    let mut whole = start_consumer_with(
+        &pg,
+        &nats,
+        &[&whole[..], &[("CONSUMER_DATABASE_URL", &whole_db)]].concat(),
+    );
+    let said = format!("transaction {} has 2 of 3 events after 1s: still waiting", commit_of(1));
+    crate::support::eventually(Duration::from_secs(20), &said, || async {
+        whole.log().contains(&said).then_some(())
+    })
+    .await;
+    assert!(whole.is_running(), "{}", whole.log());
+
+    consumer.kill9();
+    let consumer = start_consumer_with(&pg, &nats, &[("PARTITION", "0")]);
+    pg.psql(&row(6, "NULL", "NULL"));
+    wait_applied(&pg, &consumer, 5, "row 6, after the restart").await;
+    let count = pg.psql_db("consumer", "SELECT count(*) FROM consumer_events");
+    assert_eq!(count, "5", "nothing applied twice: {}", consumer.log());
+    assert!(app.is_running(), "{}", app.log());
 }
