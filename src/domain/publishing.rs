@@ -308,6 +308,12 @@ impl Publishing {
         Ok(if skipped { RowStep::Skip } else { RowStep::Publish })
     }
 
+    /// Whether this attempt skips rows of the transaction committed at `commit_lsn`: the
+    /// stream's tail is in it, and holds its first rows already.
+    pub fn skips_into(&self, commit_lsn: u64) -> bool {
+        self.skip_through.is_some_and(|last| last.commit_lsn == commit_lsn)
+    }
+
     /// The guard to publish the next message with.
     pub fn guard(&self) -> Guard<'_> {
         let previous = self.in_flight_ids.back().or(self.in_place_id.as_ref());

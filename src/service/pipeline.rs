@@ -96,6 +96,9 @@ struct Transaction {
     held: Option<HeldRow>,
     /// What its rows became, for its end message (`--transaction-subject`).
     counts: Counts,
+    /// The positions of its rows that the stream held as dead letters when this attempt
+    /// began in the middle of it: skipped, they are counted as what they became.
+    lettered_before: std::collections::HashSet<Position>,
 }
 
 pub struct Pipeline<'a> {
@@ -394,7 +397,9 @@ impl<'a> Pipeline<'a> {
                     return Err(PipelineError::Protocol("Begin inside a transaction"));
                 }
                 let commit_lsn = begin.final_lsn;
-                self.transaction = Some(Transaction { commit_lsn, ..Transaction::default() });
+                let lettered_before = self.letters_stored_before(&begin).await?;
+                self.transaction =
+                    Some(Transaction { commit_lsn, lettered_before, ..Transaction::default() });
                 if let Some(traces) = &mut self.traces {
                     traces.begin();
                 }

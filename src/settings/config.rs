@@ -74,6 +74,17 @@ pub struct PipelineConfig {
 }
 
 impl PipelineConfig {
+    /// Every dead-letter subject, each once: the tables' and the emitted messages'.
+    pub fn dead_letter_subjects(&self) -> Vec<&str> {
+        let mut subjects: Vec<&str> = Vec::new();
+        for entry in self.tables.iter().chain([&self.defaults]) {
+            if !subjects.contains(&entry.dead_letter_subject.as_str()) {
+                subjects.push(&entry.dead_letter_subject);
+            }
+        }
+        subjects
+    }
+
     /// The first table's entry, the defaults with `--messages-only`.
     pub fn first(&self) -> &TableEntry {
         self.tables.first().unwrap_or(&self.defaults)
@@ -334,13 +345,7 @@ impl Config {
 
     /// Every dead-letter subject, each once: the tables' and the emitted messages'.
     pub fn dead_letter_subjects(&self) -> Vec<&str> {
-        let mut subjects: Vec<&str> = Vec::new();
-        for entry in self.entries().iter().chain([&self.pipeline.defaults]) {
-            if !subjects.contains(&entry.dead_letter_subject.as_str()) {
-                subjects.push(&entry.dead_letter_subject);
-            }
-        }
-        subjects
+        self.pipeline.dead_letter_subjects()
     }
 
     /// Columns that must exist in `entry`'s table, with their role.

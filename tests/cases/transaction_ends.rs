@@ -215,3 +215,60 @@ async fn a_scheduled_row_is_counted_apart_and_its_transaction_ends_without_waiti
     assert_eq!(on(&stored, ENDS).len(), 1, "one end, however late its scheduled row");
     drop(app);
 }
+
+/// A row JetStream refuses for itself (over the stream's `max_msg_size`) goes to the
+/// dead-letter subject in its place; pgoutbox killed with -9 later in that transaction, the
+/// restart skips what the stream holds of it, the letter included, and its end still counts
+/// the row as a dead letter (before: counted again from its mapping, an event: the consumer
+/// of its partition waited for an event that never comes).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_refused_before_a_kill_9_in_its_transaction_is_counted_a_dead_letter_by_the_end() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let js = jetstream(&nats.url()).await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: "OUTBOX".into(),
+        subjects: vec!["outbox.*.*".into(), "outbox.dead_letter".into(), ENDS.into()],
+        max_message_size: 2048,
+        ..Default::default()
+    })
+    .await
+    .expect("create the stream with max_msg_size");
+    let args = ["--transaction-subject", ENDS];
+    let mut app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    const ROWS: u64 = 100_000;
+    let writer = pg.psql_in_background(format!(
+        "BEGIN;
+         INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+           VALUES ('order', '0', 'placed', jsonb_build_object('pad', repeat('x', 4000)));
+         INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+           SELECT 'order', n::text, 'placed', jsonb_build_object('n', n)
+           FROM generate_series(1, {ROWS}) n;
+         COMMIT;"
+    ));
+    writer.join().expect("writer").expect("the transaction commits");
+    eventually(Duration::from_secs(60), "the letter and rows behind it stored", || async {
+        (count(&js, "OUTBOX").await >= 2_000).then_some(())
+    })
+    .await;
+    app.kill9();
+    let before = read_all(&js, "OUTBOX").await;
+    assert!(before.iter().all(|m| m.subject != ENDS), "killed before the end");
+    assert_eq!(before[0].subject, "outbox.dead_letter", "the refused row's letter first");
+
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    let what = format!("the transaction's end\n{}", app.log());
+    eventually(Duration::from_secs(120), &what, || async {
+        (count(&js, "OUTBOX").await >= ROWS + 2).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    assert_eq!(stored.len() as u64, ROWS + 2, "each row once, and the end\n{}", app.log());
+    let ends: Vec<&Stored> = stored.iter().filter(|m| m.subject == ENDS).collect();
+    assert_eq!(ends.len(), 1, "one end");
+    let end = ends[0].json();
+    let counted = (end["events"].as_u64(), end["dead_letters"].as_u64());
+    assert_eq!(counted, (Some(ROWS), Some(1)), "{end}");
+}

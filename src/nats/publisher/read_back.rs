@@ -10,6 +10,7 @@ use crate::domain::outbox::{
     DEAD_LETTER_ID_PREFIX, EMITTED_HEADER, MESSAGE_ID_HEADER, PAYLOAD_OMITTED_HEADER,
     SCHEDULER_HEADER, TABLE_HEADER, letter_row,
 };
+use crate::domain::progress::Position;
 use crate::domain::seed::{HeldRows, PayloadDigest, REPLAY_HEADER, row_id_of};
 use crate::domain::source::SOURCE_HEADER;
 use crate::nats::large_payloads::{self, BUCKET_HEADER, DIGEST_HEADER, NAME_HEADER, SIZE_HEADER};
@@ -49,6 +50,33 @@ impl Publisher {
             })
             .await?;
         Ok((ids, last))
+    }
+
+    /// The positions of the dead letters `source` stored on `subjects` for the transaction
+    /// committed at `commit_lsn`, among those stored at or after `since` (epoch seconds),
+    /// read as headers only: what a restart in the middle of that transaction skips as
+    /// stored, to count it as it is (`--transaction-subject`).
+    pub async fn letters_of_transaction(
+        &self,
+        subjects: &[&str],
+        since: f64,
+        (source, commit_lsn): (&str, u64),
+    ) -> Result<HashSet<Position>, PublisherError> {
+        let mut positions = HashSet::new();
+        for subject in subjects {
+            self.read_messages(ReadFrom::Time(since), Some(subject), true, |headers, _, _| {
+                let header = |name: &str| headers?.get(name).map(|v| v.as_str());
+                let position = header(POSITION_HEADER).and_then(|p| p.parse::<Position>().ok());
+                if let (Some(position), Some(true)) =
+                    (position, header(SOURCE_HEADER).map(|s| s == source))
+                    && position.commit_lsn == commit_lsn
+                {
+                    positions.insert(position);
+                }
+            })
+            .await?;
+        }
+        Ok(positions)
     }
 
     /// The stream's last sequence now (0 when empty).

@@ -87,9 +87,13 @@ impl Pipeline<'_> {
         match self.protocol.on_row(position, row_id.as_deref()) {
             Ok(RowStep::Publish) => {}
             Ok(RowStep::Skip) => {
-                let refused = self.memory.refused.get(&position).or(rejected.as_ref());
+                let lettered = self
+                    .transaction
+                    .as_ref()
+                    .is_some_and(|transaction| transaction.lettered_before.contains(&position));
+                let refused = self.memory.refused.get(&position).is_some() || rejected.is_some();
                 let became = match self.counting() {
-                    true => became_before(&mapping, &tuple, refused.is_some()),
+                    true => became_before(&mapping, &tuple, refused || lettered),
                     false => Became::Event { partition: None },
                 };
                 if self.memory.objects_lost.remove(&position) {
@@ -401,8 +405,8 @@ impl Pipeline<'_> {
 }
 
 /// What a row the stream held already became when it was published: told again from its
-/// mapping, or a dead letter when it was refused before. A row JetStream or the bucket
-/// refused in an earlier process is told as its mapping says (docs/how-to/consume.md).
+/// mapping, or a dead letter when it was refused before, in this process or, read back
+/// from its letter, in an earlier one (`letters_stored_before`).
 pub(super) fn became_before(mapping: &RowMapping, tuple: &[ColumnValue], refused: bool) -> Became {
     match mapping.map(tuple) {
         Err(_) => Became::DeadLetter,

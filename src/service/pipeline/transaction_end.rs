@@ -2,20 +2,51 @@
 //! row, in its place in the stream, chained and skipped like a row at the position after
 //! that row's, so that a restart publishes it once, whichever message the stream ended with.
 
+use std::collections::HashSet;
+
 use super::{Pipeline, Transaction, lsn};
 use crate::domain::outbox::{Headers, MESSAGE_ID_HEADER, OutboxEvent};
 use crate::domain::progress::Position;
 use crate::domain::publishing::RowStep;
 use crate::domain::transaction::{END_HEADER, InTransaction};
 use crate::nats::publisher::refused_for_itself;
-use crate::service::error::{NatsFailure, PipelineError};
+use crate::postgres::pgoutput::Begin;
+use crate::postgres::wire::PG_EPOCH_OFFSET_MICROS;
+use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 
 use super::publish::Sending;
 
 /// What `/metrics` counts end messages under: the `table` label.
 const END_LABEL: &str = "(transactions)";
 
+/// How long before a transaction's commit time its dead letters are looked for: the
+/// stream's clock is not Postgres's.
+const CLOCKS_APART: f64 = 300.0;
+
 impl Pipeline<'_> {
+    /// At the Begin of the transaction the stream's tail is in (`--transaction-subject`):
+    /// the positions of its rows stored as dead letters, read back, so that its end counts
+    /// the rows this attempt skips as what they became. A row JetStream or the bucket
+    /// refused for itself in an earlier process would be taken for an event by its mapping.
+    pub(super) async fn letters_stored_before(
+        &self,
+        begin: &Begin,
+    ) -> Result<HashSet<Position>, PipelineError> {
+        if self.config.transaction_subject.is_none() || !self.protocol.skips_into(begin.final_lsn) {
+            return Ok(HashSet::new());
+        }
+        let subjects = self.config.dead_letter_subjects();
+        let committed = (begin.commit_time + PG_EPOCH_OFFSET_MICROS) as f64 / 1e6;
+        let transaction = (self.source_header.as_str(), begin.final_lsn);
+        let read =
+            self.publisher.letters_of_transaction(&subjects, committed - CLOCKS_APART, transaction);
+        read.await.map_err(|err| {
+            let why =
+                format!("reading the dead letters of the transaction at the stream's tail: {err}");
+            NatsFailure::new(NatsFailureKind::Request, why).into()
+        })
+    }
+
     /// At a Commit: the transaction's held row goes out as its last, then its end.
     pub(super) async fn publish_last_and_end(
         &mut self,
