@@ -90,6 +90,18 @@ fn from_tail(lsn: u64, tail: Position) -> Publishing {
 }
 
 #[test]
+fn only_the_tails_transaction_is_skipped_into() {
+    let p = from_tail(0, Position { commit_lsn: 5, index: 2 });
+    assert!(p.skips_into(5));
+    assert!(!p.skips_into(3) && !p.skips_into(6));
+    let fresh = Publishing::new(
+        Start { lsn: 0, stream_sequence: 0, skip_through: None },
+        Carried::default(),
+    );
+    assert!(!fresh.skips_into(5), "an empty stream skips nothing");
+}
+
+#[test]
 fn rows_at_or_before_the_tail_are_skipped_once_the_tails_row_is_seen() {
     let tail = Position { commit_lsn: 5, index: 2 };
     let mut p = from_tail(0, tail);
