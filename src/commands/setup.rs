@@ -9,20 +9,19 @@ use crate::nats::large_payloads;
 use crate::nats::publisher::Publisher;
 use crate::postgres::ReplicationConnection;
 use crate::postgres::acknowledged;
-use crate::postgres::admin::{self, WalStatus};
+use crate::postgres::admin;
 use crate::postgres::adoption::{self, Adopted};
 use crate::postgres::replay_table::{self as replays, public_may_emit_warning};
 use crate::postgres::tenant_tables;
 use crate::service::error::PipelineError;
-use crate::service::seed::{SeedKind, seed_slot};
-use crate::service::telemetry::names;
+use crate::service::seed::SeedKind;
 use crate::settings::cli::{SetupArgs, SlotArgs};
 use crate::settings::config::Config;
 
 mod durability;
-use durability::{
-    forgotten_past_the_slot, say_if_the_stream_was_made_again, say_what_the_stream_can_lose,
-};
+mod slot;
+mod slot_plan;
+use durability::{say_if_the_stream_was_made_again, say_what_the_stream_can_lose};
 
 pub async fn run(config: &Config, args: &SetupArgs) -> anyhow::Result<()> {
     let mut client = prepare_database(config, args.slot.from_standby).await?;
@@ -236,7 +235,7 @@ pub async fn warn_if_public_may_emit(client: &tokio_postgres::Client) {
 /// Creates the stream and the slot when missing, after claiming the stream for this
 /// source (`crate::nats::claim`). A missing slot is created only when this source never wrote the
 /// stream, or when the operator asked for it: a slot that vanished means events may have
-/// been skipped, and that must not pass silently.
+/// been skipped, and that must not pass silently (`slot_plan`).
 ///
 /// `seed` (`run --recover` or `--backfill`): when the slot is missing or lost, it is not
 /// created here; the returned kind says the run must seed the stream from the table first
@@ -248,16 +247,43 @@ pub async fn ensure_stream_and_slot(
     args: &SlotArgs,
     seed: Option<SeedKind>,
 ) -> anyhow::Result<(Claims, Option<SeedKind>)> {
-    let recreate = args.recreate_slot;
     if args.failover {
-        let (num, shown) = admin::server_version(client).await?;
-        if num < admin::FAILOVER_SLOTS_SINCE {
-            anyhow::bail!(
-                "--failover needs PostgreSQL 17 or later (failover slots); this server is \
-                 PostgreSQL {shown}: leave --failover off (see docs/operations.md, failover)"
-            );
-        }
+        check_failover_slots(client).await?;
     }
+    prepare_stream(config, client, publisher).await?;
+    let source = identify_source(config).await?;
+    let claims = Claims::open(publisher.context(), config.stream_replicas)
+        .await
+        .with_context(|| format!("reading the claim on stream {}", config.stream))?;
+    let (found, seen) =
+        slot::find(config, (client, publisher, &claims), &source, args, seed).await?;
+    let seeding = slot::carry_out(slot_plan::plan(&found), config, client, args, seen).await?;
+    if seeding == Some(SeedKind::Backfill) {
+        join_pattern_tables(config).await?;
+    }
+    claim_stream(config, &claims, &source, args.recreate_slot).await?;
+    Ok((claims, seeding))
+}
+
+/// `--failover` needs PostgreSQL 17's failover slots.
+async fn check_failover_slots(client: &tokio_postgres::Client) -> anyhow::Result<()> {
+    let (num, shown) = admin::server_version(client).await?;
+    if num < admin::FAILOVER_SLOTS_SINCE {
+        anyhow::bail!(
+            "--failover needs PostgreSQL 17 or later (failover slots); this server is \
+             PostgreSQL {shown}: leave --failover off (see docs/operations.md, failover)"
+        );
+    }
+    Ok(())
+}
+
+/// The stream (and the bucket of `--object-store`), created when missing, and what it
+/// can lose or lost said.
+async fn prepare_stream(
+    config: &Config,
+    client: &tokio_postgres::Client,
+    publisher: &Publisher,
+) -> anyhow::Result<()> {
     publisher
         .ensure_stream(&config.stream_subjects(), config.stream_replicas, config.stream_features())
         .await
@@ -268,139 +294,29 @@ pub async fn ensure_stream_and_slot(
         let stream = publisher.stream_info().await?.map(|info| info.config).unwrap_or_default();
         large_payloads::ensure_bucket(publisher.context(), large, &stream).await?;
     }
-    let source = identify_source(config).await?;
-    let name = &config.slot;
-    let state = admin::slot_state(client, name).await?;
-    if let Some(state) = &state
-        && !state.in_this_database
-    {
-        anyhow::bail!(
-            "slot {name} belongs to another database of this cluster (slots are cluster-wide): \
-             give each database its own --slot"
+    Ok(())
+}
+
+/// Claims the stream for this source; one another source claimed is refused, unless
+/// `--recreate-slot` takes it over.
+async fn claim_stream(
+    config: &Config,
+    claims: &Claims,
+    source: &Source,
+    recreate: bool,
+) -> anyhow::Result<()> {
+    let Claim::Theirs(writer) = claims.claim(&config.stream, source).await? else { return Ok(()) };
+    if !recreate {
+        let slot = &config.slot;
+        return Err(
+            PipelineError::stream_claimed(&config.stream, writer, &source.database, slot).into()
         );
     }
-    let claims = Claims::open(publisher.context(), config.stream_replicas)
-        .await
-        .with_context(|| format!("reading the claim on stream {}", config.stream))?;
-    let holder = claims.holder(&config.stream, &source).await?;
-    let seed_slot = seed_slot(name)?;
-    let unfinished_seed = admin::slot_state(client, &seed_slot).await?.is_some();
-    let mut seeding = None;
-    let forgotten = match (&state, seed) {
-        (Some(state), Some(SeedKind::Recover)) if !state.active => {
-            forgotten_past_the_slot(config, client, publisher, state).await?
-        }
-        _ => None,
-    };
-    match state {
-        Some(state) if state.wal_status == Some(WalStatus::Lost) && seed.is_some() => {
-            warn!(slot = %name, "dropping the lost slot; the stream is seeded from the table");
-            admin::teardown_slot(client, name).await?;
-            seeding = seed;
-        }
-        Some(state) if state.wal_status == Some(WalStatus::Lost) => {
-            if !recreate {
-                let reason = state.invalidation_reason.as_deref();
-                return Err(PipelineError::slot_invalidated(name, reason).into());
-            }
-            warn!(slot = %name, "dropping the lost slot and creating it again, as asked");
-            admin::teardown_slot(client, name).await?;
-            create_slot(client, name, args.failover).await?;
-        }
-        // The stream forgot acknowledged events the slot confirmed past (its server lost
-        // power): only the table brings them back, as after a lost slot.
-        Some(_) if let Some(forgotten) = &forgotten => {
-            metrics::counter!(names::STREAM_LOST_EVENTS).increment(forgotten.lost());
-            warn!(slot = %name, stream = %config.stream, "{forgotten}. --recover: the slot is \
-                dropped and the stream seeded from the table, as after a lost slot (the \
-                table's rows come back; emitted events cannot)");
-            admin::teardown_slot(client, name).await?;
-            seeding = seed;
-        }
-        Some(state) if state.plugin.as_deref() != Some("pgoutput") => {
-            anyhow::bail!(
-                "slot {name} exists but uses plugin {:?}, not pgoutput: choose another --slot",
-                state.plugin.unwrap_or_default()
-            );
-        }
-        // A new (empty) stream to backfill behind an existing slot: every change the slot
-        // holds is in the table too, and will be in the seed's snapshot.
-        Some(state)
-            if seed == Some(SeedKind::Backfill)
-                && !state.active
-                && publisher.tail().await?.last_sequence == 0 =>
-        {
-            warn!(slot = %name, stream = %config.stream,
-                "the stream is empty: the slot is made again behind a backfill from the table");
-            admin::teardown_slot(client, name).await?;
-            seeding = seed;
-        }
-        Some(_) => {
-            if unfinished_seed {
-                // A seed that finished but was cut off before dropping its slot.
-                warn!(slot = %seed_slot, "dropping the slot of a finished seed");
-                admin::teardown_slot(client, &seed_slot).await?;
-            }
-            if seed.is_some() {
-                info!(slot = %name, "the slot exists: nothing to seed from the table");
-            }
-        }
-        None if seed.is_some() => seeding = seed,
-        // A seed under way when its process stopped (a `--recover`, a `--backfill`, or one
-        // pgoutbox began by itself when the stream lost what only the table held) is
-        // finished as a recovery: from the stream's end on, compared with the table.
-        None if unfinished_seed => {
-            warn!(slot = %seed_slot, "a seed from the table was under way when pgoutbox \
-                stopped: finishing it, as `run --recover` would");
-            seeding = Some(SeedKind::Recover);
-        }
-        None => {
-            let written_before = match holder {
-                // By an earlier run, or by a setup that stopped short of making the slot
-                // (then nothing was ever stored).
-                Claim::Ours { .. } => publisher.tail().await?.last_sequence > 0,
-                // Only a pgoutbox older than claims can have written it for this source.
-                Claim::Free => publisher.tail().await?.origin.position.is_some(),
-                // Another source's stream holds nothing of ours: the claim below refuses it.
-                Claim::Theirs(_) => false,
-            };
-            if written_before && !recreate {
-                return Err(PipelineError::SlotMissing { slot: name.clone() }.into());
-            }
-            if written_before {
-                warn!(slot = %name, "creating a new slot, as asked; events committed while \
-                    no slot existed are not streamed");
-            }
-            // Made before the claim is checked, so that a source refused for sharing a
-            // stream keeps its rows in its own slot until the operator gives it a stream.
-            if args.from_standby && admin::in_recovery(client).await? {
-                info!(slot = %name, "creating the slot on a standby waits for the primary's \
-                    next running-transactions record (up to 15 s; `SELECT \
-                    pg_catalog.pg_log_standby_snapshot()` on the primary hurries it)");
-            }
-            join_pattern_tables(config).await?;
-            create_slot(client, name, args.failover).await?;
-        }
-    }
-    if seeding == Some(SeedKind::Backfill) {
-        join_pattern_tables(config).await?;
-    }
-    if let Claim::Theirs(writer) = claims.claim(&config.stream, &source).await? {
-        if !recreate {
-            return Err(PipelineError::stream_claimed(
-                &config.stream,
-                writer,
-                &source.database,
-                name,
-            )
-            .into());
-        }
-        warn!(stream = %config.stream, previous = %writer, source = %source.writer(),
-            "taking the stream over from its previous source, as --recreate-slot asks; \
-             that source must be stopped for good");
-        claims.take_over(&config.stream, &source).await?;
-    }
-    Ok((claims, seeding))
+    warn!(stream = %config.stream, previous = %writer, source = %source.writer(),
+        "taking the stream over from its previous source, as --recreate-slot asks; \
+         that source must be stopped for good");
+    claims.take_over(&config.stream, source).await?;
+    Ok(())
 }
 
 /// What decoding on a standby needs: PostgreSQL 16, the publication (read-only here, so
