@@ -67,6 +67,7 @@ use std::collections::{HashSet, VecDeque};
 
 use crate::domain::progress::{LsnTracker, Position, Timing};
 use crate::domain::source::TailRow;
+use crate::domain::transaction::END_ID_PREFIX;
 
 /// Header carrying the anchor's guard: the stream's last sequence.
 pub const EXPECTED_LAST_SEQUENCE_HEADER: &str = "Nats-Expected-Last-Sequence";
@@ -246,6 +247,8 @@ pub struct TailNotInWal {
 pub struct Publishing {
     tracker: LsnTracker,
     skip_through: Option<Position>,
+    /// The tail is a transaction's end message, not a row.
+    tail_is_end: bool,
     /// The tail's row, while the slot has yet to send it again: nothing is confirmed.
     unverified: Option<TailRow>,
     duplicates: Duplicates,
@@ -278,6 +281,9 @@ impl Publishing {
         Publishing {
             tracker: LsnTracker::new(start.lsn),
             skip_through: unverified.as_ref().map(|tail| tail.position),
+            tail_is_end: unverified
+                .as_ref()
+                .is_some_and(|tail| tail.msg_id.starts_with(END_ID_PREFIX)),
             unverified,
             duplicates,
             stream_end: start.stream_sequence,
@@ -308,10 +314,11 @@ impl Publishing {
         Ok(if skipped { RowStep::Skip } else { RowStep::Publish })
     }
 
-    /// Whether this attempt skips rows of the transaction committed at `commit_lsn`: the
-    /// stream's tail is in it, and holds its first rows already.
-    pub fn skips_into(&self, commit_lsn: u64) -> bool {
-        self.skip_through.is_some_and(|last| last.commit_lsn == commit_lsn)
+    /// Whether this attempt skips some of the rows of the transaction committed at
+    /// `commit_lsn` and publishes the rest: the stream's tail is a row of it, not its end
+    /// (`--transaction-subject`), after which the whole transaction is skipped.
+    pub fn skips_part_of(&self, commit_lsn: u64) -> bool {
+        self.skip_through.is_some_and(|last| last.commit_lsn == commit_lsn) && !self.tail_is_end
     }
 
     /// The guard to publish the next message with.

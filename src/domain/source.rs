@@ -108,6 +108,9 @@ pub struct TailOrigin {
     pub payload: crate::domain::seed::PayloadDigest,
     /// When the stream stored it, in milliseconds since the epoch (NATS's clock).
     pub stored_at_millis: i64,
+    /// The stream sequence it is stored at: not the stream's last one when deliveries of
+    /// scheduled rows came after it.
+    pub sequence: u64,
 }
 
 /// The stream's last message, as the row it was published from.
@@ -327,6 +330,7 @@ mod tests {
             chained: true,
             payload: Default::default(),
             stored_at_millis: 0,
+            sequence: 9,
         }
     }
 

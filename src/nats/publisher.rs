@@ -64,6 +64,14 @@ pub enum PublisherError {
     Unanswered(String),
     #[error("stream {0} has no leader (an election is under way, or quorum is lost)")]
     NoLeader(String),
+    /// JetStream's 10026, to a read back through a consumer of pgoutbox's own.
+    #[error(
+        "the stream holds as many consumers as it may (JetStream 10026; nats-server 2.15 \
+         allows a stream 1,000 unless its max_consumers says otherwise), and pgoutbox reads \
+         the stream back through a consumer of its own for a moment: delete the consumers \
+         no one reads from, or raise the stream's max_consumers"
+    )]
+    ConsumerLimit,
     /// The settings ask for something this server or the existing stream cannot do.
     #[error("{0}")]
     Unsupported(String),
@@ -72,7 +80,8 @@ pub enum PublisherError {
 impl PublisherError {
     /// Whether waiting may mend it: NATS was reachable but JetStream gave no final answer.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unanswered(_) | Self::NoLeader(_))
+        // Ephemeral consumers expire: a limit they fill frees itself.
+        matches!(self, Self::Unanswered(_) | Self::NoLeader(_) | Self::ConsumerLimit)
     }
 }
 
@@ -376,6 +385,15 @@ fn request_error(err: impl std::error::Error + 'static) -> PublisherError {
         };
         if disabled {
             return PublisherError::JetStreamDisabled;
+        }
+        let consumer_limit =
+            error.downcast_ref::<jetstream::stream::ConsumerError>().is_some_and(|create| {
+                matches!(create.kind(),
+                jetstream::stream::ConsumerErrorKind::JetStream(api)
+                    if api.error_code() == jetstream::ErrorCode::MAXIMUM_CONSUMERS_LIMIT)
+            });
+        if consumer_limit {
+            return PublisherError::ConsumerLimit;
         }
         cause = error.source();
     }

@@ -319,3 +319,40 @@ async fn a_replayed_scheduled_row_is_delivered_under_its_own_event_id() {
     assert_eq!(ids, [Some(id.as_str()), Some(id.as_str())], "both deliveries, one event");
     drop(app);
 }
+
+/// A restart whose stream ends with a delivery of a row older than the newest row pgoutbox
+/// wrote: the tail is that row, stored before the delivery, and the horizon must look for
+/// it at its own sequence. Before: it looked for the row at the stream's last sequence,
+/// found the delivery there, took the stream for one that lost events and ended every
+/// attempt at its first look, forever: the slot never moved again (found by the consumer
+/// soak, 30 minutes, seed 11, once its writer stopped).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_behind_the_delivery_of_an_older_row_confirms_on() {
+    let Some((pg, nats, js)) = servers_with_schedules().await else { return };
+    // A horizon longer than the wait for the delivery: row 2 is not confirmed at the kill,
+    // so the restart's horizon rests on the tail.
+    let args = [SCHEDULE, "--durability-horizon", "8s"];
+    let mut app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    // Row 1 is due in 2 s; row 2, committed after it, goes out at once.
+    pg.psql(&insert(1, "now() + interval '2 seconds'"));
+    pg.psql(&insert(2, "NULL"));
+    let committed = pg.psql("SELECT pg_current_wal_lsn()");
+    let stored = wait_for_events(&js, &["2", "1"], &app).await;
+    assert!(stored.last().is_some_and(|m| m.header("Nats-Scheduler").is_some()), "{stored:?}");
+    app.kill9();
+
+    // Nothing new is written: what the slot confirms rests on the tail alone.
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    let what = format!("the slot confirmed past row 2 ({committed})\n{}", app.log());
+    eventually(Duration::from_secs(30), &what, || async {
+        let query = format!(
+            "SELECT confirmed_flush_lsn >= '{committed}' FROM pg_replication_slots \
+             WHERE slot_name = 'pgoutbox'"
+        );
+        (pg.psql(&query) == "t").then_some(())
+    })
+    .await;
+    assert!(!app.log().contains("no longer holds the message"), "{}", app.log());
+}

@@ -141,3 +141,42 @@ async fn run_checks_the_stream_on_a_schedule_and_counts_what_it_lacks() {
     let line = line.unwrap_or_else(|| panic!("no warning:\n{log}"));
     assert!(line.contains("missing=1") && line.contains(&gone), "{line}");
 }
+
+/// A stream at its consumer limit (nats-server 2.15 gives a stream 1,000 unless it sets
+/// `max_consumers`; here the operator set 1, and an application holds it): `verify`, which
+/// reads the stream back through a consumer of its own, says so in one line with what to
+/// do, not JetStream's bare code.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_at_its_consumer_limit_is_named_with_what_to_do() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let js = jetstream(&nats.url()).await;
+    let stream = js
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "OUTBOX".into(),
+            subjects: vec!["outbox.*.*".into(), "outbox.dead_letter".into()],
+            max_consumers: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("create the stream with max_consumers 1");
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    crate::support::wait_until_streaming(&pg, &app).await;
+    pg.psql(&numbered_rows(0, 10, 10));
+    stored(&nats, 10).await;
+    stop_and_wait_released(&pg, app).await;
+    let durable = async_nats::jetstream::consumer::pull::Config {
+        durable_name: Some("application".into()),
+        ..Default::default()
+    };
+    stream.create_consumer(durable).await.expect("the application's consumer");
+
+    let (code, out, err) = verify(&pg, &nats, &[]);
+    assert_ne!(code, Some(0), "{out}{err}");
+    assert!(
+        err.contains("holds as many consumers as it may") && err.contains("max_consumers"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -194,6 +194,7 @@ impl Target<'_> {
             lsn: slot_state.start,
             stream_sequence: tail.last_sequence,
             skip_through,
+            tail_sequence: tail.origin.sequence,
             source,
             message_limit: tail.message_limit,
             tables: outbox_tables,

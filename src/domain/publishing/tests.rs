@@ -90,15 +90,21 @@ fn from_tail(lsn: u64, tail: Position) -> Publishing {
 }
 
 #[test]
-fn only_the_tails_transaction_is_skipped_into() {
+fn only_the_tails_transaction_is_skipped_in_part_and_only_up_to_a_row() {
     let p = from_tail(0, Position { commit_lsn: 5, index: 2 });
-    assert!(p.skips_into(5));
-    assert!(!p.skips_into(3) && !p.skips_into(6));
-    let fresh = Publishing::new(
-        Start { lsn: 0, stream_sequence: 0, skip_through: None },
-        Carried::default(),
+    assert!(p.skips_part_of(5));
+    assert!(!p.skips_part_of(3) && !p.skips_part_of(6));
+    let fresh = Start { lsn: 0, stream_sequence: 0, skip_through: None };
+    assert!(!Publishing::new(fresh, Carried::default()).skips_part_of(5), "an empty stream");
+    let end = TailRow {
+        position: Position { commit_lsn: 5, index: 3 },
+        msg_id: "transaction:s/0/5".into(),
+    };
+    let ended = Start { lsn: 0, stream_sequence: 9, skip_through: Some(end) };
+    assert!(
+        !Publishing::new(ended, Carried::default()).skips_part_of(5),
+        "skipped whole, with its end"
     );
-    assert!(!fresh.skips_into(5), "an empty stream skips nothing");
 }
 
 #[test]

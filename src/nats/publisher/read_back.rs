@@ -238,22 +238,28 @@ impl Publisher {
         let config =
             OrderedConfig { headers_only, deliver_policy, filter_subject, ..Default::default() };
         let mut consumer = stream.create_consumer(config).await.map_err(request_error)?;
-        let mut left = consumer.info().await.map_err(request_error)?.num_pending;
-        let mut messages = consumer.messages().await.map_err(request_error)?;
-        let mut last = 0;
-        while left > 0 {
-            let message = match messages.next().await {
-                Some(message) => message.map_err(request_error)?,
-                None => break,
-            };
-            if let Ok(info) = message.info() {
-                (left, last) = (info.pending, info.stream_sequence);
-            } else {
-                left = 0;
+        let name = consumer.cached_info().name.clone();
+        let read = async {
+            let mut left = consumer.info().await.map_err(request_error)?.num_pending;
+            let mut messages = consumer.messages().await.map_err(request_error)?;
+            let mut last = 0;
+            while left > 0 {
+                let message = match messages.next().await {
+                    Some(message) => message.map_err(request_error)?,
+                    None => break,
+                };
+                if let Ok(info) = message.info() {
+                    (left, last) = (info.pending, info.stream_sequence);
+                } else {
+                    left = 0;
+                }
+                each(message.headers.as_ref(), &message.payload, last);
             }
-            each(message.headers.as_ref(), &message.payload, last);
-        }
-        Ok(last.max(end))
+            Ok(last.max(end))
+        };
+        let read = read.await;
+        forget_consumer(&stream, &name).await;
+        read
     }
 
     /// The rows of the dead letters on `subject` that left the payload out, as each
@@ -272,6 +278,7 @@ impl Publisher {
         let stream = self.js.get_stream(&self.stream).await.map_err(request_error)?;
         let config = OrderedConfig { filter_subject: subject.to_owned(), ..Default::default() };
         let consumer = stream.create_consumer(config).await.map_err(request_error)?;
+        let name = consumer.cached_info().name.clone();
         let mut messages = consumer.messages().await.map_err(request_error)?;
         let mut rows = Vec::new();
         for _ in 0..total {
@@ -289,6 +296,16 @@ impl Publisher {
                 }
             }
         }
+        forget_consumer(&stream, &name).await;
         Ok(rows)
+    }
+}
+
+/// Deletes a read's consumer once the read is done, rather than leave it to its 30 s of
+/// inactivity: nats-server 2.15 allows a stream 1,000 consumers unless it says otherwise,
+/// and those are the applications'. Best effort: a consumer not deleted still expires.
+async fn forget_consumer(stream: &async_nats::jetstream::stream::Stream, name: &str) {
+    if let Err(err) = stream.delete_consumer(name).await {
+        tracing::debug!(consumer = name, %err, "could not delete a read's consumer; it expires");
     }
 }

@@ -153,5 +153,6 @@ fn origin(message: &async_nats::jetstream::message::StreamMessage) -> TailOrigin
         seed_since: header(SEED_SINCE_HEADER),
         payload: PayloadDigest::of_message(&message.payload, header(DIGEST_HEADER).as_deref()),
         stored_at_millis: (message.time.unix_timestamp_nanos() / 1_000_000) as i64,
+        sequence: message.sequence,
     }
 }

@@ -55,7 +55,8 @@ pub(super) fn horizon_for(memory: &mut Memory, span: Duration, resume: &Resume) 
         None if resume.stream_sequence == 0 => horizon.nothing_past_the_start(),
         Some(position) if position.commit_lsn <= start => horizon.nothing_past_the_start(),
         Some(position) => {
-            let tail = Stored { sequence: resume.stream_sequence, position };
+            // At its own sequence: a delivery stored after it holds another row.
+            let tail = Stored { sequence: resume.tail_sequence, position };
             memory.acknowledged(position);
             if memory.stored.is_none_or(|stored| stored.sequence < tail.sequence) {
                 memory.stored = Some(tail);

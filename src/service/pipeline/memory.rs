@@ -162,6 +162,9 @@ pub struct Resume {
     /// Rows at or before this row's position are in the stream already, once the slot
     /// sends this row again (`crate::domain::source`).
     pub skip_through: Option<TailRow>,
+    /// The sequence that row's message is stored at: deliveries of scheduled rows may
+    /// follow it, so it is not always `stream_sequence`.
+    pub tail_sequence: u64,
     /// Named in every message's `Pgoutbox-Source` header.
     pub source: Source,
     /// The largest message the server and the stream accept (`StreamTail::message_limit`).

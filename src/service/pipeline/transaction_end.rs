@@ -32,7 +32,9 @@ impl Pipeline<'_> {
         &self,
         begin: &Begin,
     ) -> Result<HashSet<Position>, PipelineError> {
-        if self.config.transaction_subject.is_none() || !self.protocol.skips_into(begin.final_lsn) {
+        if self.config.transaction_subject.is_none()
+            || !self.protocol.skips_part_of(begin.final_lsn)
+        {
             return Ok(HashSet::new());
         }
         let subjects = self.config.dead_letter_subjects();
