@@ -19,7 +19,17 @@ pub struct Event {
     /// On the transaction's last event: how many events it has.
     pub rows: Option<usize>,
     pub subject: String,
+    /// The message's payload, or, once [`fetched`], the object its pointer names.
     pub payload: Vec<u8>,
+    /// Where the payload is, until fetched, when the message is a pointer.
+    pub pointer: Option<Pointer>,
+}
+
+/// An object of the Object Store (`--object-store`), as a pointer names it.
+pub struct Pointer {
+    bucket: String,
+    name: String,
+    sha256: Option<String>,
 }
 
 /// Why a message was not handed over: one that pgoutbox's headers do not describe is
@@ -30,20 +40,33 @@ pub enum Malformed {
     Fatal(Error),
 }
 
-/// What pgoutbox's headers say of a message, with its payload. A payload that cannot be
-/// read (an object that does not come, or does not match its pointer) ends the consumer:
-/// applied without it the event would be wrong, and a restart reads it again.
-pub async fn event(
-    js: &jetstream::Context,
-    lane: usize,
-    message: &jetstream::Message,
-) -> Result<Event, Malformed> {
-    let mut event = described(lane, message).map_err(Malformed::Skipped)?;
-    event.payload = payload_of(js, message).await.map_err(Malformed::Fatal)?;
+/// What pgoutbox's headers say of a message; a pointer's object is left to [`fetched`],
+/// for an event not applied before.
+pub fn event(lane: usize, message: &jetstream::Message) -> Result<Event, Malformed> {
+    described(lane, message).map_err(Malformed::Skipped)
+}
+
+/// `event` with its payload: the object its pointer names, fetched and checked against the
+/// pointer's SHA-256. A payload that cannot be read (an object that does not come, or does
+/// not match its pointer) ends the consumer: applied without it the event would be wrong,
+/// and a restart reads it again. Each fetch is a consumer of the bucket's stream for a
+/// moment (nats-server 2.15 allows a stream 1,000): an event applied before is not fetched
+/// again.
+pub async fn fetched(js: &jetstream::Context, mut event: Event) -> Result<Event, Error> {
+    let Some(Pointer { bucket, name, sha256 }) = event.pointer.take() else { return Ok(event) };
+    let mut bytes = Vec::new();
+    let mut object = js.get_object_store(&bucket).await?.get(&name).await?;
+    tokio::io::AsyncReadExt::read_to_end(&mut object, &mut bytes).await?;
+    let digest: String =
+        sha2::Sha256::digest(&bytes).iter().map(|byte| format!("{byte:02x}")).collect();
+    if sha256.as_deref() != Some(digest.as_str()) {
+        return Err(format!("object {name} of bucket {bucket}: not the pointer's SHA-256").into());
+    }
+    event.payload = bytes;
     Ok(event)
 }
 
-/// What pgoutbox's headers say of a message, its payload left to [`payload_of`].
+/// What pgoutbox's headers say of a message, a pointer's object left to [`fetched`].
 fn described(lane: usize, message: &jetstream::Message) -> Result<Event, Error> {
     let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str().to_owned());
     let position = header("Pgoutbox-Position").ok_or("a message without Pgoutbox-Position")?;
@@ -69,8 +92,17 @@ fn described(lane: usize, message: &jetstream::Message) -> Result<Event, Error> 
         index: index.parse()?,
         rows,
         subject: message.subject.to_string(),
-        payload: Vec::new(),
+        payload: message.payload.to_vec(),
+        pointer: pointer(message)?,
     })
+}
+
+/// The pointer a message is, if it is one.
+fn pointer(message: &jetstream::Message) -> Result<Option<Pointer>, Error> {
+    let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str().to_owned());
+    let Some(bucket) = header("Pgoutbox-Object-Bucket") else { return Ok(None) };
+    let name = header("Pgoutbox-Object-Name").ok_or("a pointer without an object name")?;
+    Ok(Some(Pointer { bucket, name, sha256: header("Pgoutbox-Object-Sha256") }))
 }
 
 /// The key to apply a message's event once by, as `examples/consumer/` reads it.
@@ -84,26 +116,4 @@ fn event_id(message: &async_nats::jetstream::Message) -> Option<String> {
         Some((_replay_and_n, id)) => Some(id.to_owned()),
         None => Some(msg_id),
     }
-}
-
-/// The message's payload, or the object its pointer names (`--object-store`), checked
-/// against the pointer's SHA-256.
-async fn payload_of(
-    js: &jetstream::Context,
-    message: &jetstream::Message,
-) -> Result<Vec<u8>, Error> {
-    let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str().to_owned());
-    let Some(bucket) = header("Pgoutbox-Object-Bucket") else {
-        return Ok(message.payload.to_vec());
-    };
-    let name = header("Pgoutbox-Object-Name").ok_or("a pointer without an object name")?;
-    let mut bytes = Vec::new();
-    let mut object = js.get_object_store(&bucket).await?.get(&name).await?;
-    tokio::io::AsyncReadExt::read_to_end(&mut object, &mut bytes).await?;
-    let digest: String =
-        sha2::Sha256::digest(&bytes).iter().map(|byte| format!("{byte:02x}")).collect();
-    if header("Pgoutbox-Object-Sha256").as_deref() != Some(digest.as_str()) {
-        return Err(format!("object {name} of bucket {bucket}: not the pointer's SHA-256").into());
-    }
-    Ok(bytes)
 }

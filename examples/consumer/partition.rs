@@ -8,8 +8,8 @@ use async_nats::jetstream::consumer::pull::OrderedConfig;
 use async_nats::jetstream::{self, stream::Stream};
 use futures_util::StreamExt;
 
-use crate::message::{Event, Malformed, event};
-use crate::store::{record, resume_point};
+use crate::message::{Event, Malformed, event, fetched};
+use crate::store::{event_applied, record, resume_point};
 use crate::{Error, setting};
 
 /// Reads partition `partition` and the ends on `TRANSACTION_SUBJECT` (`<root>.transactions`
@@ -77,8 +77,9 @@ async fn consume_partition(
             }
             continue;
         }
-        let event = match event(js, lane, &message).await {
-            Ok(event) => event,
+        let event = match event(lane, &message) {
+            Ok(event) if event_applied(db, &event.id).await? => event,
+            Ok(event) => fetched(js, event).await?,
             Err(Malformed::Skipped(why)) => {
                 eprintln!("consumer: a message skipped: {why}");
                 continue;

@@ -75,6 +75,12 @@ pub async fn resume_point(
     Ok(DeliverPolicy::ByStartTime { start_time })
 }
 
+/// Whether the event `id` was applied before.
+pub async fn event_applied(db: &tokio_postgres::Client, id: &str) -> Result<bool, Error> {
+    let query = "SELECT EXISTS (SELECT FROM consumer_events WHERE id = $1)";
+    Ok(db.query_one(query, &[&id]).await?.get(0))
+}
+
 /// Whether the transaction `name` was applied before.
 pub async fn applied_before(db: &tokio_postgres::Client, name: &str) -> Result<bool, Error> {
     let query = "SELECT EXISTS (SELECT FROM consumer_transactions WHERE transaction = $1)";

@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use crate::Error;
-use crate::message::{Event, Malformed, event};
+use crate::message::{Event, Malformed, event, fetched};
 use crate::store::{applied_before, record, resume_point};
 
 /// Reads `partitions` partitions under `root`, and `<root>.dead_letter`, applying each
@@ -32,7 +32,7 @@ pub async fn consume(
     for (lane, filter) in lanes.iter().enumerate() {
         let from = resume_point(db, &stream, lane).await?;
         let lane_of = (stream.clone(), lane, filter.clone(), from);
-        tokio::spawn(read_lane(js.clone(), lane_of, arrived.clone()));
+        tokio::spawn(read_lane(lane_of, arrived.clone()));
     }
     drop(arrived);
     println!("consumer: reading {} partitions and the dead letters", partitions);
@@ -59,6 +59,7 @@ pub async fn consume(
         if !waiting.knows(&event.transaction) && applied_before(db, &event.transaction).await? {
             continue;
         }
+        let event = fetched(js, event).await?;
         for transaction in waiting.add(event) {
             apply(db, transaction).await?;
         }
@@ -67,7 +68,6 @@ pub async fn consume(
 
 /// Reads one lane in stream order, from `from`, and hands each event over.
 async fn read_lane(
-    js: jetstream::Context,
     (stream, lane, filter, from): (Stream, usize, String, DeliverPolicy),
     arrived: mpsc::Sender<Result<Event, Malformed>>,
 ) {
@@ -83,7 +83,7 @@ async fn read_lane(
     };
     while let Some(message) = messages.next().await {
         let event = match message {
-            Ok(message) => event(&js, lane, &message).await,
+            Ok(message) => event(lane, &message),
             Err(err) => Err(Malformed::Fatal(Error::from(err))),
         };
         if arrived.send(event).await.is_err() {
