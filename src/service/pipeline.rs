@@ -23,7 +23,7 @@ use crate::domain::outbox::{Rejection, RowMapping};
 use crate::domain::progress::{Position, Timing};
 use crate::domain::publishing::{Publishing, Start, TailNotInWal};
 use crate::domain::source::Source;
-use crate::domain::transaction::{Counts, InTransaction};
+use crate::domain::transaction::InTransaction;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher};
 use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
@@ -36,6 +36,7 @@ use crate::service::shutdown::Shutdown;
 use crate::service::telemetry::{CountersByTable, Metrics};
 use crate::service::traces::Traces;
 use crate::settings::config::PipelineConfig;
+use transaction_end::Transaction;
 
 mod acks;
 mod durability;
@@ -84,21 +85,6 @@ struct HeldRow {
     position: Position,
     /// Why it cannot be published as it is, when that was known before mapping it.
     rejected: Option<Rejection>,
-}
-
-#[derive(Default)]
-struct Transaction {
-    commit_lsn: u64,
-    next_index: u32,
-    /// Rows of ours decoded so far: each is one message of the transaction in the stream.
-    rows: u32,
-    /// The newest of them, held until the next one or the Commit.
-    held: Option<HeldRow>,
-    /// What its rows became, for its end message (`--transaction-subject`).
-    counts: Counts,
-    /// The positions of its rows that the stream held as dead letters when this attempt
-    /// began in the middle of it: skipped, they are counted as what they became.
-    lettered_before: std::collections::HashSet<Position>,
 }
 
 pub struct Pipeline<'a> {

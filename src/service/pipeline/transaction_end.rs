@@ -1,20 +1,37 @@
-//! A transaction's last row and its end message (`--transaction-subject`): after its last
-//! row, in its place in the stream, chained and skipped like a row at the position after
-//! that row's, so that a restart publishes it once, whichever message the stream ended with.
+//! The transaction being decoded, its last row and its end message (`--transaction-subject`):
+//! after its last row, in its place in the stream, chained and skipped like a row at the
+//! position after that row's, so that a restart publishes it once, whichever message the
+//! stream ended with.
 
 use std::collections::HashSet;
 
-use super::{Pipeline, Transaction, lsn};
+use super::{HeldRow, Pipeline, lsn};
 use crate::domain::outbox::{Headers, MESSAGE_ID_HEADER, OutboxEvent};
 use crate::domain::progress::Position;
 use crate::domain::publishing::RowStep;
-use crate::domain::transaction::{END_HEADER, InTransaction};
+use crate::domain::transaction::{Counts, END_HEADER, InTransaction};
 use crate::nats::publisher::refused_for_itself;
 use crate::postgres::pgoutput::Begin;
 use crate::postgres::wire::PG_EPOCH_OFFSET_MICROS;
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
 
 use super::publish::Sending;
+
+/// The transaction being decoded.
+#[derive(Default)]
+pub(super) struct Transaction {
+    pub(super) commit_lsn: u64,
+    pub(super) next_index: u32,
+    /// Rows of ours decoded so far: each is one message of the transaction in the stream.
+    pub(super) rows: u32,
+    /// The newest of them, held until the next one or the Commit.
+    pub(super) held: Option<HeldRow>,
+    /// What its rows became, for its end message (`--transaction-subject`).
+    pub(super) counts: Counts,
+    /// The positions of its rows that the stream held as dead letters when this attempt
+    /// began in the middle of it: skipped, they are counted as what they became.
+    pub(super) lettered_before: std::collections::HashSet<Position>,
+}
 
 /// What `/metrics` counts end messages under: the `table` label.
 const END_LABEL: &str = "(transactions)";
