@@ -238,7 +238,7 @@ impl TableSnapshot {
     /// batch at a time into the returned channel; the reader stops when the handle drops.
     pub fn read(&self, selection: &Selection) -> (mpsc::Receiver<RowBatch>, Reader) {
         let (tx, rx) = mpsc::channel(2);
-        let (rows, reader) = self.read_query(tagged_query(&self.tables[..1], selection));
+        let (rows, reader) = self.read_query(tagged_query(&self.tables[..1], selection), 0);
         let task = tokio::spawn(forward(rows, tx, |batch| {
             batch.into_iter().map(|(_, tuple)| tuple).collect()
         }));
@@ -246,17 +246,24 @@ impl TableSnapshot {
     }
 
     /// Reads the rows of `selection` of every table in one order (see [`tagged_query`]),
-    /// each with its table's index, a batch at a time; the reader stops when the handle
-    /// drops.
-    pub fn read_all(&self, selection: &Selection) -> (mpsc::Receiver<TaggedBatch>, Reader) {
-        self.read_query(tagged_query(&self.tables, selection))
+    /// each with its table's index, a batch at a time, past the first `skip` (which the
+    /// server passes over without sending them); the reader stops when the handle drops.
+    pub fn read_all(
+        &self,
+        selection: &Selection,
+        skip: u64,
+    ) -> (mpsc::Receiver<TaggedBatch>, Reader) {
+        self.read_query(tagged_query(&self.tables, selection), skip)
     }
 
-    fn read_query(&self, query: String) -> (mpsc::Receiver<TaggedBatch>, Reader) {
+    fn read_query(&self, query: String, skip: u64) -> (mpsc::Receiver<TaggedBatch>, Reader) {
         let (tx, rx) = mpsc::channel(2);
         let client = Arc::clone(&self.client);
         let widths: Vec<usize> = self.tables.iter().map(|t| t.relation.columns.len()).collect();
-        let declare = format!("CLOSE ALL; DECLARE pgoutbox_seed NO SCROLL CURSOR FOR {query}");
+        let mut declare = format!("CLOSE ALL; DECLARE pgoutbox_seed NO SCROLL CURSOR FOR {query}");
+        if skip > 0 {
+            declare.push_str(&format!("; MOVE FORWARD {skip} IN pgoutbox_seed"));
+        }
         let task = tokio::spawn(async move {
             if let Err(err) = client.batch_execute(&declare).await {
                 let _ = tx.send(Err(err)).await;

@@ -164,6 +164,11 @@ pub struct Seed {
     /// Each table's `Pgoutbox-Table` and payload column (as letters name it), snapshot order.
     tables: Vec<(String, String)>,
     read_up_to: u64,
+    /// How many rows, from the first in the snapshot's order, the stream is known to hold:
+    /// an attempt reads the table past them, so that each attempt cut short (every
+    /// scheduled row delivered at once cuts one) does not read again what earlier ones
+    /// published.
+    held_prefix: u32,
     /// Rows the seed reads; how many were published or found held so far.
     pub total: u64,
     pub done: u64,
@@ -272,6 +277,7 @@ impl Seed {
             held,
             tables,
             read_up_to,
+            held_prefix: 0,
             total,
             done: 0,
         })
@@ -311,11 +317,15 @@ impl Seed {
         self.snapshot.is_lost()
     }
 
-    /// The rows to publish, from the first, for one attempt: every table's, each mapped by
-    /// its own table's entry.
+    /// The rows to publish for one attempt, from the first the stream is not known to hold:
+    /// every table's, each mapped by its own table's entry.
     pub fn prelude(&mut self) -> Prelude {
-        let (rows, reader) = self.snapshot.read_all(&Selection::Since(self.since));
-        self.done = 0;
+        let skip = self.held_prefix;
+        let (rows, reader) = self.snapshot.read_all(&Selection::Since(self.since), skip.into());
+        if skip > 0 {
+            info!(rows = skip, "the seed goes on past the rows the stream holds");
+        }
+        self.done = skip.into();
         let mut marks = vec![(
             SEED_HEADER,
             tokio_postgres::types::PgLsn::from(self.consistent_point).to_string(),
@@ -328,7 +338,7 @@ impl Seed {
             _reader: reader,
             batch: Vec::new().into_iter(),
             mappings: self.mappings.clone(),
-            next_index: 0,
+            next_index: skip,
             finished: false,
             marks,
         }
@@ -337,7 +347,22 @@ impl Seed {
     /// Whether the stream holds the row `tuple`: a message with its id and its payload (or
     /// its dead letter). A message with its id and another payload is another row's event.
     /// The table is the mapping's: the same id in two tables is two rows.
-    pub fn holds(&self, mapping: &RowMapping, tuple: &[ColumnValue]) -> bool {
+    /// [`Seed::holds`] for the row at `position`, counting it into the rows later attempts
+    /// pass over when every row before it is held too.
+    pub fn holds_at(
+        &mut self,
+        position: Position,
+        mapping: &RowMapping,
+        tuple: &[ColumnValue],
+    ) -> bool {
+        let held = self.holds(mapping, tuple);
+        if held && position.index == self.held_prefix {
+            self.held_prefix += 1;
+        }
+        held
+    }
+
+    fn holds(&self, mapping: &RowMapping, tuple: &[ColumnValue]) -> bool {
         let Some(id) = mapping.row_id(tuple) else { return false };
         let table = mapping.source_table();
         if !self.held.has_id(table, &id) {

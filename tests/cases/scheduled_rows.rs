@@ -356,3 +356,72 @@ async fn a_restart_behind_the_delivery_of_an_older_row_confirms_on() {
     .await;
     assert!(!app.log().contains("no longer holds the message"), "{}", app.log());
 }
+
+/// A `--recover` whose missing rows include rows already due: each batch the server
+/// delivers overtakes the seed's next row and ends the attempt. Before: each attempt read
+/// the table again from its first row, and the seed's progress (`pgoutbox_seed_rows_done`)
+/// fell back to 0 at every delivery: with ~250,000 rows the stream held, ~14 s per attempt
+/// went to reading them again, and the recovery crawled (the consumer soak, 30 minutes,
+/// seed 11). Now an attempt reads on past the rows the stream is known to hold.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_recovery_among_rows_already_due_reads_past_what_the_stream_holds() {
+    let Some((pg, nats, js)) = servers_with_schedules().await else { return };
+    const HELD: usize = 30_000;
+    const MISSING: usize = 20_000;
+    let mut app = start(&pg, &nats);
+    wait_until_streaming(&pg, &app).await;
+    let rows = |from: usize, to: usize, at: &str| {
+        format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, deliver_at) \
+             SELECT 'order', n::text, 'created', '{{}}', {at} \
+             FROM generate_series({from}, {to}) n"
+        )
+    };
+    pg.psql(&rows(1, HELD, "NULL"));
+    let what = format!("{HELD} rows stored\n{}", app.log());
+    eventually(Duration::from_secs(120), &what, || async {
+        (crate::support::stream::count(&js, "OUTBOX").await >= HELD as u64).then_some(())
+    })
+    .await;
+    app.kill9();
+    pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
+    // While no slot exists: one row in 50 already due.
+    let due = "CASE WHEN n % 50 = 0 THEN now() - interval '1 second' END";
+    pg.psql(&rows(HELD + 1, HELD + MISSING, due));
+
+    let started = std::time::Instant::now();
+    let app = Pgoutbox::run(&pg, &nats, &[SCHEDULE, "--recover"]);
+    // The seed's progress, sampled: its least once past the rows the stream held.
+    let mut least_past_held: Option<f64> = None;
+    let what = format!("the seed finished\n{}", app.log());
+    eventually(Duration::from_secs(300), &what, || {
+        // One scrape: a finished seed sets both to 0.
+        let scrape = crate::support::http_get(app.http_port(), "/metrics").map(|(_, text)| text);
+        let value = |series: &str| -> Option<f64> {
+            let text = scrape.as_deref()?;
+            let line = text.lines().find(|l| l.starts_with(series))?;
+            line.rsplit(' ').next()?.parse().ok()
+        };
+        let seeding = value("pgoutbox_seed_rows ").is_some_and(|total| total > 0.0);
+        if let Some(done) = value("pgoutbox_seed_rows_done ").filter(|_| seeding) {
+            let past = least_past_held.is_some() || done > HELD as f64;
+            if past {
+                least_past_held = Some(least_past_held.map_or(done, |least| least.min(done)));
+            }
+        }
+        let finished = app.log().contains("seed finished");
+        async move { finished.then_some(()) }
+    })
+    .await;
+    let attempts = app.log().matches("streaming on behind it").count();
+    eprintln!(
+        "recovery of {MISSING} rows behind {HELD} held: {:?}, {attempts} attempts ended by \
+         deliveries, least progress past the held rows: {least_past_held:?}",
+        started.elapsed()
+    );
+    assert!(attempts > 0, "no delivery overtook the seed: the test shows nothing\n{}", app.log());
+    let least = least_past_held.expect("progress sampled past the held rows");
+    assert!(least >= HELD as f64, "the seed's progress fell back to {least}\n{}", app.log());
+    let stored = read_all(&js, "OUTBOX").await;
+    assert_eq!(events(&stored).len(), HELD + MISSING, "each row once");
+}

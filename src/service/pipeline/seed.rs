@@ -18,7 +18,7 @@ impl Pipeline<'_> {
             seed.done += 1;
             self.metrics.seed_rows_done.set(seed.done as f64);
             self.metrics.seed_rows_left.set(seed.total.saturating_sub(seed.done) as f64);
-            if seed.holds(&mapping, &tuple) {
+            if seed.holds_at(position, &mapping, &tuple) {
                 return Ok(());
             }
         }

@@ -31,6 +31,17 @@ pub struct Ledger {
     pub failed: u64,
 }
 
+impl Ledger {
+    /// Every event committed or maybe committed, in commit order: the writer numbers its
+    /// events as it goes and commits one transaction at a time.
+    pub fn in_commit_order(&self) -> Vec<Written> {
+        let mut all: Vec<Written> =
+            self.committed.iter().chain(&self.maybe).flatten().copied().collect();
+        all.sort_by_key(|w| w.n);
+        all
+    }
+}
+
 pub struct ConsumerWriter {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<Ledger>,
@@ -207,17 +218,26 @@ pub fn judge(applied: &[Applied], ledger: &Ledger, by_partition: bool) -> Verdic
             }
         }
     }
-    let mut last: HashMap<u64, (u64, u64)> = HashMap::new();
-    for written in ledger.committed.iter().chain(&ledger.maybe).flatten() {
+    // The writer commits one transaction at a time: its ledger is commit order, a commit
+    // whose answer was lost in its place among the others.
+    let mut last: HashMap<u64, &Applied> = HashMap::new();
+    for written in ledger.in_commit_order() {
         let Some(event) = by_n.get(&written.n).filter(|_| !written.scheduled) else { continue };
-        if let Some((before, order)) = last.get(&written.aggregate)
-            && *order > event.order
+        if let Some(before) = last.get(&written.aggregate)
+            && before.order > event.order
         {
-            let what =
-                format!("a{}: event {} applied before {before}", written.aggregate, written.n);
+            let how = |e: &Applied| {
+                format!("{} (as {} in {} from {})", e.n, e.transaction, e.applied_in, e.sequence)
+            };
+            let what = format!(
+                "a{}: event {} applied before {}",
+                written.aggregate,
+                how(event),
+                how(before)
+            );
             verdict.add("aggregate out of commit order", what);
         }
-        last.insert(written.aggregate, (written.n, event.order));
+        last.insert(written.aggregate, event);
     }
     verdict
 }
