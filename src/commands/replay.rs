@@ -18,7 +18,7 @@
 //! pgoutbox's, it is refused.
 
 use std::collections::{HashSet, VecDeque};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use async_nats::jetstream::context::PublishAckFuture;
@@ -27,73 +27,21 @@ use tokio::sync::mpsc::Receiver;
 use crate::domain::outbox::{MessageId, OutboxEvent, RowMapping, TABLE_HEADER, TableEntry};
 use crate::domain::row::ColumnValue;
 use crate::domain::seed::{REPLAY_HEADER, replay_id_prefix, replay_started, row_id_of};
-use crate::nats::claim::{Claim, Claims};
-use crate::nats::publisher::{Publisher, ReadFrom, ReplayRecord};
+use crate::nats::publisher::{Publisher, ReadFrom};
+use crate::postgres::admin;
 use crate::postgres::table_snapshot::{RowBatch, Selection, TableSnapshot};
-use crate::postgres::{admin, replay_table};
 use crate::settings::cli::ReplayArgs;
 use crate::settings::config::Config;
 
 mod handover;
+mod progress;
+mod route;
+
+use progress::Progress;
+use route::{Route, check_handover, route};
 
 /// Publishes awaiting their ack at most.
 const IN_FLIGHT: usize = 256;
-/// How often progress is printed and recorded.
-const PROGRESS_EVERY: Duration = Duration::from_secs(1);
-
-/// What a replay shows while it runs: a line on stderr each second, and the record
-/// `pgoutbox status` reads (`nats::publisher::replay_board`).
-struct Progress<'a> {
-    publisher: &'a Publisher,
-    id: &'a str,
-    total: u64,
-    started: Instant,
-    shown: Instant,
-}
-
-impl<'a> Progress<'a> {
-    /// Records the replay as running, none of its rows done yet.
-    async fn start(publisher: &'a Publisher, id: &'a str, total: u64) -> Progress<'a> {
-        let progress =
-            Progress { publisher, id, total, started: Instant::now(), shown: Instant::now() };
-        progress.record(0, 0.0, false).await;
-        progress
-    }
-
-    /// `done` rows of the selection are published or passed over; `line` says more on
-    /// stderr, given the pace.
-    async fn tick(&mut self, done: u64, line: impl FnOnce(f64) -> String) {
-        if self.shown.elapsed() < PROGRESS_EVERY {
-            return;
-        }
-        let pace = done as f64 / self.started.elapsed().as_secs_f64();
-        eprintln!("replay {}: {}", self.id, line(pace));
-        self.record(done, pace, false).await;
-        self.shown = Instant::now();
-    }
-
-    async fn finish(&self, done: u64) {
-        let pace = done as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
-        self.record(done, pace, true).await;
-    }
-
-    /// Best effort: a replay does not stop because `status` cannot see it.
-    async fn record(&self, rows_done: u64, rows_per_second: f64, finished: bool) {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
-        let record = ReplayRecord {
-            replay_id: self.id.to_owned(),
-            rows: self.total,
-            rows_done,
-            rows_per_second,
-            updated_at: now,
-            finished,
-        };
-        if let Err(err) = self.publisher.record_replay(&record).await {
-            tracing::warn!(error = %err, "the replay's progress could not be recorded for status");
-        }
-    }
-}
-
 /// What a replay did.
 #[derive(Debug, Default)]
 struct Tally {
@@ -114,81 +62,27 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     }
     let entry = config.replay_entry(args.from_table.as_deref())?;
     let client = admin::connect(&config.database, &config.pg_tls).await?;
-    let nats = crate::nats::connect::connect_nats(&config.nats).await?;
-    let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT)
-        .with_schedules(config.schedules().cloned().collect());
-    publisher
-        .ensure_stream(&config.stream_subjects(), config.stream_replicas, config.stream_features())
-        .await
-        .with_context(|| format!("preparing stream {}", config.stream))?;
-    let id = args.replay_id.clone().unwrap_or_else(new_replay_id);
-    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
-        anyhow::bail!("--replay-id {id:?}: use letters, digits, '.', '_' and '-' only");
-    }
+    let publisher = open_stream(config).await?;
+    let id = replay_id(args)?;
     let route = route(config, &client, &publisher).await?;
-    if let Route::Handover { .. } = route {
-        let replays = &config.pipeline.replay_table;
-        replay_table::check_may_replay(&client, &config.publication, replays).await?;
-        // A pattern's table that pgoutbox has not adopted yet: it would not publish its rows.
-        if let Some(pattern) = &entry.pattern
-            && !admin::publishes(&client, &config.publication, &entry.table).await?
-        {
-            anyhow::bail!(
-                "--from-table {}: matches {pattern} but is not in publication {} (it does not \
-                 exist, or pgoutbox has not adopted it yet): run `pgoutbox setup` or start \
-                 pgoutbox, which adds it",
-                entry.table,
-                config.publication
+    if let Route::Handover { live } = route {
+        check_handover(config, &client, &entry).await?;
+        if live && args.replay_id.is_some() && !args.dry_run {
+            eprintln!(
+                "replay {id}: waiting for pgoutbox to publish what this replay handed over \
+                 before"
             );
+            let record = crate::postgres::acknowledged::table_beside(&config.pipeline.replay_table);
+            handover::settle_earlier_runs(&client, (&config.slot, &record)).await?;
         }
     }
-    if route == (Route::Handover { live: true }) && args.replay_id.is_some() && !args.dry_run {
-        eprintln!(
-            "replay {id}: waiting for pgoutbox to publish what this replay handed over before"
-        );
-        let record = crate::postgres::acknowledged::table_beside(&config.pipeline.replay_table);
-        handover::settle_earlier_runs(&client, (&config.slot, &record)).await?;
-    }
-
     let selection = selection(config, &entry, args, &publisher).await?;
-    let session = TableSnapshot::session(&config.database, &config.pg_tls, None).await?;
-    let snapshot =
-        TableSnapshot::read_set(session, &[(&entry.table, &entry.roles)], &config.trusted_owners)
-            .await?;
-    let total = snapshot.count(&selection).await?;
-    if total == 0 {
-        let ids = snapshot.some_ids(3).await?;
-        snapshot.close().await;
-        return Err(NothingSelected(nothing_selected(&entry.table, &selection, &ids)).into());
-    }
-    // A replay id made here says when it began; one chosen by hand means reading it all.
-    let from = replay_started(&id).map_or(ReadFrom::Start, |s| ReadFrom::Time(s as f64 - 60.0));
-    // Only a replay resumed by hand (`--replay-id`) can have stored anything already.
-    let (done, _) = match args.replay_id {
-        Some(_) => publisher
-            .row_ids(from, None, Some((REPLAY_HEADER, &id)))
-            .await
-            .context("reading what this replay stored already")?,
-        None => Default::default(),
-    };
-    eprintln!(
-        "replay {id}: {total} rows selected ({}), {} stored by this replay before; {}; resume \
-         with --replay-id {id}",
-        snapshot.order(),
-        done.len(),
-        match route {
-            Route::Handover { live: true } => "handed to the pgoutbox streaming into this stream",
-            Route::Handover { live: false } => {
-                "handed to the pgoutbox that owns this stream, to publish when it runs"
-            }
-            Route::Direct => "published by this command (no pgoutbox owns this stream)",
-        },
-    );
+    let (snapshot, total) = snapshot_of(config, &entry, &selection).await?;
+    let done = stored_before(args, &publisher, &id).await?;
+    announce(&id, (total, done.len()), &snapshot, route);
     if args.dry_run {
-        println!(
-            "dry run: replay {id} would publish up to {} rows",
-            total.saturating_sub(done.len() as u64)
-        );
+        let left = total.saturating_sub(done.len() as u64);
+        println!("dry run: replay {id} would publish up to {left} rows");
         snapshot.close().await;
         return Ok(());
     }
@@ -206,33 +100,104 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
         }
     };
     snapshot.close().await;
+    if route == (Route::Handover { live: true }) {
+        tally.stored = handover::published(&publisher, &id, first, &tally).await?;
+    }
+    report(&id, route, &tally);
+    Ok(())
+}
+
+/// The publisher, its stream made or checked as `run` would.
+async fn open_stream(config: &Config) -> anyhow::Result<Publisher> {
+    let nats = crate::nats::connect::connect_nats(&config.nats).await?;
+    let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT)
+        .with_schedules(config.schedules().cloned().collect());
+    publisher
+        .ensure_stream(&config.stream_subjects(), config.stream_replicas, config.stream_features())
+        .await
+        .with_context(|| format!("preparing stream {}", config.stream))?;
+    Ok(publisher)
+}
+
+/// `--replay-id` when given (a resume), checked; else a new one.
+fn replay_id(args: &ReplayArgs) -> anyhow::Result<String> {
+    let id = args.replay_id.clone().unwrap_or_else(new_replay_id);
+    if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)) {
+        anyhow::bail!("--replay-id {id:?}: use letters, digits, '.', '_' and '-' only");
+    }
+    Ok(id)
+}
+
+/// The table frozen for the replay, and how many rows of `selection` it holds: none is
+/// [`NothingSelected`], with some ids the table has.
+async fn snapshot_of(
+    config: &Config,
+    entry: &TableEntry,
+    selection: &Selection,
+) -> anyhow::Result<(TableSnapshot, u64)> {
+    let session = TableSnapshot::session(&config.database, &config.pg_tls, None).await?;
+    let snapshot =
+        TableSnapshot::read_set(session, &[(&entry.table, &entry.roles)], &config.trusted_owners)
+            .await?;
+    let total = snapshot.count(selection).await?;
+    if total == 0 {
+        let ids = snapshot.some_ids(3).await?;
+        snapshot.close().await;
+        return Err(NothingSelected(nothing_selected(&entry.table, selection, &ids)).into());
+    }
+    Ok((snapshot, total))
+}
+
+/// The rows this replay stored before: only a replay resumed by hand (`--replay-id`) can
+/// have stored any.
+async fn stored_before(
+    args: &ReplayArgs,
+    publisher: &Publisher,
+    id: &str,
+) -> anyhow::Result<HashSet<String>> {
+    if args.replay_id.is_none() {
+        return Ok(HashSet::new());
+    }
+    // A replay id made here says when it began; one chosen by hand means reading it all.
+    let from = replay_started(id).map_or(ReadFrom::Start, |s| ReadFrom::Time(s as f64 - 60.0));
+    let (done, _) = publisher
+        .row_ids(from, None, Some((REPLAY_HEADER, id)))
+        .await
+        .context("reading what this replay stored already")?;
+    Ok(done)
+}
+
+/// Says on stderr what the replay is about to do, and how to resume it.
+fn announce(id: &str, (total, before): (u64, usize), snapshot: &TableSnapshot, route: Route) {
+    let by = match route {
+        Route::Handover { live: true } => "handed to the pgoutbox streaming into this stream",
+        Route::Handover { live: false } => {
+            "handed to the pgoutbox that owns this stream, to publish when it runs"
+        }
+        Route::Direct => "published by this command (no pgoutbox owns this stream)",
+    };
+    eprintln!(
+        "replay {id}: {total} rows selected ({}), {before} stored by this replay before; {by}; \
+         resume with --replay-id {id}",
+        snapshot.order(),
+    );
+}
+
+/// The replay's last line, on stdout.
+fn report(id: &str, route: Route, tally: &Tally) {
     if route == (Route::Handover { live: false }) {
         println!(
             "replay {id}: {} handed over, to be published when pgoutbox runs; {} stored \
              before the resume, {} cannot be published (see the warnings)",
             tally.stored, tally.before, tally.unpublishable
         );
-        return Ok(());
-    }
-    if route == (Route::Handover { live: true }) {
-        tally.stored = handover::published(&publisher, &id, first, &tally).await?;
+        return;
     }
     println!(
         "replay {id}: {} stored, {} already in the stream, {} stored before the resume, {} \
          cannot be published (see the warnings)",
         tally.stored, tally.duplicates, tally.before, tally.unpublishable
     );
-    Ok(())
-}
-
-/// Who publishes the replayed rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route {
-    /// This command, into a stream no pgoutbox owns.
-    Direct,
-    /// The pgoutbox that owns the stream, handed the rows through the WAL; `live` when it
-    /// streams from its slot now (the replay then waits until they are published).
-    Handover { live: bool },
 }
 
 /// The rows asked for; `--dead-letters` reads their ids from the entry's dead-letter
@@ -270,48 +235,6 @@ async fn selection(
         _ => anyhow::bail!(
             "say which rows to replay: --ids, --created-from/--created-to, or --dead-letters"
         ),
-    }
-}
-
-/// The pgoutbox that owns this stream, from this database's slot, publishes the rows,
-/// running or not: nothing is written into its stream beside it; another database's
-/// pgoutbox owns the stream's order, so that is refused.
-async fn route(
-    config: &Config,
-    client: &tokio_postgres::Client,
-    publisher: &Publisher,
-) -> anyhow::Result<Route> {
-    let source = crate::commands::setup::identify_source(config).await?;
-    let claims = Claims::open(publisher.context(), config.stream_replicas).await?;
-    match claims.holder(&config.stream, &source).await? {
-        Claim::Free => Ok(Route::Direct),
-        Claim::Theirs(holder) => anyhow::bail!(
-            "stream {} is written by another pgoutbox ({holder}), and its order \
-             would refuse messages written beside it: replay into a stream of its own \
-             (--stream with --subject-template and --dead-letter-subject it alone covers)",
-            config.stream
-        ),
-        Claim::Ours { .. } => {
-            let seed = format!("{}_seed", config.slot);
-            if admin::slot_state(client, &seed).await?.is_some_and(|s| s.active) {
-                anyhow::bail!(
-                    "pgoutbox is seeding stream {} from the table (slot {seed}): replay once \
-                     the seed has finished (pgoutbox status shows it)",
-                    config.stream
-                );
-            }
-            let Some(slot) = admin::slot_state(client, &config.slot).await? else {
-                anyhow::bail!(
-                    "stream {} belongs to this database's pgoutbox, and its slot {} does not \
-                     exist: rows handed over now would be read by no one; start pgoutbox \
-                     (with --recover, see docs/operations.md) and replay then",
-                    config.stream,
-                    config.slot
-                );
-            };
-            let live = slot.active || handover::streamed_from(client, &config.slot).await?;
-            Ok(Route::Handover { live })
-        }
     }
 }
 

@@ -141,9 +141,7 @@ async fn attempts(
     readiness: &Readiness,
 ) -> anyhow::Result<()> {
     let mut policy = RetryPolicy::default();
-    let mut standby_announced = false;
-    let mut recovery_announced = false;
-    let mut repeats = RepeatedError::default();
+    let mut announced = Announced::default();
     loop {
         let started = Instant::now();
         // Acks over all attempts, recorded when each attempt ends.
@@ -172,59 +170,89 @@ async fn attempts(
         let Next::RetryAfter(delay) = policy.after(err.failure(), attempt) else {
             return Err(err.into());
         };
-        // A scheduled row the server delivered into the stream overtook the attempt's next
-        // message: the next attempt reads the tail past it and anchors behind it, at once
-        // when this one had got on (else, as any refusal, after the backoff). Not an error:
-        // it is how every delivery ends an attempt.
-        let overtaken = matches!(&err, PipelineError::Nats(failure)
-            if failure.kind == NatsFailureKind::OutOfOrder)
-            && target.config.schedules().next().is_some()
-            && acknowledged;
-        if overtaken {
+        if overtaken(target, &err, acknowledged) {
             info!(%err, "the stream took a message pgoutbox did not write (a scheduled row \
                 delivered?); streaming on behind it");
             continue;
         }
-        match &err {
+        announced.failure(&err, acknowledged, delay, readiness);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.requested() => return Ok(()),
+        }
+    }
+}
+
+/// Whether a scheduled row the server delivered into the stream overtook the attempt's
+/// next message: the next attempt reads the tail past it and anchors behind it, at once
+/// when this one had got on (else, as any refusal, after the backoff). Not an error: it is
+/// how every delivery ends an attempt.
+fn overtaken(target: &Target<'_>, err: &PipelineError, acknowledged: bool) -> bool {
+    matches!(err, PipelineError::Nats(failure) if failure.kind == NatsFailureKind::OutOfOrder)
+        && target.config.schedules().next().is_some()
+        && acknowledged
+}
+
+/// What the failures of attempts were told as so far: waiting as a standby and for a
+/// primary once each, an error again and again once per repeat count.
+#[derive(Default)]
+struct Announced {
+    standby: bool,
+    recovery: bool,
+    repeats: RepeatedError,
+}
+
+impl Announced {
+    /// Says why an attempt ended, on `/readyz`, in the log and in the metrics, before the
+    /// next one in `delay`.
+    fn failure(
+        &mut self,
+        err: &PipelineError,
+        acknowledged: bool,
+        delay: std::time::Duration,
+        readiness: &Readiness,
+    ) {
+        match err {
             PipelineError::SlotBusy { slot } => {
                 readiness.set_standby(slot);
-                if !standby_announced {
+                if !self.standby {
                     info!(%slot, "slot is in use by another pgoutbox; waiting as hot standby");
-                    standby_announced = true;
+                    self.standby = true;
                 }
             }
             PipelineError::InRecovery { .. } => {
-                if !recovery_announced {
+                if !self.recovery {
                     warn!("{err}");
-                    recovery_announced = true;
+                    self.recovery = true;
                 }
                 readiness.set_retrying_after(err.to_string());
             }
             _ => {
                 if acknowledged {
-                    repeats = RepeatedError::default(); // it recovered in between
+                    self.repeats = RepeatedError::default(); // it recovered in between
                 }
-                match &err {
-                    PipelineError::Postgres(_) => Metrics::reconnect(ReconnectTarget::Postgres),
-                    PipelineError::Nats(failure) => {
-                        if let Some(kind) = failure.kind.publish_error_label() {
-                            Metrics::publish_error(kind);
-                        }
-                    }
-                    _ => {}
-                }
+                count_reconnect(err);
                 let error = err.to_string();
-                match repeats.note(&error) {
+                match self.repeats.note(&error) {
                     Some(repeated) => warn!(%error, retry_in = ?delay, repeated, "reconnecting"),
                     None => tracing::debug!(%error, retry_in = ?delay, "reconnecting"),
                 }
                 readiness.set_retrying_after(error);
             }
         }
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            () = shutdown.requested() => return Ok(()),
+    }
+}
+
+/// Counts a reconnection to Postgres, or a publish error by kind.
+fn count_reconnect(err: &PipelineError) {
+    match err {
+        PipelineError::Postgres(_) => Metrics::reconnect(ReconnectTarget::Postgres),
+        PipelineError::Nats(failure) => {
+            if let Some(kind) = failure.kind.publish_error_label() {
+                Metrics::publish_error(kind);
+            }
         }
+        _ => {}
     }
 }
 
