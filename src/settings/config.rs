@@ -11,12 +11,10 @@ use crate::nats::connect::NatsSettings;
 
 use crate::postgres::admin::TableName;
 
-use crate::postgres::libpq_env::{self, Files};
+use crate::postgres::libpq_env::Files;
 pub use crate::postgres::libpq_env::{Env, ProcessEnv};
-use crate::postgres::password_command::PasswordCommand;
 use crate::settings::cli::{CloudEventsMode, CommonArgs};
-use nats_auth::{nats_auth, without_credentials};
-use tables::{chosen_replay_table, table_names};
+use tables::{NamedTable, replay_table, table_names};
 
 /// Where the Postgres settings come from, for errors in them.
 const SETTINGS: &str =
@@ -110,7 +108,7 @@ impl Config {
         env: &dyn Env,
         files: &dyn Files,
     ) -> anyhow::Result<Config> {
-        Self::with_tables(args, &[], env, files)
+        Self::load(args, &[], env, files)
     }
 
     /// The settings `args` give, and `per_table` the arguments of each `[[table]]` entry of
@@ -122,120 +120,25 @@ impl Config {
         env: &dyn Env,
         files: &dyn Files,
     ) -> anyhow::Result<Config> {
-        Self::with_tables(args, per_table, env, files)
-    }
-
-    /// `per_table`: as [`Config::load`].
-    fn with_tables(
-        args: &CommonArgs,
-        per_table: &[CommonArgs],
-        env: &dyn Env,
-        files: &dyn Files,
-    ) -> anyhow::Result<Config> {
         refuse_former_variables(env)?;
-        // clap reads PGOUTBOX_DATABASE_URL, empty or not; libpq's way is to skip empty ones.
-        let database_url = (args.database_url.clone())
-            .filter(|url| !url.is_empty())
-            .or_else(|| env.var("PGOUTBOX_DATABASE_URL"))
-            .or_else(|| env.var("DATABASE_URL"));
-        let password_command = args
-            .database_password_command
-            .clone()
-            .map(|command| PasswordCommand::new(command, args.database_password_command_timeout));
-        let resolved =
-            libpq_env::resolve(database_url.as_deref(), env, files, password_command.is_some())?;
-        for warning in &resolved.warnings {
-            tracing::warn!("{warning}");
-        }
-        let (database_url, pg_tls) =
-            crate::postgres::tls::split_connection_string(&resolved.conninfo)
-                .map_err(|err| anyhow!("{SETTINGS}: {err}"))?;
-        let pg_tls = pg_tls.with_password_command(password_command);
-        let (database_url, tcp) = crate::postgres::conninfo::split_tcp_settings(&database_url)
-            .map_err(|err| anyhow!("{SETTINGS}: {err}"))?;
-        let mut database: tokio_postgres::Config =
-            database_url.parse().map_err(|err| anyhow!("{SETTINGS} are not valid: {err}"))?;
-        if let Some(password) = resolved.password {
-            database.password(password);
-        }
-        database.ssl_mode(pg_tls.tokio_postgres_mode());
-        tcp.apply(&mut database);
-        let nats_url = (args.nats_url.clone())
-            .filter(|url| !url.is_empty())
-            .or_else(|| env.var("PGOUTBOX_NATS_URL"))
-            .or_else(|| env.var("NATS_URL"))
-            .unwrap_or_else(|| DEFAULT_NATS_URL.to_owned());
-        let nats_servers = nats_url
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|s| s.parse::<async_nats::ServerAddr>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| anyhow!("--nats-url is not a valid NATS server list: {err}"))?;
-        if nats_servers.is_empty() {
-            return Err(anyhow!("--nats-url names no server"));
-        }
-        let auth = nats_auth(args, &nats_servers[0]);
-        // The credentials now live in `auth`; async-nats logs server addresses with `Debug`
-        // (at debug level), so the addresses keep none.
-        let nats_servers = nats_servers.into_iter().map(without_credentials).collect();
+        let (database, pg_tls) = database::settings(args, env, files)?;
+        let nats = nats_auth::settings(args, env)?;
         check_name("--slot", &args.slot, |c| {
             c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'
         })?;
         check_name("--stream", &args.stream, |c| !c.is_whitespace() && !".*>/\\".contains(c))?;
-        let names = match per_table.is_empty() {
-            true => table_names(&args.table)?,
-            false => {
-                table_names(&per_table.iter().flat_map(|a| a.table.clone()).collect::<Vec<_>>())?
-            }
-        };
-        // Ids of two tables, or of two tenants, collide: each is qualified by its table.
-        let message_id = match (names.len(), names[0].1.is_some()) {
-            (1, false) => MessageId::Row,
-            _ => MessageId::Qualified,
-        };
         // libpq's default database is the user's name.
         let database_name = database.get_dbname().or(database.get_user()).unwrap_or("");
-        let entry = table_entry(args, names[0].clone(), database_name, message_id)?;
-        let tables = match (args.messages_only, per_table.is_empty()) {
-            (true, _) => Vec::new(),
-            (false, true) => names
-                .iter()
-                .map(|(table, pattern)| TableEntry {
-                    table: table.clone(),
-                    pattern: pattern.clone(),
-                    ..entry.clone()
-                })
-                .collect(),
-            (false, false) => per_table
-                .iter()
-                .zip(&names)
-                .map(|(args, named)| {
-                    table_entry(args, named.clone(), database_name, message_id)
-                        .with_context(|| format!("[[table]] {} in --config", named.0))
-                })
-                .collect::<anyhow::Result<_>>()?,
-        };
-        // The first table named exactly: the replay table is beside it (with patterns
-        // alone, in `public`, named after the publication).
-        let named = names.iter().find(|(_, pattern)| pattern.is_none());
-        let table = named.unwrap_or(&names[0]).0.clone();
-        let replay_table = match (&args.replay_table, named) {
-            (Some(value), _) => chosen_replay_table(value, &names)?,
-            (None, Some(_)) => crate::postgres::outbox_table::replay_table(&table),
-            (None, None) => TableName {
-                schema: "public".to_owned(),
-                name: format!("{}_replay", args.publication),
-            },
-        };
-        let transaction_subject = transaction_subject::checked(args, &tables, &entry)?;
+        let (names, defaults, tables) = table_entries(args, per_table, database_name)?;
+        let (table, replay_table) = replay_table(args, &names)?;
+        let transaction_subject = transaction_subject::checked(args, &tables, &defaults)?;
         Ok(Config {
             database,
             pg_tls,
-            nats: NatsSettings { servers: nats_servers, auth },
+            nats,
             pipeline: PipelineConfig {
                 tables,
-                defaults: entry,
+                defaults,
                 max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
                 durability_horizon: args.durability_horizon,
                 message_prefix: None,
@@ -382,6 +285,46 @@ impl Config {
     }
 }
 
+/// The tables named (`--table`, or each `[[table]]` entry's), the first one's entry (the
+/// defaults of tables a pattern finds later) and each table's entry (none with
+/// `--messages-only`).
+fn table_entries(
+    args: &CommonArgs,
+    per_table: &[CommonArgs],
+    database_name: &str,
+) -> anyhow::Result<(Vec<NamedTable>, TableEntry, Vec<TableEntry>)> {
+    let names = match per_table.is_empty() {
+        true => table_names(&args.table)?,
+        false => table_names(&per_table.iter().flat_map(|a| a.table.clone()).collect::<Vec<_>>())?,
+    };
+    // Ids of two tables, or of two tenants, collide: each is qualified by its table.
+    let message_id = match (names.len(), names[0].1.is_some()) {
+        (1, false) => MessageId::Row,
+        _ => MessageId::Qualified,
+    };
+    let entry = table_entry(args, names[0].clone(), database_name, message_id)?;
+    let tables = match (args.messages_only, per_table.is_empty()) {
+        (true, _) => Vec::new(),
+        (false, true) => names
+            .iter()
+            .map(|(table, pattern)| TableEntry {
+                table: table.clone(),
+                pattern: pattern.clone(),
+                ..entry.clone()
+            })
+            .collect(),
+        (false, false) => per_table
+            .iter()
+            .zip(&names)
+            .map(|(args, named)| {
+                table_entry(args, named.clone(), database_name, message_id)
+                    .with_context(|| format!("[[table]] {} in --config", named.0))
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    Ok((names, entry, tables))
+}
+
 /// One table's entry from its arguments.
 fn table_entry(
     args: &CommonArgs,
@@ -484,6 +427,7 @@ fn check_subject(flag: &str, subject: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+mod database;
 mod nats_auth;
 mod partitions;
 mod tables;

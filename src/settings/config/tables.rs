@@ -5,12 +5,14 @@ use anyhow::anyhow;
 
 use crate::domain::outbox::TablePattern;
 use crate::postgres::admin::TableName;
+use crate::settings::cli::CommonArgs;
+
+/// A table as `--table` names it: its name, and its pattern when that holds `*`.
+pub(super) type NamedTable = (TableName, Option<TablePattern>);
 
 /// `--table`'s tables, each once, and the pattern of each that holds `*`.
-pub(super) fn table_names(
-    values: &[String],
-) -> anyhow::Result<Vec<(TableName, Option<TablePattern>)>> {
-    let mut tables: Vec<(TableName, Option<TablePattern>)> = Vec::with_capacity(values.len());
+pub(super) fn table_names(values: &[String]) -> anyhow::Result<Vec<NamedTable>> {
+    let mut tables: Vec<NamedTable> = Vec::with_capacity(values.len());
     for value in values.iter().map(|v| v.trim()) {
         let pattern: TablePattern = value.parse().map_err(|e| anyhow!("--table: {e}"))?;
         let table = pattern.as_table_name();
@@ -25,12 +27,29 @@ pub(super) fn table_names(
     Ok(tables)
 }
 
+/// The first table named exactly (with patterns alone, the first pattern's name), and the
+/// replay table: `--replay-table`, else beside that table (with patterns alone, in
+/// `public`, named after the publication).
+pub(super) fn replay_table(
+    args: &CommonArgs,
+    names: &[NamedTable],
+) -> anyhow::Result<(TableName, TableName)> {
+    let named = names.iter().find(|(_, pattern)| pattern.is_none());
+    let table = named.or(names.first()).map(|(table, _)| table.clone());
+    let table = table.ok_or_else(|| anyhow!("--table names no table"))?;
+    let replay_table = match (&args.replay_table, named) {
+        (Some(value), _) => chosen_replay_table(value, names)?,
+        (None, Some(_)) => crate::postgres::outbox_table::replay_table(&table),
+        (None, None) => {
+            TableName { schema: "public".to_owned(), name: format!("{}_replay", args.publication) }
+        }
+    };
+    Ok((table, replay_table))
+}
+
 /// `--replay-table`: one table, named exactly, that is none of the outbox tables: a row of
 /// it is a replay's hand-over, never an event of its own.
-pub(super) fn chosen_replay_table(
-    value: &str,
-    tables: &[(TableName, Option<TablePattern>)],
-) -> anyhow::Result<TableName> {
+fn chosen_replay_table(value: &str, tables: &[NamedTable]) -> anyhow::Result<TableName> {
     let pattern: TablePattern = value.trim().parse().map_err(|e| anyhow!("--replay-table: {e}"))?;
     if !pattern.is_exact() {
         return Err(anyhow!("--replay-table names one table, not a pattern: {value}"));
