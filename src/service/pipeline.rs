@@ -15,7 +15,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use tracing::debug;
 
 use crate::domain::horizon::Horizon;
@@ -26,7 +25,7 @@ use crate::domain::source::Source;
 use crate::domain::transaction::InTransaction;
 use crate::nats::outbound::{Acks, Outbound};
 use crate::nats::publisher::{ADDED_HEADERS_ROOM, Publisher};
-use crate::postgres::pgoutput::{ColumnValue, Insert, LogicalMessage};
+use crate::postgres::pgoutput::ColumnValue;
 use crate::postgres::wire::pg_now_micros;
 use crate::postgres::{ConnectionError, ReplicationConnection, ReplicationMessage, StandbyStatus};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
@@ -49,6 +48,7 @@ mod replayed;
 mod seed;
 mod tables;
 mod transaction_end;
+mod wal;
 mod window;
 
 pub use durability::objects_lost_before_start;
@@ -56,7 +56,7 @@ use interruption::{Interruption, Interruptions};
 pub use memory::{Memory, Resume, acknowledged_through};
 use replayed::Replays;
 use seed::next_seed_row;
-use tables::{Described, TableSet};
+use tables::TableSet;
 use window::{MAX_IN_FLIGHT, Window};
 
 /// How often acks are checked and gauges updated, and a report goes out when none did for
@@ -287,39 +287,11 @@ impl<'a> Pipeline<'a> {
             let room = unsent_room && window_room;
             tokio::select! {
                 biased;
-                interruption = interruptions.next() => match interruption {
-                    Interruption::Shutdown => {
-                        self.drain().await?;
-                        self.record_progress(false);
-                        return Ok(Ended::Drained { confirmed: self.confirmable() });
-                    }
-                    Interruption::NatsLost => {
-                        let kind = match self.in_flight.is_empty() {
-                            true => NatsFailureKind::Request,
-                            false => NatsFailureKind::Connection,
-                        };
-                        let detail =
-                            "the connection to NATS was lost, and with it the acks awaited";
-                        return Err(NatsFailure::new(kind, detail).into());
-                    }
-                    Interruption::PostgresDead(Verdict::Unresponsive(why)) => {
-                        return Err(ConnectionError::Unresponsive(why).into());
-                    }
-                    Interruption::PostgresDead(Verdict::Drift(drift)) => return Err(drift.into()),
-                },
+                interruption = interruptions.next() => return self.interrupted(interruption).await,
                 // Before acks and WAL: under a sustained drain those are always ready, and
                 // a tick placed after them never ran (gauges, ack checks and the stall
                 // detector's view went stale for as long as the drain lasted).
-                _ = tick.tick() => {
-                    // Also when nothing is in flight: the server's pings are answered there.
-                    self.in_flight.pull_acks();
-                    self.check_acks()?;
-                    self.look_at_the_stream()?;
-                    self.update_gauges();
-                    if self.reported_at.elapsed() >= self.conn.status_keepalive() {
-                        self.send_status(false).await?;
-                    }
-                }
+                _ = tick.tick() => self.on_tick().await?,
                 () = &mut pull, if pull_armed => {
                     pull_armed = false;
                     pulled_at = Instant::now();
@@ -335,123 +307,71 @@ impl<'a> Pipeline<'a> {
                 () = self.outbound.written(), if !unsent_room => {}
                 row = next_seed_row(&mut self.prelude), if room => match row? {
                     Some(row) => self.on_seed_row(row).await?,
-                    None => {
-                        // The seed's rows end where the slot starts.
-                        let timing = Timing { committed: 0, received: 0 };
-                        let ended = self.protocol.on_commit(self.start_lsn, timing);
-                        ended.map_err(|err| self.tail_not_in_wal(err))?;
-                    }
+                    None => self.on_seed_end()?,
                 },
                 message = self.conn.next_message(), if room && self.prelude.is_none() => {
-                    self.on_message(message?).await?;
-                    // The rest of what the same read brought (a transaction's Begin, rows
-                    // and Commit come together), without a turn of this loop each: the turn
-                    // polled every branch and cost as much as mapping the row.
-                    while self.room() == (true, true) {
-                        let Some(message) = self.conn.buffered_message() else { break };
-                        self.on_message(message?).await?;
-                    }
+                    self.on_messages(message?).await?;
                 }
             }
         }
     }
 
-    async fn on_message(&mut self, message: ReplicationMessage) -> Result<(), PipelineError> {
-        match message {
-            ReplicationMessage::XLogData { data, wal_end, .. } => {
-                self.server_wal_end = self.server_wal_end.max(wal_end);
-                self.on_wal(data).await
+    /// Shutdown drains what is in flight and ends the attempt; a lost NATS connection or an
+    /// unresponsive or changed Postgres fails it.
+    async fn interrupted(&mut self, interruption: Interruption) -> Result<Ended, PipelineError> {
+        match interruption {
+            Interruption::Shutdown => {
+                self.drain().await?;
+                self.record_progress(false);
+                Ok(Ended::Drained { confirmed: self.confirmable() })
             }
-            ReplicationMessage::Keepalive { wal_end, reply_requested } => {
-                self.server_wal_end = self.server_wal_end.max(wal_end);
-                if self.transaction.is_none() {
-                    let passed = self.protocol.on_keepalive(wal_end);
-                    passed.map_err(|err| self.tail_not_in_wal(err))?;
-                }
-                if reply_requested {
-                    self.send_status(false).await?;
-                }
-                Ok(())
-            }
-        }
-    }
-
-    async fn on_wal(&mut self, data: Bytes) -> Result<(), PipelineError> {
-        match LogicalMessage::parse(&data)? {
-            LogicalMessage::Begin(begin) => {
-                if self.transaction.is_some() {
-                    return Err(PipelineError::Protocol("Begin inside a transaction"));
-                }
-                let commit_lsn = begin.final_lsn;
-                let lettered_before = self.letters_stored_before(&begin).await?;
-                self.transaction =
-                    Some(Transaction { commit_lsn, lettered_before, ..Transaction::default() });
-                if let Some(traces) = &mut self.traces {
-                    traces.begin();
-                }
-            }
-            LogicalMessage::Commit(commit) => {
-                let Some(transaction) = self.transaction.take() else {
-                    return Err(PipelineError::Protocol("Commit outside a transaction"));
+            Interruption::NatsLost => {
+                let kind = match self.in_flight.is_empty() {
+                    true => NatsFailureKind::Request,
+                    false => NatsFailureKind::Connection,
                 };
-                self.publish_last_and_end(transaction).await?;
-                let timing = Timing { committed: commit.commit_time, received: pg_now_micros() };
-                let committed = self.protocol.on_commit(commit.end_lsn, timing);
-                committed.map_err(|err| self.tail_not_in_wal(err))?;
-                if let Some(traces) = &mut self.traces {
-                    traces.commit(commit.end_lsn);
-                }
-                self.metrics.transactions.increment(1);
-                self.observe_confirmed();
+                let detail = "the connection to NATS was lost, and with it the acks awaited";
+                Err(NatsFailure::new(kind, detail).into())
             }
-            LogicalMessage::Relation(relation)
-                if Replays::is_replay_relation(
-                    &relation,
-                    self.tables.first(),
-                    &self.config.replay_table,
-                ) =>
-            {
-                self.replays.describe(relation);
+            Interruption::PostgresDead(Verdict::Unresponsive(why)) => {
+                Err(ConnectionError::Unresponsive(why).into())
             }
-            LogicalMessage::Relation(relation) => {
-                self.replays.outbox_described(&relation);
-                self.tables.describe(&relation)?;
-            }
-            LogicalMessage::Insert(insert) => self.on_insert(insert).await?,
-            LogicalMessage::Message(message) => self.on_emitted(message).await?,
-            LogicalMessage::Origin(_)
-            | LogicalMessage::Type(_)
-            | LogicalMessage::Update { .. }
-            | LogicalMessage::Delete { .. }
-            | LogicalMessage::Truncate(_) => {}
+            Interruption::PostgresDead(Verdict::Drift(drift)) => Err(drift.into()),
+        }
+    }
+
+    /// Every [`STATUS_INTERVAL`]: acks read and checked, the horizon's look, the gauges,
+    /// and a status to Postgres when none went out for its keepalive interval.
+    async fn on_tick(&mut self) -> Result<(), PipelineError> {
+        // Also when nothing is in flight: the server's pings are answered there.
+        self.in_flight.pull_acks();
+        self.check_acks()?;
+        self.look_at_the_stream()?;
+        self.update_gauges();
+        if self.reported_at.elapsed() >= self.conn.status_keepalive() {
+            self.send_status(false).await?;
         }
         Ok(())
     }
 
-    async fn on_insert(&mut self, insert: Insert) -> Result<(), PipelineError> {
-        if self.replays.is_replay_table(insert.rel_id) {
-            return self.on_replayed(insert.tuple).await;
-        }
-        let position = self.next_position("Insert outside a transaction")?;
-        let mapping = match self.tables.mapping(insert.rel_id) {
-            Described::Ours(mapping) => mapping,
-            Described::Other => return Ok(()), // another table in the publication
-            Described::Never => {
-                return Err(PipelineError::Protocol("Insert for a relation never described"));
-            }
-        };
-        self.on_row(mapping, insert.tuple, position, None).await
+    /// The seed's rows end where the slot starts: they commit there.
+    fn on_seed_end(&mut self) -> Result<(), PipelineError> {
+        let timing = Timing { committed: 0, received: 0 };
+        let ended = self.protocol.on_commit(self.start_lsn, timing);
+        ended.map_err(|err| self.tail_not_in_wal(err))?;
+        Ok(())
     }
 
-    /// The position of the next row of the current transaction.
-    fn next_position(&mut self, outside: &'static str) -> Result<Position, PipelineError> {
-        let Some(transaction) = self.transaction.as_mut() else {
-            return Err(PipelineError::Protocol(outside));
-        };
-        let position =
-            Position { commit_lsn: transaction.commit_lsn, index: transaction.next_index };
-        transaction.next_index += 1;
-        Ok(position)
+    /// `first` and the rest of what the same read brought (a transaction's Begin, rows and
+    /// Commit come together) while there is room, without a turn of the loop each: the
+    /// turn polled every branch and cost as much as mapping the row.
+    async fn on_messages(&mut self, first: ReplicationMessage) -> Result<(), PipelineError> {
+        self.on_message(first).await?;
+        while self.room() == (true, true) {
+            let Some(message) = self.conn.buffered_message() else { break };
+            self.on_message(message?).await?;
+        }
+        Ok(())
     }
 
     /// Ends the attempt: the stream's tail is from another history of this database, and
