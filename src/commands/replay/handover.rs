@@ -29,18 +29,18 @@ use crate::domain::seed::{REPLAY_HEADER, replay_id_prefix};
 use crate::nats::publisher::{Publisher, ReadFrom};
 use crate::postgres::acknowledged;
 use crate::postgres::admin::TableName;
-use crate::postgres::pgoutput::{FrameWriter, ReplayFrame};
-use crate::postgres::replay_table::{self, FRAME_BYTES};
+use crate::postgres::pgoutput::ReplayFrame;
+use crate::postgres::replay_table;
 use crate::postgres::table_snapshot::TableSnapshot;
 use crate::settings::cli::ReplayArgs;
 use crate::settings::config::Config;
+use chunk::Chunk;
+
+mod chunk;
 
 /// Rows per transaction: large enough to cost few round trips and commits (2,000 replayed
 /// 47,000 rows/s in the benchmark, 500 40,000), small enough that the progress moves.
 const CHUNK: usize = 2_000;
-/// Bytes of frames per transaction, at most, whatever the rows weigh: a chunk is held in
-/// memory until it is committed.
-const CHUNK_BYTES: usize = 8 << 20;
 /// Rows handed over and not yet confirmed, at most: the replay keeps pace with pgoutbox.
 const AHEAD: u64 = 20_000;
 /// How long the slot may have no pgoutbox streaming from it before the replay gives up
@@ -178,28 +178,10 @@ pub(super) async fn hand_over(
     let to = Handover { table, slot: &config.slot, replay_id: id };
     let relation = snapshot.relation();
     let mapping = RowMapping::of_entry(relation, &plan.entry)?;
-    let chunk_size = args.rate.map_or(CHUNK, |rate| (rate.get() as usize / 10).clamp(1, CHUNK));
-    let mut pace = args.rate.map(|rate| {
-        let every = Duration::from_secs(1).mul_f64(chunk_size as f64 / rate.get() as f64);
-        let mut pace = tokio::time::interval(every);
-        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        pace
-    });
+    let (chunk_size, mut pace) = pace(args);
+    let mut chunk = Chunk::new(id, *total, relation, chunk_size);
     let (mut rows, _reader) = snapshot.read(selection);
-    let mut tally = Tally::default();
-    // Frames of the transaction being filled, each with the place of its last row.
-    let (mut chunk, mut chunk_bytes, mut chunk_rows): (Vec<(i64, Vec<u8>)>, usize, usize) =
-        (Vec::new(), 0, 0);
-    let mut frame: Option<FrameWriter> = None;
-    let close = |frame: &mut Option<FrameWriter>, chunk: &mut Vec<(i64, Vec<u8>)>, last: u64| {
-        if let Some(writer) = frame.take() {
-            chunk.push((last as i64, writer.finish()));
-        }
-    };
-    // Each transaction handed over: where it ends, how many rows it carried, and how many
-    // rows of the selection were read up to its last.
-    let mut handed: std::collections::VecDeque<(u64, u64, u64)> = Default::default();
-    let (mut seen, mut handed_rows, mut published, mut done_up_to) = (0u64, 0u64, 0u64, 0u64);
+    let (mut tally, mut handed, mut seen) = (Tally::default(), Handed::default(), 0u64);
     loop {
         let batch = next_rows(&mut rows).await?;
         let last_batch = batch.is_empty();
@@ -208,73 +190,98 @@ pub(super) async fn hand_over(
             if plan.admit(&mapping, &tuple, &mut tally).is_none() {
                 continue;
             }
-            let row_len = FrameWriter::row_len(&tuple);
-            if frame.as_ref().is_some_and(|f| f.bytes() + row_len > FRAME_BYTES) {
-                close(&mut frame, &mut chunk, tally.last_handed);
-            }
-            let writer = frame.get_or_insert_with(|| FrameWriter::new(id, *total, relation));
-            writer.push(seen, &tuple);
             tally.last_handed = seen;
-            (chunk_rows, chunk_bytes) = (chunk_rows + 1, chunk_bytes + row_len);
-            if chunk_rows < chunk_size && chunk_bytes < CHUNK_BYTES {
+            if !chunk.push(seen, &tuple) {
                 continue;
             }
-            close(&mut frame, &mut chunk, seen);
-            let rows = chunk_rows as u64;
-            (chunk_rows, chunk_bytes) = (0, 0);
             if let Some(pace) = pace.as_mut() {
                 pace.tick().await;
             }
-            handed.push_back((to.insert(client, *total, &mut chunk).await?, rows, seen));
-            handed_rows += rows;
-            // Keep at most AHEAD rows waiting for pgoutbox, when it runs.
-            loop {
-                if !wait {
-                    break;
-                }
-                let confirmed = slot.confirmed().await?;
-                while let Some(&(_, rows, up_to)) = handed.front().filter(|h| h.0 <= confirmed) {
-                    (published, done_up_to) = (published + rows, up_to);
-                    handed.pop_front();
-                }
-                if handed_rows - published < AHEAD {
-                    break;
-                }
-                tokio::time::sleep(POLL).await;
+            let (mut frames, rows) = chunk.take();
+            handed.push(to.insert(client, *total, &mut frames).await?, rows, seen);
+            if wait {
+                handed.keep_ahead(&mut slot).await?;
             }
             let line = |pace: f64| {
+                let Handed { published, rows, .. } = handed;
                 format!(
-                    "{published} rows published, {handed_rows} handed over, {seen} of {total} \
-                     read ({pace:.0} rows/s)"
+                    "{published} rows published, {rows} handed over, {seen} of {total} read \
+                     ({pace:.0} rows/s)"
                 )
             };
-            progress.tick(done_up_to, line).await;
+            progress.tick(handed.done_up_to, line).await;
         }
         if last_batch {
             break;
         }
     }
     // The rest, then the end, which carries no row: the progress reaches its total.
-    close(&mut frame, &mut chunk, tally.last_handed);
-    let rows = chunk_rows as u64;
-    chunk.push((0, ReplayFrame::End { replay_id: id.clone(), total: *total }.encode()));
-    let end = to.insert(client, *total, &mut chunk).await?;
-    handed_rows += rows;
-    tally.stored = handed_rows;
+    let (mut frames, rows) = chunk.take();
+    frames.push((0, ReplayFrame::End { replay_id: id.clone(), total: *total }.encode()));
+    let end = to.insert(client, *total, &mut frames).await?;
+    tally.stored = handed.rows + rows;
     if !wait {
         eprintln!(
-            "replay {id}: {handed_rows} rows handed over to slot {slot}, which no pgoutbox \
-             streams from now: pgoutbox publishes them when it runs from that slot (pgoutbox \
-             status shows them). They wait in the slot only: if it is dropped first, run this \
-             replay again with --replay-id {id} once pgoutbox runs",
+            "replay {id}: {} rows handed over to slot {slot}, which no pgoutbox streams from \
+             now: pgoutbox publishes them when it runs from that slot (pgoutbox status shows \
+             them). They wait in the slot only: if it is dropped first, run this replay again \
+             with --replay-id {id} once pgoutbox runs",
+            tally.stored,
             slot = config.slot
         );
         return Ok(tally);
     }
-    eprintln!("replay {id}: {handed_rows} rows handed over; waiting for pgoutbox to publish them");
+    eprintln!(
+        "replay {id}: {} rows handed over; waiting for pgoutbox to publish them",
+        tally.stored
+    );
     slot.wait_confirmed(end).await?;
     progress.finish(*total).await;
     Ok(tally)
+}
+
+/// Rows per transaction, and with `--rate` the interval between two transactions.
+fn pace(args: &ReplayArgs) -> (usize, Option<tokio::time::Interval>) {
+    let Some(rate) = args.rate else { return (CHUNK, None) };
+    let size = (rate.get() as usize / 10).clamp(1, CHUNK);
+    let every = Duration::from_secs(1).mul_f64(size as f64 / rate.get() as f64);
+    let mut pace = tokio::time::interval(every);
+    pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    (size, Some(pace))
+}
+
+/// The transactions handed over and what pgoutbox published of them.
+#[derive(Default)]
+struct Handed {
+    /// Each transaction not known published yet: where it ends, how many rows it carried,
+    /// and how many rows of the selection were read up to its last.
+    waiting: std::collections::VecDeque<(u64, u64, u64)>,
+    rows: u64,
+    published: u64,
+    /// The rows of the selection read up to the last row published.
+    done_up_to: u64,
+}
+
+impl Handed {
+    fn push(&mut self, end: u64, rows: u64, seen: u64) {
+        self.waiting.push_back((end, rows, seen));
+        self.rows += rows;
+    }
+
+    /// Waits until at most [`AHEAD`] rows handed over wait for pgoutbox.
+    async fn keep_ahead(&mut self, slot: &mut Slot<'_>) -> anyhow::Result<()> {
+        loop {
+            let confirmed = slot.confirmed().await?;
+            while let Some(&(_, rows, up_to)) = self.waiting.front().filter(|h| h.0 <= confirmed) {
+                (self.published, self.done_up_to) = (self.published + rows, up_to);
+                self.waiting.pop_front();
+            }
+            if self.rows - self.published < AHEAD {
+                return Ok(());
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
 }
 
 /// How many of the rows handed to the running pgoutbox are in the stream, now that the slot
