@@ -1,11 +1,13 @@
 //! One connection attempt: started within a deadline and abandoned at once on SIGTERM,
 //! then streamed until it fails or shutdown drains it.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tracing::info;
 
-use crate::domain::source::Source;
+use crate::domain::progress::Position;
+use crate::domain::source::{Source, TailRow};
 use crate::nats::claim::{Claim, Claims};
 use crate::nats::handshake::Dialer;
 use crate::nats::outbound::{Acks, Outbound};
@@ -173,7 +175,8 @@ impl Target<'_> {
             slot::turn_failover_on(&mut conn, &slot).await?;
         }
         // Always: `pgoutbox replay` hands its rows over as messages (PostgreSQL 14+).
-        conn.start_replication(&slot, slot_state.start, &config.publication)
+        let from = sent_from(slot_state.start, skip_through.as_ref(), &memory.objects_lost);
+        conn.start_replication(&slot, from, &config.publication)
             .await
             .map_err(|err| PipelineError::from_start_replication(&slot, err))?;
         // Stopped when this attempt ends, with the guard.
@@ -184,6 +187,7 @@ impl Target<'_> {
             %slot,
             %source,
             from = %tokio_postgres::types::PgLsn::from(slot_state.start),
+            sent_from = %tokio_postgres::types::PgLsn::from(from),
             stream_sequence = tail.last_sequence,
             skip_through = skip_through.as_ref().map(|tail| tail.position.to_string()),
             walsender_pid = conn.backend_pid(),
@@ -295,5 +299,47 @@ async fn leader_probe<T, E: std::fmt::Display>(
             let waited = LEADER_PROBE_TIMEOUT.as_secs();
             Err(failure(&format!("no answer in {waited} s ({silence})")))
         }
+    }
+}
+
+/// Where the walsender is asked to begin sending: the transaction of the stream's tail,
+/// when it is ours and past where the slot stands, or of an earlier row whose pointer lost
+/// its object (its row is what stores the object again). The slot trails the stream by
+/// the durability horizon, and every transaction in between would be sent again, decoded
+/// and skipped at each attempt's start; Postgres still decodes from the slot but sends
+/// none that committed before the position asked for, and the tail's own transaction is
+/// sent, whole, for the tail skip to check (`domain::publishing`). `start` stays what the
+/// attempt confirms from.
+fn sent_from(start: u64, skip_through: Option<&TailRow>, objects_lost: &HashSet<Position>) -> u64 {
+    let Some(tail) = skip_through else { return start };
+    // A seeded row's (commit LSN 0) comes from the table, never from the slot.
+    let lost = objects_lost.iter().map(|p| p.commit_lsn).filter(|lsn| *lsn > 0).min();
+    let needed = lost.map_or(tail.position.commit_lsn, |lost| lost.min(tail.position.commit_lsn));
+    needed.max(start)
+}
+
+#[cfg(test)]
+mod sent_from_tests {
+    use super::*;
+
+    fn tail(commit_lsn: u64) -> TailRow {
+        TailRow { position: Position { commit_lsn, index: 3 }, msg_id: "id".to_owned() }
+    }
+
+    #[test]
+    fn a_restart_is_sent_from_the_tail_s_transaction_past_the_slot() {
+        let none = HashSet::new();
+        assert_eq!(sent_from(100, Some(&tail(500)), &none), 500);
+        assert_eq!(sent_from(700, Some(&tail(500)), &none), 700, "never before the slot");
+        assert_eq!(sent_from(100, None, &none), 100, "no tail of ours: from the slot");
+        assert_eq!(sent_from(100, Some(&tail(0)), &none), 100, "a seeded tail");
+    }
+
+    #[test]
+    fn a_lost_object_s_row_is_sent_again() {
+        let lost = HashSet::from([Position { commit_lsn: 300, index: 0 }]);
+        assert_eq!(sent_from(100, Some(&tail(500)), &lost), 300);
+        let seeded = HashSet::from([Position { commit_lsn: 0, index: 7 }]);
+        assert_eq!(sent_from(100, Some(&tail(500)), &seeded), 500, "a seeded row's is not");
     }
 }
