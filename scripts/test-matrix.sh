@@ -22,6 +22,7 @@ tests=(
   version_matrix               # the cluster really is the version asked for
   streams_inserts_end_to_end   # the main path: pgoutput decoding, headers, commit order
   crash_anywhere               # kill -9 anywhere: confirm-after-ack, restart skip
+  restart_within_the_horizon   # START_REPLICATION at the tail's transaction, past confirmed_flush_lsn
   survives_postgres_restart    # walsender lost and resumed from confirmed_flush_lsn
   lost_slot                    # dropped and invalidated slots (wal_status differs by version)
   hot_standby                  # slot in use: the active_pid check
