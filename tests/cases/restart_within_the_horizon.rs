@@ -26,18 +26,24 @@ async fn wait_for_sequence(js: &jetstream::Context, n: u64, app: &Pgoutbox) {
     .await;
 }
 
+/// Postgres with the outbox, nats-server, and pgoutbox streaming with the defaults.
+async fn streaming() -> (Postgres, Nats, jetstream::Context, Pgoutbox) {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let js = jetstream(&nats.url()).await;
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    (pg, nats, js, app)
+}
+
 /// 20 rows, two of their messages deleted by an operator (the stream's tail among them,
 /// so no tail skips the replay), then a restart with the defaults. Before, each deleted
 /// row became a dead letter at the restart ("an older message in the stream has this row's
 /// id: a collision"), as rows past their TTL did in `message_ttl` on nats-server 2.11+.
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_whose_messages_were_deleted_are_not_letters_after_a_restart() {
-    let pg = Postgres::start();
-    let nats = Nats::start();
-    pg.psql(include_str!("../../sql/outbox.sql"));
-    let js = jetstream(&nats.url()).await;
-    let mut app = Pgoutbox::run(&pg, &nats, &[]);
-    wait_until_streaming(&pg, &app).await;
+    let (pg, nats, js, mut app) = streaming().await;
     pg.psql(&numbered_rows(0, 20, 5));
     wait_for_sequence(&js, 20, &app).await;
     app.sigterm();
@@ -90,12 +96,7 @@ async fn decoded_transactions(pg: &Postgres) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_restart_within_the_horizon_is_not_sent_the_transactions_the_stream_holds() {
     const HELD: usize = 2_000;
-    let pg = Postgres::start();
-    let nats = Nats::start();
-    pg.psql(include_str!("../../sql/outbox.sql"));
-    let js = jetstream(&nats.url()).await;
-    let mut app = Pgoutbox::run(&pg, &nats, &[]);
-    wait_until_streaming(&pg, &app).await;
+    let (pg, nats, js, mut app) = streaming().await;
     pg.psql(&numbered_rows(0, HELD, 1));
     wait_for_sequence(&js, HELD as u64, &app).await;
     app.kill9();
