@@ -2,13 +2,16 @@
 //! would: `cargo run --example consumer`. What it shows:
 //!
 //! - **Parallel, each key in order.** pgoutbox runs with `--partitions N --subject-template
-//!   'outbox.{$partition}.{aggregate_type}.{event_type}'`; one reader per partition reads
-//!   `outbox.<p>.*.*` in stream order, so each aggregate's events arrive in commit order.
+//!   'outbox.{$partition}.{aggregate_type}.{event_type}'`: each aggregate's events are on
+//!   one partition, in commit order.
 //! - **Whole transactions.** `Pgoutbox-Position` (`<commit LSN>:<index>`) names an event's
 //!   transaction; its last event says `Pgoutbox-Transaction-Last: true` and how many events
-//!   the transaction has (`Pgoutbox-Transaction-Rows`). A transaction is applied in one
+//!   the transaction has (`Pgoutbox-Transaction-Rows`). One reader reads the stream in
+//!   order and puts each event on its partition's lane; a transaction is applied in one
 //!   transaction of the consumer's database once all its events arrived and it is the
 //!   oldest waiting on every partition it touches. Dead letters are read too: they count.
+//!   A transaction still without its last when a seeded row arrives was cut by a lost slot:
+//!   everything stored before the seeded row has arrived, so it is applied as it is.
 //!   The marks cannot tell a message still to come from one removed before it was read (a
 //!   TTL, the stream's limits): a transaction that waits `REPORT_WAITING_AFTER` seconds
 //!   (60) for its other events is reported on stderr, and waits on.
@@ -25,8 +28,9 @@
 //!   (`--object-store`) arrives as a pointer (`Pgoutbox-Object-Bucket`, `-Name`, `-Size`,
 //!   `-Sha256`) with no payload: the object is fetched and checked against its digest.
 //! - **Once, through any crash.** The events, and how far each partition was applied, are
-//!   written in that same transaction; a restart (kill -9 included) reads each partition
-//!   again after the last sequence applied, and an event id (the primary key) or a
+//!   written in that same transaction; a restart (kill -9 included) reads again after the
+//!   last message before the oldest event still waiting (each partition after the last
+//!   sequence applied, with `PARTITION`), and an event id (the primary key) or a
 //!   transaction applied before turns whatever is read twice into nothing. The event id is
 //!   `Pgoutbox-Event-Id` where a message has it (a scheduled row's delivery, which
 //!   nats-server sends without `Nats-Msg-Id`), else `Nats-Msg-Id` without the
@@ -44,7 +48,7 @@
 //! `CONSUMER_DATABASE_URL`, a libpq connection string for the consumer's own database.
 //!
 //! Where: `message.rs` reads a message (its event id, its payload or object), `whole.rs`
-//! reads every partition at once, `partition.rs` one partition with the ends, and
+//! reads every partition at once, in one reader, `partition.rs` one partition with the ends, and
 //! `store.rs` writes what was applied and says where each reader resumes.
 
 mod message;

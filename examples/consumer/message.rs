@@ -32,20 +32,6 @@ pub struct Pointer {
     sha256: Option<String>,
 }
 
-/// Why a message was not handed over: one that pgoutbox's headers do not describe is
-/// skipped (and reported); a reader that cannot read, or a payload that cannot be fetched,
-/// ends the consumer.
-pub enum Malformed {
-    Skipped(Error),
-    Fatal(Error),
-}
-
-/// What pgoutbox's headers say of a message; a pointer's object is left to [`fetched`],
-/// for an event not applied before.
-pub fn event(lane: usize, message: &jetstream::Message) -> Result<Event, Malformed> {
-    described(lane, message).map_err(Malformed::Skipped)
-}
-
 /// `event` with its payload: the object its pointer names, fetched and checked against the
 /// pointer's SHA-256. A payload that cannot be read (an object that does not come, or does
 /// not match its pointer) ends the consumer: applied without it the event would be wrong,
@@ -66,8 +52,10 @@ pub async fn fetched(js: &jetstream::Context, mut event: Event) -> Result<Event,
     Ok(event)
 }
 
-/// What pgoutbox's headers say of a message, a pointer's object left to [`fetched`].
-fn described(lane: usize, message: &jetstream::Message) -> Result<Event, Error> {
+/// What pgoutbox's headers say of a message, a pointer's object left to [`fetched`], for
+/// an event not applied before. An error: a message pgoutbox's headers do not describe,
+/// which the readers report and skip.
+pub fn event(lane: usize, message: &jetstream::Message) -> Result<Event, Error> {
     let header = |name| message.headers.as_ref()?.get(name).map(|v| v.as_str().to_owned());
     let position = header("Pgoutbox-Position").ok_or("a message without Pgoutbox-Position")?;
     let (commit, index) = position.split_once(':').ok_or("a malformed Pgoutbox-Position")?;

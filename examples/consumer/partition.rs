@@ -8,7 +8,7 @@ use async_nats::jetstream::consumer::pull::OrderedConfig;
 use async_nats::jetstream::{self, stream::Stream};
 use futures_util::StreamExt;
 
-use crate::message::{Event, Malformed, event, fetched};
+use crate::message::{Event, event, fetched};
 use crate::store::{event_applied, record, resume_point};
 use crate::{Error, setting};
 
@@ -80,11 +80,10 @@ async fn consume_partition(
         let event = match event(lane, &message) {
             Ok(event) if event_applied(db, &event.id).await? => event,
             Ok(event) => fetched(js, event).await?,
-            Err(Malformed::Skipped(why)) => {
+            Err(why) => {
                 eprintln!("consumer: a message skipped: {why}");
                 continue;
             }
-            Err(Malformed::Fatal(err)) => return Err(err),
         };
         let delivered = message.headers.as_ref().is_some_and(|h| h.get("Nats-Scheduler").is_some());
         let seeded = event.transaction.starts_with("seed:");

@@ -1,17 +1,19 @@
-//! All partitions in one process: one ordered reader per partition and one for the dead
-//! letters; a transaction is applied once all its events arrived (its last says how many)
-//! and it is the oldest waiting on every partition it touches.
+//! All partitions in one process: one ordered reader of the whole stream, each event put
+//! on its partition's lane (the dead letters on a lane of their own); a transaction is
+//! applied once all its events arrived (its last says how many) and it is the oldest
+//! waiting on every lane it touches. Read in stream order, every event stored before a
+//! seeded row has arrived when the seeded row does: the transactions still waiting then
+//! without their last event were cut by a lost slot.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+use async_nats::jetstream::consumer::pull::OrderedConfig;
 use async_nats::jetstream::{self, stream::Stream};
 use futures_util::StreamExt;
-use tokio::sync::mpsc;
 
 use crate::Error;
-use crate::message::{Event, Malformed, event, fetched};
+use crate::message::{Event, event, fetched};
 use crate::store::{applied_before, record, resume_point};
 
 /// Reads `partitions` partitions under `root`, and `<root>.dead_letter`, applying each
@@ -23,37 +25,39 @@ pub async fn consume(
     stream: Stream,
     (root, partitions, report_after): (&str, usize, Duration),
 ) -> Result<(), Error> {
-    // One lane per partition, and one for the dead letters.
-    let lanes: Vec<String> = (0..partitions)
-        .map(|p| format!("{root}.{p}.*.*"))
-        .chain([format!("{root}.dead_letter")])
-        .collect();
-    let (arrived, mut arrivals) = mpsc::channel(10_000);
-    for (lane, filter) in lanes.iter().enumerate() {
-        let from = resume_point(db, &stream, lane).await?;
-        let lane_of = (stream.clone(), lane, filter.clone(), from);
-        tokio::spawn(read_lane(lane_of, arrived.clone()));
-    }
-    drop(arrived);
-    println!("consumer: reading {} partitions and the dead letters", partitions);
-    let mut waiting = Waiting::new(lanes.len());
+    // The reader's progress is kept as a lane of its own, after the partitions' and the
+    // dead letters'.
+    let reader = partitions + 1;
+    let config = OrderedConfig {
+        filter_subject: format!("{root}.>"),
+        deliver_policy: resume_point(db, &stream, reader).await?,
+        ..Default::default()
+    };
+    let mut messages = stream.create_consumer(config).await?.messages().await?;
+    println!("consumer: reading {partitions} partitions and the dead letters");
+    let mut waiting = Waiting::new(partitions + 1);
+    let mut read = ReadThrough::default();
     let mut check = tokio::time::interval(Duration::from_secs(1));
     loop {
-        let event = tokio::select! {
-            event = arrivals.recv() => event,
+        let message = tokio::select! {
+            message = messages.next() => message,
             _ = check.tick() => {
                 waiting.report_stuck(report_after);
                 continue;
             }
         };
-        let Some(event) = event else { return Ok(()) };
-        let event = match event {
+        let Some(message) = message else { return Ok(()) };
+        let message = message?;
+        let info = message.info()?;
+        read.read(info.stream_sequence, info.published.unix_timestamp_nanos() as i64);
+        // The transactions' ends and anything else outside the lanes: read past.
+        let Some(lane) = lane_of(&message.subject, root, partitions) else { continue };
+        let event = match event(lane, &message) {
             Ok(event) => event,
-            Err(Malformed::Skipped(why)) => {
+            Err(why) => {
                 eprintln!("consumer: a message skipped: {why}");
                 continue;
             }
-            Err(Malformed::Fatal(err)) => return Err(err),
         };
         // Read again after a rewind: applied before, it is nothing.
         if !waiting.knows(&event.transaction) && applied_before(db, &event.transaction).await? {
@@ -61,34 +65,43 @@ pub async fn consume(
         }
         let event = fetched(js, event).await?;
         for transaction in waiting.add(event) {
-            apply(db, transaction).await?;
+            let through = read.safe(waiting.oldest_sequence());
+            apply(db, transaction, through.map(|at| (reader, at))).await?;
         }
     }
 }
 
-/// Reads one lane in stream order, from `from`, and hands each event over.
-async fn read_lane(
-    (stream, lane, filter, from): (Stream, usize, String, DeliverPolicy),
-    arrived: mpsc::Sender<Result<Event, Malformed>>,
-) {
-    let config =
-        OrderedConfig { filter_subject: filter, deliver_policy: from, ..Default::default() };
-    let messages = match stream.create_consumer(config).await {
-        Ok(consumer) => consumer.messages().await.map_err(Error::from),
-        Err(err) => Err(Error::from(err)),
-    };
-    let mut messages = match messages {
-        Ok(messages) => messages,
-        Err(err) => return drop(arrived.send(Err(Malformed::Fatal(err))).await),
-    };
-    while let Some(message) = messages.next().await {
-        let event = match message {
-            Ok(message) => event(lane, &message),
-            Err(err) => Err(Malformed::Fatal(Error::from(err))),
-        };
-        if arrived.send(event).await.is_err() {
-            return;
-        }
+/// The lane of a message on `subject`: `<root>.<p>.<type>.<event>` is partition `p`'s,
+/// `<root>.dead_letter` the last; `None` for any other (the transactions' ends).
+fn lane_of(subject: &str, root: &str, partitions: usize) -> Option<usize> {
+    let rest = subject.strip_prefix(root)?.strip_prefix('.')?;
+    if rest == "dead_letter" {
+        return Some(partitions);
+    }
+    let tokens: Vec<&str> = rest.split('.').collect();
+    let partition: usize = tokens.first()?.parse().ok()?;
+    (tokens.len() == 3 && partition < partitions).then_some(partition)
+}
+
+/// The messages read, by stream sequence with when the stream stored each, back to the
+/// last one the reader may resume after.
+#[derive(Default)]
+struct ReadThrough {
+    read: BTreeMap<u64, i64>,
+}
+
+impl ReadThrough {
+    fn read(&mut self, sequence: u64, stored_at: i64) {
+        self.read.insert(sequence, stored_at);
+    }
+
+    /// The last message read before `oldest_waiting` (every one read, when nothing waits):
+    /// the reader may resume after it, as everything up to it is applied or read past.
+    fn safe(&mut self, oldest_waiting: Option<u64>) -> Option<(u64, i64)> {
+        let before = oldest_waiting.unwrap_or(u64::MAX);
+        let (&sequence, &at) = self.read.range(..before).next_back()?;
+        self.read = self.read.split_off(&sequence);
+        Some((sequence, at))
     }
 }
 
@@ -120,6 +133,12 @@ impl Waiting {
         Waiting { transactions: HashMap::new(), lanes: vec![VecDeque::new(); lanes] }
     }
 
+    /// The stream sequence of the oldest event still waiting, if any.
+    fn oldest_sequence(&self) -> Option<u64> {
+        let events = self.transactions.values().flat_map(|t| t.events.values());
+        events.map(|event| event.sequence).min()
+    }
+
     /// Whether events of the transaction `name` are waiting.
     fn knows(&self, name: &str) -> bool {
         self.transactions.contains_key(name)
@@ -132,7 +151,7 @@ impl Waiting {
             lane.push_back(event.transaction.clone());
         }
         if event.transaction.starts_with("seed:") {
-            self.cut_before_seed(event.lane);
+            self.cut_before_seed();
         }
         let transaction = self.transactions.entry(event.transaction.clone()).or_default();
         transaction.rows = transaction.rows.or(event.rows);
@@ -150,15 +169,13 @@ impl Waiting {
         ready
     }
 
-    /// A seed's row arrived on `lane`: a transaction waiting there for its last event will
-    /// never get it (the slot was lost and the seed brings its rest, each row alone). It is
-    /// taken as whole as it is, and said.
-    fn cut_before_seed(&mut self, lane: usize) {
-        for name in &self.lanes[lane] {
-            if let Some(transaction) = self.transactions.get_mut(name)
-                && !transaction.is_whole()
-                && !name.starts_with("seed:")
-            {
+    /// A seed's row arrived: every event stored before it arrived before it, so a
+    /// transaction still waiting for its last event will never get it (the slot was lost and
+    /// the seed brings its rest, each row alone). It is taken as whole as it is, and said.
+    /// One whose last arrived and says more events waits on: for a scheduled row's delivery.
+    fn cut_before_seed(&mut self) {
+        for (name, transaction) in &mut self.transactions {
+            if transaction.rows.is_none() && !name.starts_with("seed:") {
                 eprintln!(
                     "consumer: transaction {name} has {} events and no last (its slot was \
                      lost?): applied as it is",
@@ -204,16 +221,16 @@ impl Waiting {
     }
 }
 
-/// Applies a whole transaction, once, with how far its lanes are now applied.
-async fn apply(db: &mut tokio_postgres::Client, transaction: Transaction) -> Result<(), Error> {
+/// Applies a whole transaction, once, with how far the reader may now resume from
+/// (`through`: its lane, and the sequence and stored time of the message to resume after).
+async fn apply(
+    db: &mut tokio_postgres::Client,
+    transaction: Transaction,
+    through: Option<(usize, (u64, i64))>,
+) -> Result<(), Error> {
     let Some(first) = transaction.events.values().next() else { return Ok(()) };
     let name = first.transaction.clone();
-    let mut through: BTreeMap<usize, (u64, i64)> = BTreeMap::new();
-    for event in transaction.events.values() {
-        let lane = through.entry(event.lane).or_default();
-        *lane = (*lane).max((event.sequence, event.stored_at));
-    }
     let events: Vec<Event> = transaction.events.into_values().collect();
-    record(db, &name, &events, through).await?;
+    record(db, &name, &events, through.into_iter().collect()).await?;
     Ok(())
 }

@@ -197,6 +197,69 @@ async fn the_example_consumer_applies_the_rows_of_every_seed_once() {
     stop_and_wait_released(&pg, app).await;
 }
 
+/// One process for all partitions, a transaction over partitions 0 and 1 (its last event
+/// on 1), 3,000 events on partition 1 before it, and a seeded row on partition 0 after it.
+/// Before, each partition had a reader of its own: partition 0's reached the seeded row
+/// long before partition 1's reached the transaction's last event, took the transaction
+/// for one cut by the lost slot, applied its first event alone and skipped the last as of
+/// a transaction applied before (the consumer soak on nats-server 2.9, 30 minutes: 2,747
+/// events never applied). Now one reader reads the stream in order.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_process_for_all_partitions_cuts_no_transaction_whose_events_are_still_on_their_way() {
+    const BEHIND: usize = 3_000;
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("CREATE DATABASE consumer");
+    // FNV-1a's last bit: aggregate "a" is on partition 0 of 2, "b" on partition 1.
+    let template = "outbox.{$partition}.{aggregate_type}.{event_type}";
+    let args = ["--partitions", "2", "--subject-template", template];
+    let app = Pgoutbox::run(&pg, &nats, &args);
+    wait_until_streaming(&pg, &app).await;
+    let row = |aggregate: &str, n: usize| {
+        format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('order', '{aggregate}', 'created', '{{\"n\": {n}}}');\n"
+        )
+    };
+    pg.psql(&format!(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+         SELECT 'order', 'b', 'created', jsonb_build_object('n', n) \
+         FROM generate_series(0, {}) n",
+        BEHIND - 1
+    ));
+    pg.psql(&format!("BEGIN;\n{}{}COMMIT;", row("a", BEHIND), row("b", BEHIND + 1)));
+    let js = crate::support::stream::jetstream(&nats.url()).await;
+    let stored = BEHIND as u64 + 2;
+    crate::support::eventually(Duration::from_secs(60), "every row stored", || async {
+        (crate::support::stream::count(&js, "OUTBOX").await >= stored).then_some(())
+    })
+    .await;
+    stop_and_wait_released(&pg, app).await;
+    pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
+    pg.psql(&row("a", BEHIND + 2));
+    let recovery = ["--recover", "--recover-margin", "0s"];
+    let app = Pgoutbox::run(&pg, &nats, &[&args[..], &recovery].concat());
+    crate::support::eventually(Duration::from_secs(60), "the seeded row stored", || async {
+        (crate::support::stream::count(&js, "OUTBOX").await > stored).then_some(())
+    })
+    .await;
+
+    let consumer = start_consumer_with(&pg, &nats, &[("PARTITIONS", "2")]);
+    wait_applied(&pg, &consumer, BEHIND as u64 + 3, "every event applied").await;
+    let whole = pg.psql_db(
+        "consumer",
+        &format!(
+            "SELECT count(*) FROM consumer_events WHERE (convert_from(payload, 'UTF8')::json->>'n')::int \
+             IN ({BEHIND}, {}) GROUP BY transaction",
+            BEHIND + 1
+        ),
+    );
+    assert_eq!(whole, "2", "the transaction applied whole\n{}", consumer.log());
+    assert!(!consumer.log().contains("no last"), "{}", consumer.log());
+    stop_and_wait_released(&pg, app).await;
+}
+
 const ORDERS_TEMPLATE: &str = "orders.{$partition}.{aggregate_type}.{event_type}";
 
 /// The README's way to the example consumer, as a reader follows it: `pgoutbox run` as the
