@@ -64,8 +64,9 @@ pub async fn consume(
             continue;
         }
         let event = fetched(js, event).await?;
+        read.waits();
         for transaction in waiting.add(event) {
-            let through = read.safe(waiting.oldest_sequence());
+            let through = read.safe(&transaction, waiting.oldest_sequence());
             apply(db, transaction, through.map(|at| (reader, at))).await?;
         }
     }
@@ -83,25 +84,43 @@ fn lane_of(subject: &str, root: &str, partitions: usize) -> Option<usize> {
     (tokens.len() == 3 && partition < partitions).then_some(partition)
 }
 
-/// The messages read, by stream sequence with when the stream stored each, back to the
-/// last one the reader may resume after.
+/// How far the reader may resume from: after the last message read, or, while events
+/// wait, after the message read just before the oldest of them.
 #[derive(Default)]
 struct ReadThrough {
-    read: BTreeMap<u64, i64>,
+    /// The last message read and the one before it: stream sequence, when stored.
+    last: Option<(u64, i64)>,
+    previous: Option<(u64, i64)>,
+    /// For each event waiting, by its sequence: the message read just before it.
+    before: HashMap<u64, (u64, i64)>,
 }
 
 impl ReadThrough {
     fn read(&mut self, sequence: u64, stored_at: i64) {
-        self.read.insert(sequence, stored_at);
+        self.previous = self.last.replace((sequence, stored_at));
     }
 
-    /// The last message read before `oldest_waiting` (every one read, when nothing waits):
-    /// the reader may resume after it, as everything up to it is applied or read past.
-    fn safe(&mut self, oldest_waiting: Option<u64>) -> Option<(u64, i64)> {
-        let before = oldest_waiting.unwrap_or(u64::MAX);
-        let (&sequence, &at) = self.read.range(..before).next_back()?;
-        self.read = self.read.split_off(&sequence);
-        Some((sequence, at))
+    /// The message just read is an event that waits (for the rest of its transaction).
+    fn waits(&mut self) {
+        if let (Some((sequence, _)), Some(previous)) = (self.last, self.previous) {
+            self.before.insert(sequence, previous);
+        }
+    }
+
+    /// Where the reader may resume after, once `transaction` is applied, given the oldest
+    /// event still waiting.
+    fn safe(
+        &mut self,
+        transaction: &Transaction,
+        oldest_waiting: Option<u64>,
+    ) -> Option<(u64, i64)> {
+        for event in transaction.events.values() {
+            self.before.remove(&event.sequence);
+        }
+        match oldest_waiting {
+            Some(oldest) => self.before.get(&oldest).copied(),
+            None => self.last,
+        }
     }
 }
 
