@@ -102,20 +102,25 @@ pub fn status_keepalive(wal_sender_timeout: Option<Duration>) -> Duration {
     }
 }
 
+/// A `SHOW wal_sender_timeout` answer that is not a duration.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("wal_sender_timeout {0:?} is not a duration")]
+pub struct NotADuration(String);
+
 /// The value of `SHOW wal_sender_timeout` (`60s`, `1min`, `500ms`, `0`; a bare number is
 /// milliseconds); `None` when disabled.
-pub fn parse_wal_sender_timeout(shown: &str) -> Result<Option<Duration>, String> {
+pub fn parse_wal_sender_timeout(shown: &str) -> Result<Option<Duration>, NotADuration> {
     let shown = shown.trim();
     let split = shown.find(|c: char| !c.is_ascii_digit()).unwrap_or(shown.len());
     let (number, unit) = shown.split_at(split);
-    let number: u64 = number.parse().map_err(|_| format!("not a duration: {shown:?}"))?;
+    let number: u64 = number.parse().map_err(|_| NotADuration(shown.to_owned()))?;
     let millis_per_unit = match unit.trim() {
         "" | "ms" => 1,
         "s" => 1_000,
         "min" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
-        other => return Err(format!("unknown unit {other:?} in {shown:?}")),
+        _ => return Err(NotADuration(shown.to_owned())),
     };
     Ok((number > 0).then(|| Duration::from_millis(number.saturating_mul(millis_per_unit))))
 }
