@@ -25,11 +25,13 @@ use std::collections::VecDeque;
 
 use super::*;
 use crate::domain::outbox::DEAD_LETTER_ID_PREFIX;
+use legacy::Legacy;
 
 mod cases;
 mod faults;
 mod forgetting;
 mod jetstream;
+mod legacy;
 mod promises;
 mod search;
 mod steps;
@@ -99,16 +101,6 @@ struct World {
     /// The server lost power and this attempt's connection died with it; pgoutbox has not
     /// noticed yet ([`Step::Notice`]).
     unnoticed: bool,
-}
-
-/// The publish protocol up to 2026-11, transcribed to show that the model check catches
-/// its loss: every message chained by `Nats-Expected-Last-Sequence`, a place counted by each
-/// attempt; after any duplicate, the place moves back by one per message in flight, whose
-/// answers are awaited and each sent again (`pipeline/resend.rs` then).
-#[derive(Debug, Clone, Copy, Default)]
-struct Legacy {
-    expected: u64,
-    resend_left: usize,
 }
 
 /// The message id of a row, or of an old message, with the id number `id`.
@@ -330,105 +322,9 @@ impl World {
 
     fn apply(&mut self, step: Step) -> Result<(), Broken> {
         match step {
-            Step::Decode => {
-                let event = self.attempt.events[self.attempt.next_event];
-                self.attempt.next_event += 1;
-                match event {
-                    Decoded::Row(row) => {
-                        let position = self.position(row);
-                        // One history: the tail's row is always where the tail says.
-                        let id = id_of(self.ids[row]);
-                        let step = self.attempt.protocol.on_row(position, Some(&id));
-                        if step.map_err(|err| err.to_string())? == RowStep::Publish {
-                            self.send(self.message_of(row));
-                        }
-                    }
-                    Decoded::Commit(end) => {
-                        let timing = Timing { committed: 0, received: 0 };
-                        self.attempt.protocol.on_commit(end, timing).map_err(|e| e.to_string())?;
-                    }
-                }
-            }
-            Step::Receive => {
-                let (answer, found_staged) =
-                    self.current().to_client.pop_front().ok_or("no answer")?;
-                self.answered_staged |= found_staged;
-                let sent =
-                    self.attempt.in_flight.pop_front().ok_or("an answer with nothing sent")?;
-                let row = sent.row().ok_or("a message of no row in flight")?;
-                let position = self.position(row);
-                if let Some(legacy) = self.legacy.as_mut() {
-                    if legacy.resend_left > 0 {
-                        // A message chained behind a duplicate: sent again in place.
-                        legacy.resend_left -= 1;
-                        if matches!(answer, Answer::Stored { .. }) {
-                            self.end_attempt(false);
-                            return self.check_stream();
-                        }
-                        let guard =
-                            Written { last_sequence: Some(legacy.expected), last_msg_id: None };
-                        legacy.expected += 1;
-                        self.attempt.in_flight.push_back(sent);
-                        let id = self.id_of_message(sent);
-                        let write = Write { message: sent, id, guard, after_staged: false };
-                        self.current().to_server.push_back(write);
-                        return self.check_stream();
-                    }
-                    if let Answer::Duplicate { .. } = answer {
-                        let stale = self.attempt.in_flight.len();
-                        legacy.expected -= 1 + stale as u64;
-                        legacy.resend_left = stale;
-                    }
-                }
-                let answer = match (self.legacy, answer) {
-                    (Some(_), Answer::Duplicate { sequence }) => Answer::Stored { sequence },
-                    _ => answer,
-                };
-                if let Answer::Stored { sequence } = answer {
-                    self.stored_ack(sequence, position);
-                }
-                let mut outcome = self.attempt.protocol.on_answer(answer);
-                if let Outcome::CheckDuplicate { sequence } = outcome {
-                    // The older message's headers say whether it is this row, stored before.
-                    let index = usize::try_from(sequence).ok().and_then(|s| s.checked_sub(1));
-                    let origin = index.and_then(|i| self.jetstream.stored.get(i));
-                    let same_row = origin == Some(&sent);
-                    if !same_row && let Some((_, letters)) = self.memory.as_mut() {
-                        letters.push(row);
-                    }
-
-                    outcome = self.attempt.protocol.on_duplicate_origin(position, same_row);
-                }
-                // What the position rests on: the message acknowledged, its place in the
-                // stream given by the answer (`service::pipeline::acks`).
-                if let (
-                    Outcome::Stored | Outcome::AlreadyInPlace,
-                    Answer::Stored { sequence } | Answer::Duplicate { sequence },
-                ) = (outcome, answer)
-                {
-                    self.stored_ack(sequence, position);
-                }
-                match outcome {
-                    Outcome::EndAttempt => self.end_attempt(false),
-                    Outcome::Collision => self.send(Message::Letter(row)),
-                    _ => self.confirm(),
-                }
-            }
-            Step::Execute(i) => {
-                let write = self.connections[i].to_server.pop_front().ok_or("nothing written")?;
-                let found_staged = self.jetstream.holds_staged_id(&write.id);
-                let (answer, staged_anew) = self.jetstream.process(&write);
-                if staged_anew && write.after_staged {
-                    return Err(Broken::from(format!(
-                        "{:?}, sent after a 'staged' answer, staged its id anew: each row \
-                         would wait for a duplicate window of its own",
-                        write.message
-                    )));
-                }
-                if i == self.attempt.connection {
-                    self.connections[i].to_client.push_back((answer, found_staged));
-                }
-            }
+            Step::Decode => self.decode()?,
+            Step::Receive => self.receive()?,
+            Step::Execute(i) => self.execute(i)?,
             Step::Lose(i) => self.connections[i].to_server.clear(),
             Step::GiveUp => {
                 self.faults.give_ups -= 1;
@@ -464,6 +360,90 @@ impl World {
             | Step::LookAnswered => self.apply_horizon(step),
         }
         self.check_stream()
+    }
+
+    /// The attempt's next decoded event through the protocol: a row it says to publish is sent.
+    fn decode(&mut self) -> Result<(), Broken> {
+        let event = self.attempt.events[self.attempt.next_event];
+        self.attempt.next_event += 1;
+        match event {
+            Decoded::Row(row) => {
+                let position = self.position(row);
+                // One history: the tail's row is always where the tail says.
+                let id = id_of(self.ids[row]);
+                let step = self.attempt.protocol.on_row(position, Some(&id));
+                if step.map_err(|err| err.to_string())? == RowStep::Publish {
+                    self.send(self.message_of(row));
+                }
+            }
+            Decoded::Commit(end) => {
+                let timing = Timing { committed: 0, received: 0 };
+                self.attempt.protocol.on_commit(end, timing).map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The attempt's connection's next answer, to the oldest message in flight, through the
+    /// protocol; then what it says: confirm, send the row's dead letter, or end the attempt.
+    fn receive(&mut self) -> Result<(), Broken> {
+        let (answer, found_staged) = self.current().to_client.pop_front().ok_or("no answer")?;
+        self.answered_staged |= found_staged;
+        let sent = self.attempt.in_flight.pop_front().ok_or("an answer with nothing sent")?;
+        let row = sent.row().ok_or("a message of no row in flight")?;
+        let position = self.position(row);
+        let Some(answer) = self.legacy_answer(sent, answer) else {
+            return Ok(());
+        };
+        if let Answer::Stored { sequence } = answer {
+            self.stored_ack(sequence, position);
+        }
+        let mut outcome = self.attempt.protocol.on_answer(answer);
+        if let Outcome::CheckDuplicate { sequence } = outcome {
+            // The older message's headers say whether it is this row, stored before.
+            let index = usize::try_from(sequence).ok().and_then(|s| s.checked_sub(1));
+            let origin = index.and_then(|i| self.jetstream.stored.get(i));
+            let same_row = origin == Some(&sent);
+            if !same_row && let Some((_, letters)) = self.memory.as_mut() {
+                letters.push(row);
+            }
+
+            outcome = self.attempt.protocol.on_duplicate_origin(position, same_row);
+        }
+        // What the position rests on: the message acknowledged, its place in the
+        // stream given by the answer (`service::pipeline::acks`).
+        if let (
+            Outcome::Stored | Outcome::AlreadyInPlace,
+            Answer::Stored { sequence } | Answer::Duplicate { sequence },
+        ) = (outcome, answer)
+        {
+            self.stored_ack(sequence, position);
+        }
+        match outcome {
+            Outcome::EndAttempt => self.end_attempt(false),
+            Outcome::Collision => self.send(Message::Letter(row)),
+            _ => self.confirm(),
+        }
+        Ok(())
+    }
+
+    /// nats-server executes connection `i`'s oldest write; the attempt's connection hears the
+    /// answer.
+    fn execute(&mut self, i: usize) -> Result<(), Broken> {
+        let write = self.connections[i].to_server.pop_front().ok_or("nothing written")?;
+        let found_staged = self.jetstream.holds_staged_id(&write.id);
+        let (answer, staged_anew) = self.jetstream.process(&write);
+        if staged_anew && write.after_staged {
+            return Err(Broken::from(format!(
+                "{:?}, sent after a 'staged' answer, staged its id anew: each row \
+                 would wait for a duplicate window of its own",
+                write.message
+            )));
+        }
+        if i == self.attempt.connection {
+            self.connections[i].to_client.push_back((answer, found_staged));
+        }
+        Ok(())
     }
 
     /// What the pipeline reports to Postgres, checked against the stream: with a horizon,
