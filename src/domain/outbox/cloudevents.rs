@@ -156,31 +156,10 @@ impl Envelope {
         let event_type = mapping.text(tuple, self.event_type).map_err(|Rejection(why)| {
             Rejection(format!("{why}: a CloudEvent needs a type (ce-type)"))
         })?;
-        let time = match self.time.map(|i| (i, &tuple[i])) {
-            Some((i, ColumnValue::Text(text) | ColumnValue::Binary(text))) => {
-                let text = std::str::from_utf8(text).ok();
-                Some(text.and_then(rfc3339).ok_or_else(|| {
-                    Rejection(format!(
-                        "column {} = {:?} is not a time with a zone, needed as ce-time",
-                        mapping.name(i),
-                        super::dead_letter::shorten(text.unwrap_or_default(), 64)
-                    ))
-                })?)
-            }
-            _ => None,
-        };
+        let time = self.time_of(mapping, tuple)?;
         let subject = match self.subject.map(|i| &tuple[i]) {
             Some(ColumnValue::Null | ColumnValue::UnchangedToast) | None => None,
             Some(_) => self.subject.map(|i| mapping.text(tuple, i)).transpose()?,
-        };
-        let content_type = match self.content {
-            Content::Json => "application/json",
-            Content::Bytes => "application/octet-stream",
-            Content::Text => "text/plain",
-            Content::Guess if serde_json::from_slice::<&RawValue>(&payload).is_ok() => {
-                "application/json"
-            }
-            Content::Guess => "text/plain",
         };
         let event = Event {
             specversion: "1.0",
@@ -189,54 +168,54 @@ impl Envelope {
             event_type,
             subject,
             time: time.as_deref(),
-            datacontenttype: content_type,
+            datacontenttype: self.content_type(&payload),
             data: None,
             data_base64: None,
         };
         match self.mode {
             ContentMode::Binary => {
-                headers.insert("ce-specversion", event.specversion);
-                headers.insert("ce-id", &percent_encode(id));
-                headers.insert("ce-source", &percent_encode(event.source));
-                headers.insert("ce-type", &percent_encode(event_type));
-                if let Some(time) = event.time {
-                    headers.insert("ce-time", time);
-                }
-                if let Some(subject) = subject {
-                    headers.insert("ce-subject", &percent_encode(subject));
-                }
-                headers.insert("ce-datacontenttype", content_type);
-                headers.insert("Content-Type", content_type);
+                event.write_headers(headers);
                 Ok(payload)
             }
             ContentMode::Structured => {
                 headers.insert("Content-Type", STRUCTURED_CONTENT_TYPE);
-                let not_utf8 = || Rejection("the payload is not valid UTF-8 text".into());
-                let event = match content_type {
-                    "application/json" => Event {
-                        data: Some(Data::Json(
-                            serde_json::from_slice(&payload)
-                                .map_err(|_| Rejection("the payload is not valid JSON".into()))?,
-                        )),
-                        ..event
-                    },
-                    "text/plain" => Event {
-                        data: Some(Data::Text(
-                            std::str::from_utf8(&payload).map_err(|_| not_utf8())?,
-                        )),
-                        ..event
-                    },
-                    _ => Event {
-                        data_base64: Some(
-                            base64::engine::general_purpose::STANDARD.encode(&payload),
-                        ),
-                        ..event
-                    },
-                };
-                serde_json::to_vec(&event)
-                    .map(Bytes::from)
-                    .map_err(|err| Rejection(format!("the event cannot be written as JSON: {err}")))
+                event.structured(&payload)
             }
+        }
+    }
+
+    /// The time column's value as RFC 3339 (ce-time), if the envelope has one.
+    fn time_of(
+        &self,
+        mapping: &RowMapping,
+        tuple: &[ColumnValue],
+    ) -> Result<Option<String>, Rejection> {
+        match self.time.map(|i| (i, &tuple[i])) {
+            Some((i, ColumnValue::Text(text) | ColumnValue::Binary(text))) => {
+                let text = std::str::from_utf8(text).ok();
+                let time = text.and_then(rfc3339).ok_or_else(|| {
+                    Rejection(format!(
+                        "column {} = {:?} is not a time with a zone, needed as ce-time",
+                        mapping.name(i),
+                        super::dead_letter::shorten(text.unwrap_or_default(), 64)
+                    ))
+                })?;
+                Ok(Some(time))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The payload's media type: the column's type says, or, where it cannot, the payload.
+    fn content_type(&self, payload: &[u8]) -> &'static str {
+        match self.content {
+            Content::Json => "application/json",
+            Content::Bytes => "application/octet-stream",
+            Content::Text => "text/plain",
+            Content::Guess if serde_json::from_slice::<&RawValue>(payload).is_ok() => {
+                "application/json"
+            }
+            Content::Guess => "text/plain",
         }
     }
 }
@@ -264,6 +243,50 @@ struct Event<'a> {
 enum Data<'a> {
     Json(&'a RawValue),
     Text(&'a str),
+}
+
+impl<'a> Event<'a> {
+    /// Binary content mode: each attribute a `ce-` header, the payload the body as it is.
+    fn write_headers(&self, headers: &mut Headers) {
+        headers.insert("ce-specversion", self.specversion);
+        headers.insert("ce-id", &percent_encode(self.id));
+        headers.insert("ce-source", &percent_encode(self.source));
+        headers.insert("ce-type", &percent_encode(self.event_type));
+        if let Some(time) = self.time {
+            headers.insert("ce-time", time);
+        }
+        if let Some(subject) = self.subject {
+            headers.insert("ce-subject", &percent_encode(subject));
+        }
+        headers.insert("ce-datacontenttype", self.datacontenttype);
+        headers.insert("Content-Type", self.datacontenttype);
+    }
+
+    /// Structured content mode: the event as one JSON document, the payload its `data` (JSON
+    /// or text) or `data_base64` (bytes).
+    fn structured(self, payload: &'a [u8]) -> Result<Bytes, Rejection> {
+        let not_utf8 = || Rejection("the payload is not valid UTF-8 text".into());
+        let event = match self.datacontenttype {
+            "application/json" => Event {
+                data: Some(Data::Json(
+                    serde_json::from_slice(payload)
+                        .map_err(|_| Rejection("the payload is not valid JSON".into()))?,
+                )),
+                ..self
+            },
+            "text/plain" => Event {
+                data: Some(Data::Text(std::str::from_utf8(payload).map_err(|_| not_utf8())?)),
+                ..self
+            },
+            _ => Event {
+                data_base64: Some(base64::engine::general_purpose::STANDARD.encode(payload)),
+                ..self
+            },
+        };
+        serde_json::to_vec(&event)
+            .map(Bytes::from)
+            .map_err(|err| Rejection(format!("the event cannot be written as JSON: {err}")))
+    }
 }
 
 /// A header value as the NATS binding encodes a string: space, `"`, `%` and every byte
