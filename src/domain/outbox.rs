@@ -293,13 +293,7 @@ impl RowMapping {
                 self.column_names.len()
             )));
         }
-        let text = self.text(tuple, self.id)?;
-        if text.is_empty() || text.contains(['\r', '\n']) {
-            return Err(Rejection(format!(
-                "column {} is not a usable message id",
-                self.name(self.id)
-            )));
-        }
+        let text = self.id_text(tuple)?;
         let id = format!("{}{}{text}", self.id_prefix, self.id_qualifier);
         let mut subject = self.subject_of(tuple)?;
         let mut headers = Headers::with_capacity(256);
@@ -316,59 +310,43 @@ impl RowMapping {
         if let Some(i) = self.headers {
             self.add_user_headers(&tuple[i], &mut headers)?;
         }
-        if let Some(i) = self.ttl
-            && let ColumnValue::Text(value) | ColumnValue::Binary(value) = &tuple[i]
-        {
-            let ttl = controls::ttl_value(utf8(value, || self.name(i))?)
-                .map_err(|Rejection(why)| Rejection(format!("column {}: {why}", self.name(i))))?;
-            // A held row's TTL is its delivered message's (ADR-51's `Nats-Schedule-TTL`),
-            // not its schedule's, which would expire before its time.
-            let held = self.schedule.as_ref().is_some_and(|(s, _)| {
-                matches!(&tuple[*s], ColumnValue::Text(_) | ColumnValue::Binary(_))
-            });
-            let header = if held { controls::SCHEDULE_TTL_HEADER } else { controls::TTL_HEADER };
-            headers.insert(header, &ttl);
-        }
-        if let Some((i, schedule)) = &self.schedule
-            && let ColumnValue::Text(value) | ColumnValue::Binary(value) = &tuple[*i]
-        {
-            let at = controls::schedule_value(utf8(value, || self.name(*i))?)
-                .map_err(|Rejection(why)| Rejection(format!("column {}: {why}", self.name(*i))))?;
-            let held_on = schedule.subject(&id);
-            if !held_on.split('.').all(|token| check_subject_token(token).is_ok())
-                || held_on.len() + controls::HELD_POSITION_BYTES > MAX_SUBJECT_BYTES
-            {
-                return Err(Rejection(format!(
-                    "column {} = {:?} cannot name the subject a scheduled row is held on \
-                     ({held_on:?}: an id with an empty token, whitespace, `*` or `>`, or too \
-                     long)",
-                    self.name(self.id),
-                    dead_letter::shorten(text, SHOWN_VALUE_BYTES)
-                )));
-            }
-            headers.insert(controls::SCHEDULE_HEADER, &at);
-            headers.insert(controls::SCHEDULE_TARGET_HEADER, &subject);
-            // The event's id, as a consumer keys it: a replay's copy is the same event.
-            let event_id = format!("{}{text}", self.id_qualifier);
-            headers.insert(controls::EVENT_ID_HEADER, &event_id);
+        self.set_ttl(tuple, &mut headers)?;
+        if let Some(held_on) = self.hold_until_due(tuple, text, &id, &subject, &mut headers)? {
             subject = held_on;
         }
-        let payload = match &tuple[self.payload] {
-            ColumnValue::Text(bytes) if self.payload_is_bytea => bytea_text(bytes)
-                .ok_or_else(|| Rejection("bytea payload is not in hex format".into()))?,
-            ColumnValue::Text(bytes) | ColumnValue::Binary(bytes) => bytes.clone(),
-            ColumnValue::Null => {
-                return Err(Rejection(format!("column {} is NULL", self.name(self.payload))));
-            }
-            ColumnValue::UnchangedToast => {
-                return Err(Rejection("payload was not sent (unchanged TOAST)".into()));
-            }
-        };
+        let payload = self.payload_of(tuple)?;
         let payload = match &self.envelope {
             None => payload,
             Some(envelope) => envelope.wrap(self, tuple, text, &mut headers, payload)?,
         };
         Ok(OutboxEvent { id, subject, headers, payload })
+    }
+
+    /// The row's id column as text, if it can be a message id.
+    fn id_text<'a>(&self, tuple: &'a [ColumnValue]) -> Result<&'a str, Rejection> {
+        let text = self.text(tuple, self.id)?;
+        if text.is_empty() || text.contains(['\r', '\n']) {
+            return Err(Rejection(format!(
+                "column {} is not a usable message id",
+                self.name(self.id)
+            )));
+        }
+        Ok(text)
+    }
+
+    /// The payload column's bytes (a `bytea` as the bytes it holds).
+    fn payload_of(&self, tuple: &[ColumnValue]) -> Result<Bytes, Rejection> {
+        match &tuple[self.payload] {
+            ColumnValue::Text(bytes) if self.payload_is_bytea => bytea_text(bytes)
+                .ok_or_else(|| Rejection("bytea payload is not in hex format".into())),
+            ColumnValue::Text(bytes) | ColumnValue::Binary(bytes) => Ok(bytes.clone()),
+            ColumnValue::Null => {
+                Err(Rejection(format!("column {} is NULL", self.name(self.payload))))
+            }
+            ColumnValue::UnchangedToast => {
+                Err(Rejection("payload was not sent (unchanged TOAST)".into()))
+            }
+        }
     }
 
     fn add_user_headers(

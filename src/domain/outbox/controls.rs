@@ -10,8 +10,12 @@
 //! columns, since pgoutbox must know of them (a schedule's subject, the messages the server
 //! writes at its time: `nats::publisher`'s tail).
 
-use super::Rejection;
+use super::dead_letter::shorten;
+use super::{
+    Headers, MAX_SUBJECT_BYTES, Rejection, RowMapping, SHOWN_VALUE_BYTES, check_subject_token, utf8,
+};
 use crate::domain::progress::Position;
+use crate::domain::row::ColumnValue;
 
 /// The header holding a message's time to live (nats-server 2.11+, `allow_msg_ttl`).
 pub const TTL_HEADER: &str = "Nats-TTL";
@@ -70,6 +74,64 @@ pub fn held_at(subject: &mut String, headers: &super::Headers, position: Positio
     use std::fmt::Write;
     if headers.get(SCHEDULE_HEADER).is_some() {
         let _ = write!(subject, ".{position}");
+    }
+}
+
+impl RowMapping {
+    /// `--ttl-column`: the row's time to live, as the header the server reads it from.
+    pub(super) fn set_ttl(
+        &self,
+        tuple: &[ColumnValue],
+        headers: &mut Headers,
+    ) -> Result<(), Rejection> {
+        let Some(i) = self.ttl else { return Ok(()) };
+        let (ColumnValue::Text(value) | ColumnValue::Binary(value)) = &tuple[i] else {
+            return Ok(());
+        };
+        let ttl = ttl_value(utf8(value, || self.name(i))?)
+            .map_err(|Rejection(why)| Rejection(format!("column {}: {why}", self.name(i))))?;
+        // A held row's TTL is its delivered message's (ADR-51's `Nats-Schedule-TTL`), not its
+        // schedule's, which would expire before its time.
+        let held = self.schedule.as_ref().is_some_and(|(s, _)| {
+            matches!(&tuple[*s], ColumnValue::Text(_) | ColumnValue::Binary(_))
+        });
+        headers.insert(if held { SCHEDULE_TTL_HEADER } else { TTL_HEADER }, &ttl);
+        Ok(())
+    }
+
+    /// `--schedule-column`: a row with a time is held until then on a subject of its own
+    /// (returned), its schedule's headers naming when and the event's `subject`; the row's
+    /// id is `text`, its message id `id`.
+    pub(super) fn hold_until_due(
+        &self,
+        tuple: &[ColumnValue],
+        text: &str,
+        id: &str,
+        subject: &str,
+        headers: &mut Headers,
+    ) -> Result<Option<String>, Rejection> {
+        let Some((i, schedule)) = &self.schedule else { return Ok(None) };
+        let (ColumnValue::Text(value) | ColumnValue::Binary(value)) = &tuple[*i] else {
+            return Ok(None);
+        };
+        let at = schedule_value(utf8(value, || self.name(*i))?)
+            .map_err(|Rejection(why)| Rejection(format!("column {}: {why}", self.name(*i))))?;
+        let held_on = schedule.subject(id);
+        if !held_on.split('.').all(|token| check_subject_token(token).is_ok())
+            || held_on.len() + HELD_POSITION_BYTES > MAX_SUBJECT_BYTES
+        {
+            return Err(Rejection(format!(
+                "column {} = {:?} cannot name the subject a scheduled row is held on \
+                 ({held_on:?}: an id with an empty token, whitespace, `*` or `>`, or too long)",
+                self.name(self.id),
+                shorten(text, SHOWN_VALUE_BYTES)
+            )));
+        }
+        headers.insert(SCHEDULE_HEADER, &at);
+        headers.insert(SCHEDULE_TARGET_HEADER, subject);
+        // The event's id, as a consumer keys it: a replay's copy is the same event.
+        headers.insert(EVENT_ID_HEADER, &format!("{}{text}", self.id_qualifier));
+        Ok(Some(held_on))
     }
 }
 
