@@ -26,7 +26,7 @@ const RUN_ONLY: [&str; 4] = ["--object-store", "PAYLOADS", "--object-store-over"
 #[ignore = "minutes long: run it with scripts/soak.sh --consumer --minutes N --seed S"]
 async fn the_example_consumer_applies_every_event_once_whole_and_in_order_under_a_seeded_nemesis() {
     let settings = Settings::from_env();
-    eprintln!("consumer soak seed {}: {}", settings.seed, settings.replay_line());
+    eprintln!("consumer soak seed {}: {}", settings.seed, settings.replay_line(true));
     let rng = Rng::new(settings.seed);
     let pg = Postgres::start();
     let nats = Nats::start();
@@ -137,7 +137,7 @@ async fn the_example_consumer_applies_every_event_once_whole_and_in_order_under_
         applied.len(),
         faults.join(" "),
         if violations.is_empty() { "none".to_owned() } else { violations.join("\n  ") },
-        settings.replay_line()
+        settings.replay_line(true)
     );
     assert_eq!(verdict.count(), 0, "the consumer soak found violations");
 }

@@ -34,7 +34,7 @@ use crate::support::{Nats, Postgres, confirmed_flush, parse_lsn, wait_until_stre
 #[ignore = "minutes long: run it with scripts/soak.sh --minutes N --seed S"]
 async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
     let settings = Settings::from_env();
-    eprintln!("soak seed {}: replay with `{}`", settings.seed, settings.replay_line());
+    eprintln!("soak seed {}: replay with `{}`", settings.seed, settings.replay_line(false));
     eprintln!("{settings:?}");
     let rng = Rng::new(settings.seed);
     let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
@@ -156,7 +156,7 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         verdict = verdict.summary(),
         notes = notes(&nemesis.notes),
         logs = nemesis.logs.display(),
-        line = settings.replay_line(),
+        line = settings.replay_line(false),
     );
     eprintln!("\n===== soak summary =====\n{summary}");
     assert_eq!(verdict.count(), 0, "the soak found violations\n{summary}");

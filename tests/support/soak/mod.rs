@@ -173,8 +173,9 @@ impl Settings {
         }
     }
 
-    /// The line that replays this run.
-    pub fn replay_line(&self) -> String {
+    /// The command that runs this soak again: the nemesis soak's, or with `consumer` the
+    /// consumer soak's; on the nats-server it ran against.
+    pub fn replay_line(&self, consumer: bool) -> String {
         let off: Vec<&str> = Fault::ALL
             .iter()
             .filter(|f| !self.faults.contains(f))
@@ -185,7 +186,13 @@ impl Settings {
             .chain((!self.large).then_some("large"))
             .collect();
         let minutes = self.duration.as_secs_f64() / 60.0;
-        let mut line = format!("scripts/soak.sh --minutes {minutes} --seed {}", self.seed);
+        let server = std::env::var("PGOUTBOX_TEST_NATS").ok().filter(|v| !v.is_empty());
+        let mut line = server.map(|v| format!("PGOUTBOX_TEST_NATS={v} ")).unwrap_or_default();
+        line.push_str("scripts/soak.sh");
+        if consumer {
+            line.push_str(" --consumer");
+        }
+        line.push_str(&format!(" --minutes {minutes} --seed {}", self.seed));
         if !off.is_empty() {
             line.push_str(&format!(" --off {}", off.join(",")));
         }
