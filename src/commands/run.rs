@@ -170,10 +170,15 @@ async fn attempts(
         let Next::RetryAfter(delay) = policy.after(err.failure(), attempt) else {
             return Err(err.into());
         };
-        if overtaken(target, &err, acknowledged) {
+        if overtaken(target, &err)
+            && let Some(pause) = policy.after_overtaken(attempt)
+        {
             info!(%err, "the stream took a message pgoutbox did not write (a scheduled row \
                 delivered?); streaming on behind it");
-            continue;
+            tokio::select! {
+                () = tokio::time::sleep(pause) => continue,
+                () = shutdown.requested() => return Ok(()),
+            }
         }
         announced.failure(&err, acknowledged, delay, readiness);
         tokio::select! {
@@ -184,13 +189,12 @@ async fn attempts(
 }
 
 /// Whether a scheduled row the server delivered into the stream overtook the attempt's
-/// next message: the next attempt reads the tail past it and anchors behind it, at once
-/// when this one had got on (else, as any refusal, after the backoff). Not an error: it is
-/// how every delivery ends an attempt.
-fn overtaken(target: &Target<'_>, err: &PipelineError, acknowledged: bool) -> bool {
+/// next message: the next attempt reads the tail past it and anchors behind it, as soon as
+/// `RetryPolicy::after_overtaken` says. Not an error: it is how every delivery ends an
+/// attempt.
+fn overtaken(target: &Target<'_>, err: &PipelineError) -> bool {
     matches!(err, PipelineError::Nats(failure) if failure.kind == NatsFailureKind::OutOfOrder)
         && target.config.schedules().next().is_some()
-        && acknowledged
 }
 
 /// What the failures of attempts were told as so far: waiting as a standby and for a

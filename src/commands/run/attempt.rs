@@ -150,9 +150,8 @@ impl Target<'_> {
         readiness: &Readiness,
     ) -> Result<Started, PipelineError> {
         let Target { config, pipeline, database, publisher, dialer, failover, .. } = self;
-        let tail =
-            leader_probe("reading the end of the stream", "no stream leader?", publisher.tail())
-                .await?;
+        let tail = publisher.tail(memory.stored);
+        let tail = leader_probe("reading the end of the stream", "no stream leader?", tail).await?;
         // async-nats may have moved to another server of the list since.
         Metrics::nats_info(&publisher.server_version(), true);
         let mut conn = ReplicationConnection::connect(database, &config.pg_tls).await?;

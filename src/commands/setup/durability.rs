@@ -68,7 +68,7 @@ pub(super) async fn forgotten_past_the_slot(
         return Ok(None);
     };
     let confirmed = slot.confirmed_flush_lsn.as_deref().and_then(|l| l.parse::<PgLsn>().ok());
-    let tail = publisher.tail().await?;
+    let tail = publisher.tail(None).await?;
     let judged = Forgotten::judge(
         stored,
         tail.last_sequence,

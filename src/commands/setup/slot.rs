@@ -182,7 +182,7 @@ fn refused(name: &str, slot: Option<admin::SlotState>, refusal: Refusal) -> anyh
 
 /// Whether the stream is empty, and whether this source (the claim's `holder`) wrote it.
 async fn stream_facts(publisher: &Publisher, holder: Claim) -> anyhow::Result<(bool, bool)> {
-    let tail = publisher.tail().await?;
+    let tail = publisher.tail(None).await?;
     let written_before = match holder {
         // By an earlier run, or by a setup that stopped short of making the slot (then
         // nothing was ever stored).

@@ -22,7 +22,7 @@ pub(super) async fn bound(
     mappings: &[Arc<RowMapping>],
     margin: f64,
 ) -> Result<Option<f64>, SeedError> {
-    let tail = publisher.tail().await?;
+    let tail = publisher.tail(None).await?;
     if tail.last_sequence == 0 {
         return Ok(None);
     }
