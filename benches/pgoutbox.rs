@@ -1,6 +1,8 @@
 //! pgoutbox next to the physical limits and next to a polling relay, in one run on one
 //! machine. Run with `cargo bench --bench pgoutbox` (about 17 minutes on 2 cores) or
 //! `cargo bench --bench pgoutbox -- --quick` (about 3 minutes, smaller and one run).
+//! `--small-transactions`, `--large-payloads`, `--durability` and `--schedules` run one part
+//! alone (docs/performance.md).
 //!
 //! Every figure is the median of the runs, with min and max. Throwaway PostgreSQL and
 //! nats-server processes are started exactly as the integration tests start them.
@@ -12,6 +14,7 @@ mod support;
 mod durability;
 mod floor;
 mod large_payloads;
+mod schedules;
 mod small_transactions;
 
 use std::collections::VecDeque;
@@ -128,6 +131,14 @@ fn main() {
             runtime.block_on(large_payloads::run(&mut figures));
         }
         return large_payloads::print(&figures);
+    }
+    if args.iter().any(|a| a == "--schedules") {
+        let mut figures = schedules::Figures::default();
+        for run in 0..settings.runs {
+            eprintln!("run {} of {}", run + 1, settings.runs);
+            runtime.block_on(schedules::run(&mut figures));
+        }
+        return schedules::print(&figures);
     }
     if args.iter().any(|a| a == "--durability") {
         let mut figures = durability::Figures::default();
