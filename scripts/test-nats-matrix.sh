@@ -22,8 +22,8 @@ minors=("$@")
 ((${#minors[@]})) || minors=(2.10 2.11 2.12 2.14 2.15)
 newest=2.15
 # The server features pgoutbox uses arrived by 2.12 (per-message TTLs in 2.11, schedules in
-# 2.12), and 2.15 runs every filter: 2.14 gets the smoke set.
-smoke_only=(2.14)
+# 2.12), and 2.15 runs every filter: 2.11 and 2.14 get the smoke set, with the TTLs.
+smoke_only=(2.11 2.14)
 
 # Test-name filters (substrings; a test runs when it matches any). Why each is here:
 tests=(
@@ -80,6 +80,7 @@ smoke=(
   version_matrix
   streams_inserts_end_to_end
   crash_anywhere
+  message_ttl                  # per-message TTLs arrived in 2.11
 )
 cluster_tests=(
   survives_nats_cluster_faults # R3: leader killed, quorum lost
