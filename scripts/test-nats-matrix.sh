@@ -66,7 +66,8 @@ between=(
   crash_anywhere
   survives_nats_pauses::publishes_delivered  # late writes from a held connection
   survives_nats_pauses::a_late_copy
-  seed_from_table
+  seed_from_table::a_seed_survives_nats   # a seed's replay after NATS faults, by this check order
+  seed_from_table::a_dropped_slot_is_recovered_from_the_table_while
   order_under_lost_publish
   duplicate_ids
   replay_past_a_foreign_tail
