@@ -295,6 +295,9 @@ async fn write_frames(shared: Arc<Shared>, mut sink: WriteHalf<Box<dyn Transport
     }
 }
 
+/// The first byte of a JSON object.
+const OBJECT_START: u8 = b'{';
+
 /// Reads JetStream's answer to one publish: `{"stream":…,"seq":…[,"duplicate":true]}`, an
 /// API error, or a status without body (503: nothing answers for the subject, so on a
 /// cluster the stream has no leader). Errors are sorted as async-nats sorts them, so that
@@ -322,7 +325,7 @@ pub fn ack_of(status: Option<u16>, payload: &[u8]) -> Ack {
         _ => {}
     }
     // serde reads a struct from an array too; an ack is always an object.
-    if payload.first() != Some(&b'{') {
+    if payload.first() != Some(&OBJECT_START) {
         return Err(PublishError::with_source(PublishErrorKind::Other, "the ack is no object"));
     }
     let reply: Reply = serde_json::from_slice(payload)
