@@ -742,19 +742,7 @@ async fn steady_writer_at(pg_url: &str, table: &str, rate: u64, seconds: u64) ->
              't', extract(epoch from clock_timestamp()), 'pad', repeat('x', {PAD})))"
         );
         tasks.push(tokio::spawn(async move {
-            let statement = client.prepare(&sql).await.expect("prepare");
-            let interval = Duration::from_secs_f64(1.0 / per_connection as f64);
-            let mut next = tokio::time::Instant::now();
-            let deadline = next + Duration::from_secs(seconds);
-            let mut sent = 0u64;
-            while next < deadline {
-                tokio::time::sleep_until(next).await;
-                let id = format!("{c}-{sent}");
-                client.execute(&statement, &[&id]).await.expect("insert");
-                sent += 1;
-                next += interval;
-            }
-            sent
+            paced_inserts(&client, &sql, &format!("{c}-"), per_connection, seconds).await
         }));
     }
     let mut total = 0;
@@ -762,6 +750,29 @@ async fn steady_writer_at(pg_url: &str, table: &str, rate: u64, seconds: u64) ->
         total += task.await.expect("writer");
     }
     (total, started.elapsed().as_secs_f64())
+}
+
+/// Runs `sql` (one parameter: an id, `<id_prefix><n>`) `rate` times a second for `seconds`
+/// on `client`, each in a transaction of its own; how many ran.
+async fn paced_inserts(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    id_prefix: &str,
+    rate: u64,
+    seconds: u64,
+) -> u64 {
+    let statement = client.prepare(sql).await.expect("prepare");
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let mut next = tokio::time::Instant::now();
+    let deadline = next + Duration::from_secs(seconds);
+    let mut sent = 0u64;
+    while next < deadline {
+        tokio::time::sleep_until(next).await;
+        client.execute(&statement, &[&format!("{id_prefix}{sent}")]).await.expect("insert");
+        sent += 1;
+        next += interval;
+    }
+    sent
 }
 
 fn cpu_seconds(pid: u32) -> f64 {

@@ -12,7 +12,7 @@ use futures_util::StreamExt;
 
 use super::support::pgoutbox::Pgoutbox;
 use super::support::{Nats, Postgres, http_get, wait_until_streaming};
-use super::{PAD, percentiles, steady_writer_at, wait_for_count};
+use super::{PAD, paced_inserts, percentiles, steady_writer_at, wait_for_count};
 
 /// Immediate rows per second, single-row transactions.
 const IMMEDIATE_RATE: u64 = 500;
@@ -86,18 +86,7 @@ async fn scheduled_writer(pg_url: &str, rate: u64) -> u64 {
          't', extract(epoch from clock_timestamp()), 'pad', repeat('x', {PAD})), \
          clock_timestamp() + interval '{DUE_AFTER_SECONDS} seconds')"
     );
-    let statement = client.prepare(&sql).await.expect("prepare");
-    let interval = Duration::from_secs_f64(1.0 / rate as f64);
-    let mut next = tokio::time::Instant::now();
-    let deadline = next + Duration::from_secs(WRITE_SECONDS);
-    let mut sent = 0u64;
-    while next < deadline {
-        tokio::time::sleep_until(next).await;
-        client.execute(&statement, &[&format!("s-{sent}")]).await.expect("insert");
-        sent += 1;
-        next += interval;
-    }
-    sent
+    paced_inserts(&client, &sql, "s-", rate, WRITE_SECONDS).await
 }
 
 /// The stream's `count` messages: the immediate rows' commit → stored, and the deliveries'
