@@ -35,8 +35,12 @@ use crate::domain::progress::Position;
 /// its flag waits for the next pass: up to the interval plus the length of two passes.
 pub const DEFAULT: &str = "150s";
 
-/// Positions acknowledged within this of each other wait as one.
+/// Positions acknowledged within this of the first of them wait as one.
 pub const GRAIN: Duration = Duration::from_millis(100);
+
+/// The least time between two looks at the stream: a position waits at most this, and a
+/// grain, longer than the horizon.
+pub const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
 pub struct Horizon {
@@ -58,6 +62,10 @@ pub struct Horizon {
 #[derive(Debug, Clone, Copy)]
 struct Held {
     lsn: u64,
+    /// When the first acknowledgement of this grain came: later ones join it only within a
+    /// [`GRAIN`] of this, so a writer that never pauses fills a grain and opens the next
+    /// instead of keeping one grain's time forever recent (the slot never moved).
+    opened_at: Instant,
     /// The newest acknowledgement the position rests on, and when it came.
     acked_at: Instant,
     /// `None` before this attempt's first acknowledgement: the position rests on what the
@@ -95,7 +103,7 @@ impl Horizon {
             return;
         }
         match self.held.back_mut() {
-            Some(held) if acked_at.saturating_duration_since(held.acked_at) < GRAIN => {
+            Some(held) if acked_at.saturating_duration_since(held.opened_at) < GRAIN => {
                 held.lsn = confirmable;
                 held.acked_at = held.acked_at.max(acked_at);
                 held.stored = newer(held.stored, stored);
@@ -104,7 +112,8 @@ impl Horizon {
                 let last = self.held.back().copied();
                 let acked_at = last.map_or(acked_at, |held| held.acked_at.max(acked_at));
                 let stored = newer(last.and_then(|held| held.stored), stored);
-                self.held.push_back(Held { lsn: confirmable, acked_at, stored });
+                let held = Held { lsn: confirmable, opened_at: acked_at, acked_at, stored };
+                self.held.push_back(held);
             }
         }
     }

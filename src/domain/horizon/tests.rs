@@ -231,3 +231,136 @@ proptest! {
         }
     }
 }
+
+/// How acknowledgements arrive, as the gaps between them in ms.
+#[derive(Debug, Clone)]
+enum Arrivals {
+    /// A writer that never pauses: one ack every `gap` ms.
+    Constant { gap: u64 },
+    /// Independent commits at `per_second` on average (exponential gaps), from a fixed seed.
+    Poisson { per_second: u64, seed: u64 },
+    /// `size` acks at once, then `pause` ms of nothing, again and again.
+    Bursts { size: u64, pause: u64 },
+}
+
+impl Arrivals {
+    /// The ack times in ms, up to `until`.
+    fn times(&self, until: u64) -> Vec<u64> {
+        let mut times = Vec::new();
+        let mut now = 0u64;
+        let mut state = match self {
+            Arrivals::Poisson { seed, .. } => seed | 1,
+            _ => 1,
+        };
+        while now <= until {
+            match *self {
+                Arrivals::Constant { gap } => {
+                    times.push(now);
+                    now += gap.max(1);
+                }
+                Arrivals::Poisson { per_second, .. } => {
+                    times.push(now);
+                    // xorshift: a uniform in (0, 1], then an exponential gap.
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    let uniform = ((state >> 11) as f64 + 1.0) / (1u64 << 53) as f64;
+                    now += (-uniform.ln() * 1_000.0 / per_second.max(1) as f64) as u64;
+                }
+                Arrivals::Bursts { size, pause } => {
+                    times.extend(std::iter::repeat_n(now, size.max(1) as usize));
+                    now += pause.max(1);
+                }
+            }
+        }
+        times
+    }
+}
+
+/// Drives a horizon of `span_ms` as the pipeline does: the acks of `arrivals` offered as they
+/// come, a tick every 10 ms, a look at most every [`LOOK_EVERY`] that finds the message (the
+/// server holds everything), for `until` ms. Returns, for each ack, when its position was
+/// released (`None`: not by the end).
+fn release_times(arrivals: &Arrivals, span_ms: u64, until: u64) -> Vec<(u64, Option<u64>)> {
+    const TICK: u64 = 10;
+    let t0 = Instant::now();
+    let ms = |n: u64| t0 + Duration::from_millis(n);
+    let look_every = LOOK_EVERY.as_millis() as u64;
+    let mut horizon = Horizon::new(Duration::from_millis(span_ms), 0);
+    let times = arrivals.times(until);
+    let mut released_at: Vec<(u64, Option<u64>)> = times.iter().map(|&t| (t, None)).collect();
+    let (mut next, mut last_look, mut released) = (0usize, None::<u64>, 0u64);
+    let mut now = 0;
+    while now <= until {
+        while next < times.len() && times[next] <= now {
+            let sequence = next as u64 + 1;
+            horizon.offer(10 * sequence, ms(times[next]), message(sequence));
+            next += 1;
+        }
+        if last_look.is_none_or(|at| now >= at + look_every)
+            && let Some(stored) = horizon.due(ms(now))
+        {
+            last_look = Some(now);
+            horizon.vouched(stored, ms(now));
+        }
+        let up_to = horizon.release(ms(now));
+        for (index, (_, at)) in released_at.iter_mut().enumerate().skip(released as usize) {
+            if 10 * (index as u64 + 1) > up_to {
+                break;
+            }
+            *at = Some(now);
+            released = index as u64 + 1;
+        }
+        now += TICK;
+    }
+    released_at
+}
+
+/// The longest any position waits: the horizon, the grain its ack may wait as one with
+/// others, a look's gap, and a tick.
+fn longest_wait(span_ms: u64) -> u64 {
+    span_ms + GRAIN.as_millis() as u64 + LOOK_EVERY.as_millis() as u64 + 10
+}
+
+fn assert_each_released_in_time(arrivals: &Arrivals, span_ms: u64, until: u64) {
+    let bound = longest_wait(span_ms);
+    for (acked, released) in release_times(arrivals, span_ms, until) {
+        if acked + bound > until {
+            break;
+        }
+        let waited = released.map(|at| at - acked);
+        assert!(
+            waited.is_some_and(|w| w <= bound),
+            "{arrivals:?}, horizon {span_ms} ms: the ack at {acked} ms waited {waited:?} ms \
+             (at most {bound})"
+        );
+    }
+}
+
+#[test]
+fn a_writer_that_never_pauses_is_released_a_horizon_after_each_ack() {
+    // The issue's case: the default horizon, acks 10-90 ms apart; the first release came at
+    // 449 s when each ack moved its grain's time forward.
+    for gap in [10, 37, 90, 99] {
+        assert_each_released_in_time(&Arrivals::Constant { gap }, 150_000, 460_000);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Whatever the gaps between acks (constant, Poisson, bursts), each position is released
+    /// within the horizon, a grain, a look's gap and a tick of its ack, and so the WAL the
+    /// slot holds stays near rate × horizon.
+    #[test]
+    fn every_arrival_pattern_is_released_within_the_horizon_and_a_look(
+        arrivals in prop_oneof![
+            (1u64..400).prop_map(|gap| Arrivals::Constant { gap }),
+            (1u64..2_000, any::<u64>())
+                .prop_map(|(per_second, seed)| Arrivals::Poisson { per_second, seed }),
+            (1u64..50, 10u64..3_000).prop_map(|(size, pause)| Arrivals::Bursts { size, pause }),
+        ],
+        span_ms in 0u64..5_000,
+    ) {
+        assert_each_released_in_time(&arrivals, span_ms, 4 * span_ms + 5_000);
+    }
+}

@@ -11,14 +11,11 @@ use tokio::sync::oneshot;
 use tracing::warn;
 
 use super::{Memory, Pipeline, Resume};
-use crate::domain::horizon::{Horizon, Stored};
+use crate::domain::horizon::{Horizon, LOOK_EVERY, Stored};
 use crate::domain::progress::Position;
 use crate::nats::large_payloads::{self, Pointer};
 use crate::nats::publisher::{Publisher, PublisherError};
 use crate::service::error::{NatsFailure, NatsFailureKind, PipelineError};
-
-/// The least time between two looks: a position waits at most this longer than the horizon.
-const LOOK_GAP: Duration = Duration::from_secs(1);
 
 /// This attempt's looks: the one in flight, and when the last was sent.
 #[derive(Default)]
@@ -138,7 +135,7 @@ impl Pipeline<'_> {
             self.looks.in_flight = None;
         }
         let now = Instant::now();
-        if self.looks.sent_at.is_some_and(|at| now < at + LOOK_GAP) {
+        if self.looks.sent_at.is_some_and(|at| now < at + LOOK_EVERY) {
             return Ok(());
         }
         let Some(stored) = self.horizon.due(now) else { return Ok(()) };
