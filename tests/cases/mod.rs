@@ -66,6 +66,7 @@ mod sigterm_drains_then_exits_zero;
 mod stall_detector;
 mod standby_decoding;
 mod status_tells_the_truth_about_nats;
+mod steady_writer;
 mod streams_inserts_end_to_end;
 mod survives_nats_cluster_faults;
 mod survives_nats_network_faults;
