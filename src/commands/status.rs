@@ -102,6 +102,7 @@ async fn with_the_slot(
     let seed = seed_report(config, client, state.is_none(), &mut found).await;
     let holder = state.as_ref().or(seed.as_ref());
     let mut process = running_process(holder, args.http_addr, &mut found).await;
+    horizon_room(client, &process, &mut found).await;
     found.report["postgres"] = postgres_report(client).await;
     let mut nats = nats::report(config, holder.is_some()).await;
     found.health = found.health.max(nats.health);
@@ -180,6 +181,42 @@ async fn running_process(
         );
     }
     process
+}
+
+/// A warning when the WAL the durability horizon will hold at the current write rate
+/// (`durability_needed_bytes`) passes half of `max_slot_wal_keep_size`: a slot past that is
+/// invalidated, and pgoutbox stops until a recovery.
+async fn horizon_room(
+    client: &tokio_postgres::Client,
+    process: &serde_json::Value,
+    found: &mut Findings,
+) {
+    let Some(needed) = process["durability_needed_bytes"].as_f64() else { return };
+    let Ok(Some(keep)) = admin::max_slot_wal_keep_size(client).await else { return };
+    if let Some(line) =
+        horizon_room_problem(needed, keep, process["durability_horizon_seconds"].as_f64())
+    {
+        found.problem(Health::Warning, line);
+    }
+}
+
+/// The line [`horizon_room`] warns with, if any: `needed` and `keep` in bytes.
+fn horizon_room_problem(needed: f64, keep: i64, horizon_s: Option<f64>) -> Option<String> {
+    let keep = keep as f64;
+    (needed > keep / 2.0).then(|| {
+        let mb = |b: f64| (b / 1e6).round();
+        format!(
+            "at this write rate the durability horizon ({} s) holds about {} MB of WAL, more \
+             than half of max_slot_wal_keep_size ({} MB): a slot past it is invalidated and \
+             pgoutbox stops; raise max_slot_wal_keep_size above {} MB, or shorten \
+             --durability-horizon towards the NATS server's sync_interval (docs/operations.md, \
+             \"When NATS forgets what it acknowledged\")",
+            horizon_s.unwrap_or_default(),
+            mb(needed),
+            mb(keep),
+            mb(2.0 * needed)
+        )
+    })
 }
 
 /// A line when the stream is not the one pgoutbox recorded under its name (deleted and
@@ -338,4 +375,18 @@ fn table_lines(report: &serde_json::Value) -> Vec<String> {
     }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     rows.into_iter().map(|(key, value)| format!("{key:<width$}  {value}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_horizon_that_fills_half_of_max_slot_wal_keep_size_is_a_warning_saying_what_to_change() {
+        let gib = 1_073_741_824;
+        assert_eq!(horizon_room_problem(400e6, gib, Some(150.0)), None);
+        let line = horizon_room_problem(600e6, gib, Some(150.0)).expect("a warning");
+        assert!(line.contains("600 MB") && line.contains("1074 MB"), "{line}");
+        assert!(line.contains("above 1200 MB") && line.contains("--durability-horizon"), "{line}");
+    }
 }

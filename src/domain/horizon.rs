@@ -202,6 +202,14 @@ impl Horizon {
         self.released
     }
 
+    /// What an operator sees of the wait at `now`: how long the oldest waiting position has
+    /// waited, and how long until it is due for the look that releases it (zero once due).
+    pub fn oldest_wait(&self, now: Instant) -> Option<(Duration, Duration)> {
+        let oldest = self.held.front()?;
+        let waited = now.saturating_duration_since(oldest.opened_at);
+        Some((waited, (oldest.acked_at + self.span).saturating_duration_since(now)))
+    }
+
     /// How many positions wait (for tests of the bound).
     #[cfg(test)]
     fn waiting(&self) -> usize {

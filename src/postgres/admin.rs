@@ -292,6 +292,14 @@ async fn publishable(client: &Client, table: &TableName) -> Result<bool, SetupEr
     Ok(partitioned)
 }
 
+/// `max_slot_wal_keep_size` in bytes: `None` when unlimited (-1).
+pub async fn max_slot_wal_keep_size(client: &Client) -> Result<Option<i64>, SetupError> {
+    let sql =
+        "SELECT pg_catalog.pg_size_bytes(pg_catalog.current_setting('max_slot_wal_keep_size'))";
+    let bytes: i64 = client.query_one(sql, &[]).await?.try_get(0)?;
+    Ok((bytes >= 0).then_some(bytes))
+}
+
 /// Whether the server is in recovery: a standby, or a standby being promoted.
 pub async fn in_recovery(client: &Client) -> Result<bool, SetupError> {
     Ok(client.query_one("SELECT pg_catalog.pg_is_in_recovery()", &[]).await?.get(0))

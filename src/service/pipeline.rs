@@ -121,6 +121,8 @@ pub struct Pipeline<'a> {
     reported_at: Instant,
     /// When the oldest transaction not yet reported to Postgres became confirmable.
     confirmable_since: Option<Instant>,
+    /// What `--retention` may count once the slot is confirmed past it.
+    commits_unconfirmed: crate::service::retention::CommitsUnconfirmed,
     /// The furthest WAL position the server reported: lag is measured against it.
     server_wal_end: u64,
     /// Changes when the NATS connection is lost: the acks awaited on it will never come.
@@ -211,6 +213,7 @@ impl<'a> Pipeline<'a> {
             reported: start_lsn,
             reported_at: Instant::now(),
             confirmable_since: None,
+            commits_unconfirmed: Default::default(),
             server_wal_end: start_lsn,
             prelude: resume.prelude,
             start_lsn,
@@ -399,6 +402,9 @@ impl<'a> Pipeline<'a> {
         }
         self.reported = confirmed;
         self.reported_at = Instant::now();
+        if let Some(committed) = self.commits_unconfirmed.confirmed_up_to(confirmed) {
+            self.memory.confirmed_up_to.advance(committed);
+        }
         Ok(())
     }
 }

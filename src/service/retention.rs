@@ -3,7 +3,9 @@
 //! its own created-at and id columns.
 //!
 //! "Published" is known from the pipeline: it records the commit time of the newest
-//! transaction confirmed to Postgres; transactions are published in commit order, so every
+//! transaction the slot was confirmed past (behind the durability horizon, not merely
+//! acknowledged: until then the WAL may be needed to refill a stream that lost it, and the
+//! table is the copy a recovery reads); transactions are published in commit order, so every
 //! row committed before it is in JetStream. A row is deleted only when its created-at
 //! column is older than that commit time minus the retention. (A keepalive confirmed while
 //! idle says nothing about *when* the rows behind it committed, so it does not count: on an
@@ -58,6 +60,36 @@ impl PublishedUpTo {
     pub fn unix_seconds(&self) -> Option<f64> {
         let micros = Some(self.0.load(Ordering::Relaxed)).filter(|t| *t > 0)?;
         Some((micros + PG_EPOCH_OFFSET_MICROS) as f64 / 1e6)
+    }
+}
+
+/// The commit times of transactions JetStream acknowledged and the slot was not yet confirmed
+/// past (the durability horizon holds it back), by the position that confirms them: once
+/// the slot passes a position, its commit time may advance [`PublishedUpTo`]. One entry per
+/// tick or ack batch, so at most ~10 a second of horizon.
+#[derive(Debug, Default)]
+pub struct CommitsUnconfirmed(std::collections::VecDeque<(u64, i64)>);
+
+impl CommitsUnconfirmed {
+    /// Transactions up to `position` were acknowledged, the newest committed at `committed`.
+    pub fn push(&mut self, (position, committed): (u64, i64)) {
+        match self.0.back_mut() {
+            Some(last) if last.0 >= position => last.1 = last.1.max(committed),
+            _ => self.0.push_back((position, committed)),
+        }
+    }
+
+    /// The slot was confirmed up to `confirmed`: the newest commit time it passed, if any.
+    pub fn confirmed_up_to(&mut self, confirmed: u64) -> Option<i64> {
+        let mut newest = None;
+        while let Some(&(position, committed)) = self.0.front() {
+            if position > confirmed {
+                break;
+            }
+            newest = newest.max(Some(committed));
+            self.0.pop_front();
+        }
+        newest
     }
 }
 

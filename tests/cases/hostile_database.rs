@@ -282,7 +282,11 @@ async fn retention_never_runs_a_trigger_function_of_an_untrusted_owner() {
     );
     let table = ["--table", "tenant_given.outbox"];
     assert_ran(&pgoutbox(&pg, &nats, &[&table[..], &["setup"]].concat()), "setup");
-    let app = Pgoutbox::run(&pg, &nats, &[&table[..], &["--retention", "1s"]].concat());
+    let app = Pgoutbox::run(
+        &pg,
+        &nats,
+        &[&table[..], &["--retention", "1s", "--durability-horizon", "0s"]].concat(),
+    );
     wait_until_streaming(&pg, &app).await;
     // Rows a day old, published: old enough for retention at once.
     pg.psql(&tenant_rows("tenant_given", 0, 3).replace(

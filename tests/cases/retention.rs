@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::cases::poison_rows::small_payload_nats;
 use crate::support::pgoutbox::Pgoutbox;
 use crate::support::stream::{count, jetstream};
-use crate::support::{Nats, Postgres, eventually, numbered_rows, wait_until_streaming};
+use crate::support::{Nats, Postgres, eventually, numbered_rows, parse_lsn, wait_until_streaming};
 
 fn rows_in_table(pg: &Postgres) -> u64 {
     pg.psql("SELECT count(*) FROM outbox").parse().expect("count")
@@ -19,7 +19,7 @@ async fn deletes_published_rows_after_the_retention_and_never_unpublished_ones()
     let pg = Postgres::start();
     let mut nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s"]);
+    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s", "--durability-horizon", "0s"]);
     wait_until_streaming(&pg, &app).await;
 
     pg.psql(&numbered_rows(0, 50, 50));
@@ -57,6 +57,42 @@ async fn deletes_published_rows_after_the_retention_and_never_unpublished_ones()
     assert!(app.log().contains("retention: deleted published rows"), "{}", app.log());
 }
 
+/// Behind the durability horizon, a row acknowledged by JetStream is deleted only once the
+/// slot was confirmed past it: until then a power loss of nats-server would be refilled from
+/// the WAL, and the table is the copy an operator's `--recover` reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_row_is_deleted_only_once_the_slot_is_confirmed_past_it() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let app = Pgoutbox::run(&pg, &nats, &["--retention", "1s", "--durability-horizon", "8s"]);
+    wait_until_streaming(&pg, &app).await;
+    let js = jetstream(&nats.url()).await;
+    pg.psql(&numbered_rows(0, 20, 20));
+    let after_rows = parse_lsn(&pg.psql("SELECT pg_current_wal_lsn()"));
+    // A writer that keeps the newest published commit moving, as production does.
+    let writer = pg.start_writer(20, 0.3);
+    eventually(Duration::from_secs(20), "20 rows stored", || async {
+        (count(&js, "OUTBOX").await >= 20).then_some(())
+    })
+    .await;
+    let first_twenty = "SELECT count(*) FROM outbox WHERE aggregate_id::int < 20";
+    eventually(Duration::from_secs(60), "the slot confirmed past the 20 rows", || async {
+        let confirmed = parse_lsn(&crate::support::confirmed_flush(&pg));
+        if confirmed >= after_rows {
+            return Some(());
+        }
+        assert_eq!(pg.psql(first_twenty), "20", "a row was deleted before the slot passed it");
+        None
+    })
+    .await;
+    eventually(Duration::from_secs(30), "then the 20 rows deleted", || async {
+        (pg.psql(first_twenty) == "0").then_some(())
+    })
+    .await;
+    writer.finish();
+}
+
 /// Lets the retention (2 s) pass, then commits one row and waits until it is stored, so the
 /// newest confirmed commit is past the retention for every older row.
 async fn age_past_retention_then_publish_one_more(
@@ -81,7 +117,7 @@ async fn keeps_rows_whose_dead_letter_lacks_the_payload() {
     let pg = Postgres::start();
     let (nats, _conf_dir) = small_payload_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s"]);
+    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s", "--durability-horizon", "0s"]);
     wait_until_streaming(&pg, &app).await;
 
     pg.psql(
@@ -103,7 +139,7 @@ async fn keeps_rows_whose_dead_letter_lacks_the_payload() {
     assert_eq!(pg.psql(big_row), "1", "the only copy of a dead-lettered row was deleted");
 
     crate::support::stop_and_wait_released(&pg, app).await;
-    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s"]);
+    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2s", "--durability-horizon", "0s"]);
     wait_until_streaming(&pg, &app).await;
     age_past_retention_then_publish_one_more(&pg, &js, 13).await;
     eventually(
@@ -126,7 +162,7 @@ async fn serves_every_table_and_keeps_a_dead_letters_row_in_its_own_table() {
     let (nats, _conf_dir) = small_payload_nats();
     two_tables(&pg);
     let mut args = TABLES.to_vec();
-    args.extend(["--retention", "2s"]);
+    args.extend(["--retention", "2s", "--durability-horizon", "0s"]);
     let app = Pgoutbox::run(&pg, &nats, &args);
     wait_until_streaming(&pg, &app).await;
 
@@ -193,7 +229,7 @@ async fn a_table_whose_deletes_fail_leaves_the_other_tables_served() {
          FOR EACH ROW EXECUTE FUNCTION refuse_delete();",
     );
     let mut args = TABLES.to_vec();
-    args.extend(["--retention", "2s"]);
+    args.extend(["--retention", "2s", "--durability-horizon", "0s"]);
     let app = Pgoutbox::run(&pg, &nats, &args);
     wait_until_streaming(&pg, &app).await;
 
@@ -226,7 +262,11 @@ async fn serves_a_patterns_tables_and_an_adopted_tables_rows_only_once_published
     let mut nats = Nats::start();
     pg.psql(&tenant_table("tenant_1"));
     let tenants = ["--table", "tenant_*.outbox", "--subject-template", "tenants.{$schema}.x"];
-    let app = Pgoutbox::run(&pg, &nats, &[&tenants[..], &["--retention", "2s"]].concat());
+    let app = Pgoutbox::run(
+        &pg,
+        &nats,
+        &[&tenants[..], &["--retention", "2s", "--durability-horizon", "0s"]].concat(),
+    );
     wait_until_streaming(&pg, &app).await;
     let rows_of = |schema: &str| -> u64 {
         pg.psql(&format!("SELECT count(*) FROM {schema}.outbox")).parse().expect("count")
@@ -297,7 +337,11 @@ async fn rows_of_a_table_joined_anew_wait_until_stored(with_trigger: bool, rejoi
         let setup = setup.expect("pgoutbox setup runs");
         assert!(setup.status.success(), "setup: {}", String::from_utf8_lossy(&setup.stderr));
     }
-    let app = Pgoutbox::run(&pg, &nats, &[&tenants[..], &["--retention", "2s"]].concat());
+    let app = Pgoutbox::run(
+        &pg,
+        &nats,
+        &[&tenants[..], &["--retention", "2s", "--durability-horizon", "0s"]].concat(),
+    );
     wait_until_streaming(&pg, &app).await;
     pg.psql(DAY_OLD_ROWS);
     tenant_1_stored_then_deleted(&pg, &nats, 10).await;

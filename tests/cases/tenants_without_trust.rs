@@ -394,7 +394,9 @@ async fn retention_never_deletes_from_a_table_pgoutbox_does_not_own() {
     };
     pg.psql(&trapped_tenant("tenant_evil", "DELETE", &old_rows("tenant_evil", 0, 5)));
     pg.psql(&old_rows("tenant_a", 0, 5));
-    let args = [&TENANTS[..], &TRUST_EVIL_OWNER, &["--retention", "2s"]].concat();
+    let args =
+        [&TENANTS[..], &TRUST_EVIL_OWNER, &["--retention", "2s", "--durability-horizon", "0s"]]
+            .concat();
     let app = Pgoutbox::run(&pg, &nats, &args);
     wait_until_streaming(&pg, &app).await;
     let js = jetstream(&nats.url()).await;

@@ -204,7 +204,7 @@ pub async fn start_retention(
         config.pg_tls.clone(),
         scope,
         keep,
-        memory.published_up_to.clone(),
+        memory.confirmed_up_to.clone(),
         memory.kept_rows.clone(),
         shutdown.clone(),
     ));

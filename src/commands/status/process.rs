@@ -34,6 +34,12 @@ pub(super) async fn process_report(addr: SocketAddr) -> serde_json::Value {
             // What the durability horizon holds back to publish again after a power loss.
             "durability_horizon_seconds": gauge(names::DURABILITY_HORIZON_SECONDS),
             "durability_held_bytes": gauge(names::DURABILITY_HELD_BYTES).map(|b| b as u64),
+            // Since when the oldest held position waits, when it is due, and what the horizon
+            // holds once full at the current write rate.
+            "durability_held_seconds": gauge(names::DURABILITY_HELD_SECONDS).map(round),
+            "durability_next_release_seconds":
+                gauge(names::DURABILITY_NEXT_RELEASE_SECONDS).map(round),
+            "durability_needed_bytes": gauge(names::DURABILITY_NEEDED_BYTES).map(|b| b as u64),
             "tables_not_streamed": gauge(names::TABLES_NOT_STREAMED).unwrap_or(0.0) as u64,
             // A pattern's tables joined without their earlier rows read (owner not trusted),
             // and the rows the adoption under way has read.
@@ -67,6 +73,11 @@ pub(super) async fn process_report(addr: SocketAddr) -> serde_json::Value {
         }),
         Err(_) => json!({ "http_addr": addr.to_string(), "error": "no answer within 3 s" }),
     }
+}
+
+/// To a tenth of a second.
+fn round(seconds: f64) -> f64 {
+    (seconds * 10.0).round() / 10.0
 }
 
 /// One plain HTTP/1.0 GET of `/metrics`: the body, if the answer is 200.

@@ -364,3 +364,15 @@ proptest! {
         assert_each_released_in_time(&arrivals, span_ms, 4 * span_ms + 5_000);
     }
 }
+
+#[test]
+fn the_oldest_wait_says_since_when_and_until_when() {
+    let t0 = Instant::now();
+    let s = Duration::from_secs;
+    let mut horizon = Horizon::new(s(150), 0);
+    assert_eq!(horizon.oldest_wait(t0), None);
+    horizon.offer(10, t0, message(1));
+    horizon.offer(20, t0 + s(60), message(2));
+    assert_eq!(horizon.oldest_wait(t0 + s(100)), Some((s(100), s(50))));
+    assert_eq!(horizon.oldest_wait(t0 + s(200)), Some((s(200), s(0))), "due, not yet looked at");
+}

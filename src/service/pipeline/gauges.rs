@@ -12,6 +12,7 @@ impl Pipeline<'_> {
     pub(super) fn observe_confirmed(&mut self) {
         let now = pg_now_micros();
         let seconds = |from: i64, to: i64| (to - from).max(0) as f64 / 1e6;
+        let mut newest = None;
         for Timing { committed, received } in self.protocol.take_confirmed_timings() {
             self.confirmable_since.get_or_insert_with(Instant::now);
             if committed == 0 {
@@ -21,6 +22,10 @@ impl Pipeline<'_> {
             self.metrics.commit_to_receive.record(seconds(committed, received));
             self.metrics.receive_to_ack.record(seconds(received, now));
             self.memory.published_up_to.advance(committed);
+            newest = newest.max(Some(committed));
+        }
+        if let Some(committed) = newest {
+            self.commits_unconfirmed.push((self.protocol.confirmed(), committed));
         }
         if let Some(traces) = &mut self.traces {
             traces.stored(self.protocol.confirmed());
@@ -37,6 +42,22 @@ impl Pipeline<'_> {
         }
     }
 
+    /// What the durability horizon holds, since when, until when, and what it will hold at
+    /// this write rate once full.
+    fn horizon_gauges(&self, confirmed: u64, now: Instant) {
+        let held = self.protocol.confirmed().saturating_sub(confirmed) as f64;
+        let (waited, due) = self.horizon.oldest_wait(now).unwrap_or_default();
+        let span = self.config.durability_horizon.as_secs_f64();
+        let needed = match waited.as_secs_f64() {
+            w if w > 1.0 && w < span => held * span / w,
+            _ => held,
+        };
+        self.metrics.durability_held_bytes.set(held);
+        self.metrics.durability_held_seconds.set(waited.as_secs_f64());
+        self.metrics.durability_next_release_seconds.set(due.as_secs_f64());
+        self.metrics.durability_needed_bytes.set(needed);
+    }
+
     pub(super) fn update_gauges(&mut self) {
         self.record_progress(self.memory.row_waiting.is_some() || self.protocol.in_flight() > 0);
         let confirmed = self.reported;
@@ -44,9 +65,8 @@ impl Pipeline<'_> {
         self.metrics.confirmed_lsn.set(confirmed as f64);
         let lag = self.server_wal_end.saturating_sub(confirmed);
         self.metrics.replication_lag_bytes.set(lag as f64);
-        let held = self.protocol.confirmed().saturating_sub(confirmed);
-        self.metrics.durability_held_bytes.set(held as f64);
         let now = Instant::now();
+        self.horizon_gauges(confirmed, now);
         if let Some(seed) = &self.memory.seed {
             let pace = self.memory.paces.seed.record(now, seed.done);
             self.metrics.seed_rows_per_second.set(pace);

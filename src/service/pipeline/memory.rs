@@ -65,8 +65,13 @@ pub struct Memory {
     pub acknowledged: crate::service::acknowledgements::LastAcknowledged,
     /// The previous process's record of it was read (at the first attempt that got so far).
     pub recorded_read: bool,
-    /// Shared with `--retention`: the commit time of the newest confirmed transaction.
+    /// Shared with `--verify-every`: the commit time of the newest transaction JetStream
+    /// acknowledged whole.
     pub published_up_to: PublishedUpTo,
+    /// Shared with `--retention`: the commit time of the newest transaction the slot was
+    /// confirmed past, behind the durability horizon: until then the WAL, not only the
+    /// table, may be needed to bring the row back.
+    pub confirmed_up_to: PublishedUpTo,
     /// Shared with `--retention`: rows whose dead letter lacks the payload stay in the table.
     pub kept_rows: KeptRows,
     /// A seed from the table asked for and not finished (`service::seed`).
@@ -113,6 +118,7 @@ impl Memory {
             acknowledged: Default::default(),
             recorded_read: false,
             published_up_to: PublishedUpTo::default(),
+            confirmed_up_to: PublishedUpTo::default(),
             kept_rows: KeptRows::default(),
             seed_wanted: None,
             seed: None,

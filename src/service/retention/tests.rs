@@ -133,3 +133,15 @@ fn kept_rows_are_kept_in_their_own_table_only() {
     assert_eq!(kept.snapshot("billing.outbox"), (vec![], vec!["long".to_owned()]));
     assert_eq!(kept.snapshot("other.outbox"), (vec![], vec![]));
 }
+
+#[test]
+fn a_commit_counts_for_retention_only_once_the_slot_is_confirmed_past_it() {
+    let mut unconfirmed = CommitsUnconfirmed::default();
+    unconfirmed.push((100, 1_000));
+    unconfirmed.push((100, 1_500)); // the same position, a later commit: one entry
+    unconfirmed.push((200, 2_000));
+    assert_eq!(unconfirmed.confirmed_up_to(99), None, "acknowledged is not confirmed");
+    assert_eq!(unconfirmed.confirmed_up_to(150), Some(1_500));
+    assert_eq!(unconfirmed.confirmed_up_to(150), None, "each counts once");
+    assert_eq!(unconfirmed.confirmed_up_to(300), Some(2_000));
+}

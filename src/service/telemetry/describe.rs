@@ -90,7 +90,7 @@ const COUNTERS: [(&str, &str); 8] = [
 ];
 
 /// Gauges with their help lines.
-const GAUGES: [(&str, &str); 26] = [
+const GAUGES: [(&str, &str); 29] = [
     (names::MESSAGES_IN_FLIGHT, "Publishes waiting for their JetStream ack."),
     (names::CONFIRMED_LSN, "The LSN last confirmed to Postgres, as a number."),
     (names::REPLICATION_LAG_BYTES, "Server WAL end minus the confirmed LSN, in bytes."),
@@ -103,6 +103,21 @@ const GAUGES: [(&str, &str); 26] = [
         names::DURABILITY_HELD_BYTES,
         "WAL acknowledged by JetStream and held unconfirmed by the durability horizon, in \
          bytes (part of the replication lag).",
+    ),
+    (
+        names::DURABILITY_HELD_SECONDS,
+        "How long the oldest position the durability horizon holds has waited; 0 when it \
+         holds none.",
+    ),
+    (
+        names::DURABILITY_NEXT_RELEASE_SECONDS,
+        "Seconds until the oldest held position is due to be confirmed (once a look finds \
+         its message still in the stream); 0 when due or none is held.",
+    ),
+    (
+        names::DURABILITY_NEEDED_BYTES,
+        "The WAL the durability horizon holds once full at the current write rate (held \
+         bytes scaled to the whole horizon): compare with max_slot_wal_keep_size.",
     ),
     (
         names::OBJECT_STORE_BYTES,

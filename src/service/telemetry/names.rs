@@ -25,6 +25,13 @@ pub const STREAM_RECREATED: &str = "pgoutbox_stream_recreated_total";
 /// bytes between what JetStream acknowledged and what is confirmed to Postgres for it.
 pub const DURABILITY_HORIZON_SECONDS: &str = "pgoutbox_durability_horizon_seconds";
 pub const DURABILITY_HELD_BYTES: &str = "pgoutbox_durability_held_bytes";
+/// How long the oldest position the horizon holds has waited, and until it is due to be
+/// released (once a look finds its message): what `status` shows beside the held bytes.
+pub const DURABILITY_HELD_SECONDS: &str = "pgoutbox_durability_held_seconds";
+pub const DURABILITY_NEXT_RELEASE_SECONDS: &str = "pgoutbox_durability_next_release_seconds";
+/// The WAL the horizon holds once it is full at the current write rate: the held bytes
+/// scaled from how long they were held to the whole horizon (rate × horizon).
+pub const DURABILITY_NEEDED_BYTES: &str = "pgoutbox_durability_needed_bytes";
 /// With `--object-store`: the bytes its bucket holds (chunks and names, as JetStream
 /// counts its stream), read after each object stored and at start; and the objects stored.
 pub const OBJECT_STORE_BYTES: &str = "pgoutbox_object_store_bytes";
