@@ -124,3 +124,53 @@ async fn failover_is_turned_on_for_an_existing_slot() {
     assert_eq!(pg.psql(failover), "t", "{}", app.log());
     assert!(app.log().contains("failover turned on"), "{}", app.log());
 }
+
+/// A writer that never pauses, from the moment pgoutbox made its slot, and a 20 s durability
+/// horizon: the standby's copy of the slot becomes persistent once the primary's slot has
+/// moved past what the standby reserved, which the horizon allows once its first positions
+/// are released (before issue 68 the slot never moved under such a writer, and a promotion
+/// dropped the temporary copy). Then the failover loses nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failover_slot_is_synced_and_carries_every_row_under_a_writer_that_never_pauses() {
+    if pg_bin::major() < 17 {
+        return; // --failover is refused below 17 (the test above)
+    }
+    let mut primary = primary_for_failover();
+    let standby = primary.start_standby(STANDBY_CONF);
+    let nats = Nats::start();
+    let args = ["--failover", "--durability-horizon", "20s"];
+    let mut old = Pgoutbox::run(&primary, &nats, &args);
+    wait_until_streaming(&primary, &old).await;
+    let made = std::time::Instant::now();
+    // From the slot's first moments on (rows committed before it are not in its stream).
+    let writer = primary.start_writer(0, 0.02);
+    eventually(Duration::from_secs(120), "the slot synchronised to the standby", || async {
+        let q = "SELECT synced AND NOT temporary FROM pg_replication_slots \
+                 WHERE slot_name = 'pgoutbox'";
+        (standby.try_psql(q).as_deref() == Ok("t")).then_some(())
+    })
+    .await;
+    eprintln!("the standby's slot was persistent {:?} after pgoutbox made it", made.elapsed());
+    let written = writer.finish();
+    standby.wait_replayed(&primary.psql("SELECT pg_current_wal_lsn()"));
+    primary.stop("immediate");
+    old.kill9();
+
+    let mut app = Pgoutbox::run(&standby, &nats, &args);
+    standby.promote();
+    standby.wait_promoted();
+    standby.psql("ALTER SYSTEM RESET synchronized_standby_slots");
+    standby.psql("SELECT pg_reload_conf()");
+    wait_until_streaming(&standby, &app).await;
+    standby.psql(&numbered_rows(written, written + 100, 100));
+    let js = jetstream(&nats.url()).await;
+    let total = written as u64 + 100;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while count(&js, "OUTBOX").await < total && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let report = audit(&read_all(&js, "OUTBOX").await, total as usize);
+    assert_eq!(report.stored, total as usize, "{report:?}\nlog:\n{}", app.log());
+    assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0), "{report:?}");
+    assert!(app.is_running(), "{}", app.log());
+}
