@@ -7,6 +7,9 @@
 //! Every figure is the median of the runs, with min and max. Throwaway PostgreSQL and
 //! nats-server processes are started exactly as the integration tests start them.
 
+// The benchmark prints its figures: println! is fine here (clippy.toml forbids it in src/).
+#![allow(clippy::disallowed_macros)]
+
 #[path = "../tests/support/mod.rs"]
 #[allow(unused_imports, dead_code)]
 mod support;

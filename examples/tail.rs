@@ -1,6 +1,9 @@
 //! Prints every message of the outbox stream as it is stored: `cargo run --example tail`.
 //! Used by `scripts/first-look.sh`; handy when trying pgoutbox out.
 
+// An example, printing what it reads: println! is fine here (clippy.toml forbids it in src/).
+#![allow(clippy::disallowed_macros)]
+
 use async_nats::jetstream::{self, consumer::pull::OrderedConfig};
 use futures_util::StreamExt;
 

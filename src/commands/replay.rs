@@ -82,7 +82,7 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     announce(&id, (total, done.len()), &snapshot, route);
     if args.dry_run {
         let left = total.saturating_sub(done.len() as u64);
-        println!("dry run: replay {id} would publish up to {left} rows");
+        say!("dry run: replay {id} would publish up to {left} rows");
         snapshot.close().await;
         return Ok(());
     }
@@ -186,17 +186,22 @@ fn announce(id: &str, (total, before): (u64, usize), snapshot: &TableSnapshot, r
 /// The replay's last line, on stdout.
 fn report(id: &str, route: Route, tally: &Tally) {
     if route == (Route::Handover { live: false }) {
-        println!(
+        say!(
             "replay {id}: {} handed over, to be published when pgoutbox runs; {} stored \
              before the resume, {} cannot be published (see the warnings)",
-            tally.stored, tally.before, tally.unpublishable
+            tally.stored,
+            tally.before,
+            tally.unpublishable
         );
         return;
     }
-    println!(
+    say!(
         "replay {id}: {} stored, {} already in the stream, {} stored before the resume, {} \
          cannot be published (see the warnings)",
-        tally.stored, tally.duplicates, tally.before, tally.unpublishable
+        tally.stored,
+        tally.duplicates,
+        tally.before,
+        tally.unpublishable
     );
 }
 

@@ -32,7 +32,7 @@ mod startup;
 mod waiting;
 
 pub async fn run(config: &Config, args: &RunArgs) -> anyhow::Result<()> {
-    if config.messages_only && args.message_prefix.is_empty() {
+    if config.messages_only && args.slot.message_prefix.is_empty() {
         anyhow::bail!(
             "--messages-only with an empty --message-prefix streams nothing: set a prefix"
         );

@@ -32,11 +32,14 @@ pub async fn run(config: &Config, args: &SetupArgs) -> anyhow::Result<()> {
     let nats = crate::nats::connect::connect_nats(&config.nats).await?;
     let publisher = Publisher::new(nats, &config.stream, crate::nats::connect::ACK_TIMEOUT);
     ensure_stream_and_slot(config, &client, &publisher, &args.slot, None).await?;
-    // `setup` does not know the prefix `run` will get; it is on by default.
-    warn_if_public_may_emit(&client).await;
-    println!(
+    if !args.slot.message_prefix.is_empty() {
+        warn_if_public_may_emit(&client).await;
+    }
+    say!(
         "ready: publication {}, slot {}, stream {}",
-        config.publication, config.slot, config.stream
+        config.publication,
+        config.slot,
+        config.stream
     );
     Ok(())
 }

@@ -45,7 +45,7 @@ pub async fn run(config: &Config, args: &StatusArgs) -> Health {
         eprintln!("error: {error}");
     }
     if args.json {
-        println!("{report:#}");
+        say!("{report:#}");
     } else {
         print_table(&report);
     }
@@ -323,7 +323,7 @@ fn replay_report(record: ReplayRecord) -> serde_json::Value {
 
 fn print_table(report: &serde_json::Value) {
     for line in table_lines(report) {
-        println!("{line}");
+        say!("{line}");
     }
 }
 

@@ -37,10 +37,10 @@ pub async fn run(config: &Config, yes: bool, only_table: Option<&str>) -> anyhow
                  run teardown as the role that ran setup --tenant-trigger, which owns it"
             )
         })?;
-        println!("dropped event trigger {trigger}");
+        say!("dropped event trigger {trigger}");
     }
     admin::teardown(&client, &config.slot, &config.publication).await?;
-    println!("dropped slot {} and publication {}", config.slot, config.publication);
+    say!("dropped slot {} and publication {}", config.slot, config.publication);
     // What the slot's streaming had acknowledged: a new slot of that name starts afresh.
     let record = acknowledged::table_beside(&config.pipeline.replay_table);
     if acknowledged::owner(&client, &record).await? == acknowledged::Owner::Ours {
@@ -51,7 +51,7 @@ pub async fn run(config: &Config, yes: bool, only_table: Option<&str>) -> anyhow
         && admin::slot_state(&client, &seed).await?.is_some()
     {
         admin::teardown_slot(&client, &seed).await?;
-        println!("dropped slot {seed}, left by a seed from the table that did not finish");
+        say!("dropped slot {seed}, left by a seed from the table that did not finish");
     }
     Ok(())
 }
@@ -78,14 +78,14 @@ async fn drop_table(config: &Config, yes: bool, table: &TableName) -> anyhow::Re
     }
     let client = admin::connect(&config.database, &config.pg_tls).await?;
     if admin::drop_from_publication(&client, publication, table).await? {
-        println!(
+        say!(
             "dropped {table} from publication {publication}; slot {} and the stream are kept; \
              remove {table} from --table or --config before pgoutbox runs again, or it stops \
              saying the table is not published",
             config.slot
         );
     } else {
-        println!("{table} is not in publication {publication}: nothing dropped");
+        say!("{table} is not in publication {publication}: nothing dropped");
     }
     Ok(())
 }

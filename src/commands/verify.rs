@@ -92,29 +92,33 @@ fn report(
             "out_of_order": order.violations,
             "out_of_order_examples": order.examples,
         });
-        println!("{report:#}");
+        say!("{report:#}");
         return;
     }
-    println!(
+    say!(
         "verify {table}: {} rows, {} missing from stream {} (read to sequence {last}), {} \
          held twice, {} messages out of commit order",
-        findings.rows, findings.missing, config.stream, findings.duplicated, order.violations
+        findings.rows,
+        findings.missing,
+        config.stream,
+        findings.duplicated,
+        order.violations
     );
     if findings.missing > 0 {
         let ids = shown(&findings.missing_ids).join(",");
-        println!("missing (first {SHOWN}): {ids}");
+        say!("missing (first {SHOWN}): {ids}");
         if !args.replay_missing {
             let table = args.from_table.as_deref().map(|t| format!(" --from-table {t}"));
-            println!(
+            say!(
                 "publish them again: pgoutbox replay{} --ids {ids}, or verify --replay-missing",
                 table.unwrap_or_default()
             );
         }
     }
     if findings.duplicated > 0 {
-        println!("held twice (first {SHOWN}): {}", shown(&findings.duplicated_ids).join(","));
+        say!("held twice (first {SHOWN}): {}", shown(&findings.duplicated_ids).join(","));
     }
     for example in &order.examples {
-        println!("out of order: {example}");
+        say!("out of order: {example}");
     }
 }

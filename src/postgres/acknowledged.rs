@@ -49,17 +49,36 @@ pub async fn ensure(client: &Client, table: &TableName) -> Result<(), tokio_post
     add_acknowledged_lsn(client, table).await
 }
 
+/// The columns an earlier version's table may lack, with their types.
+const ADDED_COLUMNS: [(&str, &str); 2] =
+    [("acknowledged_lsn", "pg_catalog.pg_lsn"), ("stream_replaced", "pg_catalog.text")];
+
 /// Adds the columns a table made by an earlier version lacks; only pgoutbox's own table is
-/// altered ([`writable`] first).
+/// altered ([`owner`] first). The catalog says which are missing: `ADD COLUMN IF NOT EXISTS`
+/// said a NOTICE at every start for each column already there.
 pub async fn add_acknowledged_lsn(
     client: &Client,
     table: &TableName,
 ) -> Result<(), tokio_postgres::Error> {
-    let sql = format!(
-        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS acknowledged_lsn pg_catalog.pg_lsn, \
-         ADD COLUMN IF NOT EXISTS stream_replaced pg_catalog.text",
-        table.quoted()
-    );
+    let mut missing = Vec::new();
+    for (column, kind) in ADDED_COLUMNS {
+        let present: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute \
+                 WHERE attrelid = pg_catalog.to_regclass($1) AND attname = $2 \
+                 AND NOT attisdropped)",
+                &[&table.quoted(), &column],
+            )
+            .await?
+            .try_get(0)?;
+        if !present {
+            missing.push(format!("ADD COLUMN {column} {kind}"));
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let sql = format!("ALTER TABLE {} {}", table.quoted(), missing.join(", "));
     client.batch_execute(&sql).await
 }
 

@@ -203,7 +203,8 @@ pub async fn public_may_emit(client: &Client) -> Result<Option<String>, tokio_po
 pub fn public_may_emit_warning(revoke: &str) -> String {
     format!(
         "any role may hand pgoutbox an event: PUBLIC may execute pg_logical_emit_message and \
-         --message-prefix is set; run `{revoke}`, then GRANT EXECUTE to the application's role \
-         (docs/operations.md, emitted events)"
+         --message-prefix is set; run `{revoke}`, then GRANT EXECUTE on it to the application's \
+         role and to every other role that emits messages (other tools' own prefixes keep \
+         working) (docs/operations.md, \"Who may hand pgoutbox an event\")"
     )
 }

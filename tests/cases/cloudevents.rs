@@ -63,7 +63,7 @@ async fn a_cloudevents_sdk_reads_every_row_and_emitted_message_in_binary_mode() 
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let database = pg.psql("SELECT current_database()").trim().to_owned();
-    let app = Pgoutbox::run(&pg, &nats, &["--cloudevents"]);
+    let app = Pgoutbox::run(&pg, &nats, &["--cloudevents", "--message-prefix", "outbox"]);
     wait_until_streaming(&pg, &app).await;
 
     pg.psql(

@@ -11,6 +11,9 @@ use crate::support::{
     Nats, Postgres, eventually, http_get, stop_and_wait_released, wait_until_streaming,
 };
 
+/// Emitted events are off by default: these tests turn them on, as an operator would.
+const EMITTED: [&str; 2] = ["--message-prefix", "outbox"];
+
 fn emit(transactional: bool, prefix: &str, content: &str) -> String {
     format!("SELECT pg_logical_emit_message({transactional}, '{prefix}', '{content}');\n")
 }
@@ -22,13 +25,48 @@ fn row(n: usize) -> String {
     )
 }
 
+/// With the defaults, `setup` and `run` neither warn about emitted events nor publish one: a
+/// login-only role's `pg_logical_emit_message(true, 'outbox', …)` (PUBLIC may execute it) is
+/// not in the stream once a later row is, and one line names the event passed over. Before,
+/// the prefix `outbox` was on by default: any login could publish through pgoutbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_the_defaults_no_emitted_event_is_published_and_nothing_warns_of_them() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql("CREATE ROLE mallory LOGIN");
+    let setup = crate::support::pgoutbox::command(&pg, &nats)
+        .env_remove("RUST_LOG")
+        .arg("setup")
+        .output()
+        .expect("pgoutbox setup");
+    let said = String::from_utf8_lossy(&setup.stderr);
+    assert!(setup.status.success() && said.is_empty(), "setup said: {said}");
+    let app = Pgoutbox::run(&pg, &nats, &[]);
+    wait_until_streaming(&pg, &app).await;
+    let event = r#"{"id":"forged","aggregate_type":"order","aggregate_id":"x","event_type":"paid","payload":{}}"#;
+    pg.psql(&format!("SET ROLE mallory;\n{}", emit(true, "outbox", event)));
+    pg.psql(&row(0));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "the row stored", || async {
+        (count(&js, "OUTBOX").await >= 1).then_some(())
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let subjects: Vec<&str> = stored.iter().map(|m| m.subject.as_str()).collect();
+    assert_eq!(subjects, ["outbox.order.created"], "{}", app.log());
+    let log = app.log();
+    assert!(!log.contains("pg_logical_emit_message FROM PUBLIC"), "warned of emitters:\n{log}");
+    assert!(log.contains("emitted events are off by default"), "passed over silently:\n{log}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn emitted_messages_stream_with_rows_in_commit_order_only_when_committed() {
     let pg = Postgres::start();
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql(include_str!("../../sql/emit.sql"));
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let app = Pgoutbox::run(&pg, &nats, &EMITTED);
     wait_until_streaming(&pg, &app).await;
 
     let rolled_back = r#"{"id":"never","aggregate_type":"order","aggregate_id":"x","event_type":"paid","payload":{"n":-1}}"#;
@@ -96,7 +134,7 @@ async fn emitted_messages_that_cannot_be_published_are_dead_letters_and_non_tran
     let pg = Postgres::start();
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let app = Pgoutbox::run(&pg, &nats, &EMITTED);
     wait_until_streaming(&pg, &app).await;
 
     let good = r#"{"id":"good","aggregate_type":"order","aggregate_id":"1","event_type":"paid","payload":{"n":2}}"#;
@@ -147,7 +185,7 @@ async fn messages_only_needs_no_outbox_table() {
     let pg = Postgres::start();
     let nats = Nats::start();
     pg.psql("CREATE TABLE orders (id int)");
-    let app = Pgoutbox::run(&pg, &nats, &["--messages-only"]);
+    let app = Pgoutbox::run(&pg, &nats, &[&EMITTED[..], &["--messages-only"]].concat());
     wait_until_streaming(&pg, &app).await;
 
     let mut script = String::new();
@@ -192,7 +230,7 @@ async fn a_recovery_never_takes_an_emitted_event_for_a_table_row() {
     let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let app = Pgoutbox::run(&pg, &nats, &EMITTED);
     wait_until_streaming(&pg, &app).await;
     let (letter_row, copied_row) =
         ("00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b");
@@ -223,7 +261,7 @@ async fn a_recovery_never_takes_an_emitted_event_for_a_table_row() {
          ('{letter_row}', 'order', 'x', 'created', '{{\"n\": 1}}'), \
          ('{copied_row}', 'order', 'x', 'created', '{{\"n\": 2}}');"
     ));
-    let app = Pgoutbox::run(&pg, &nats, &["--recover"]);
+    let app = Pgoutbox::run(&pg, &nats, &[&EMITTED[..], &["--recover"]].concat());
     wait_until_streaming(&pg, &app).await;
     let what = format!("both rows recovered from the table\n{}", app.log());
     eventually(Duration::from_secs(30), &what, || async {

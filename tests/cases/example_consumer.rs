@@ -76,7 +76,8 @@ fn transactions(random: &mut Lcg) -> (String, Vec<Vec<u64>>) {
 fn partitioned_with(extra: &[&'static str]) -> Vec<&'static str> {
     let template = "outbox.{$partition}.{aggregate_type}.{event_type}";
     let args = ["--partitions", PARTITIONS, "--subject-template", template];
-    [&args[..], &["--object-store", "PAYLOADS"], extra].concat()
+    let emitted = ["--message-prefix", "outbox"];
+    [&args[..], &["--object-store", "PAYLOADS"], &emitted[..], extra].concat()
 }
 
 /// `(event, the order the consumer applied it in)`, by event: each aggregate's events

@@ -274,7 +274,7 @@ async fn with_the_defaults_a_forgotten_tail_of_rows_and_emitted_events_comes_bac
     let pg = Postgres::start();
     let mut nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    let mut app = Pgoutbox::run(&pg, &nats, &[]);
+    let mut app = Pgoutbox::run(&pg, &nats, &["--message-prefix", "outbox"]);
     wait_until_streaming(&pg, &app).await;
     // Even n as table rows, odd n as emitted events, in one commit order.
     let events: String = (0..1_000)
@@ -295,7 +295,7 @@ async fn with_the_defaults_a_forgotten_tail_of_rows_and_emitted_events_comes_bac
     let left = now_holds(&nats).await;
     assert!(left < 1_000, "the cut block lost nothing");
 
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let app = Pgoutbox::run(&pg, &nats, &["--message-prefix", "outbox"]);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(1_000, 1_100, 10));
     stored(&nats, 1_100, "1,100 events stored after the loss").await;

@@ -19,19 +19,11 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// `REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(...) FROM PUBLIC`, every overload.
-pub const REVOKE_EMIT: &str = "DO $$ DECLARE f regprocedure; BEGIN \
-    FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' \
-    LOOP EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f); END LOOP; END $$";
-
 #[test]
 fn setup_status_and_teardown_print_their_result_and_nothing_else() {
     let pg = Postgres::start();
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
-    // As docs/operations.md hardens it: else setup and status warn that any role may emit
-    // events.
-    pg.psql(REVOKE_EMIT);
     for args in [&["setup"][..], &["status"], &["status", "--json"], &["teardown", "--yes"]] {
         let output = quiet(&pg, &nats, args);
         assert!(output.status.code().is_some_and(|c| c <= 1), "{args:?}: {}", stderr(&output));
@@ -43,7 +35,7 @@ fn setup_status_and_teardown_print_their_result_and_nothing_else() {
 }
 
 /// `status` on a default setup, where PUBLIC may still emit events, says so in its report,
-/// not on stderr; `setup` warns with the `REVOKE` of exactly the overloads this server has
+/// not on stderr; `setup` with emitted events turned on warns with the `REVOKE` of exactly the overloads this server has
 /// (three arguments before PostgreSQL 17, four from 17), which runs as written and quiets
 /// it.
 #[test]
@@ -55,7 +47,7 @@ fn the_emit_warning_is_a_status_line_and_its_revoke_runs_as_written() {
     assert_eq!(stderr(&status), "", "status wrote to stderr");
     let report: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
     assert_eq!(report["postgres"]["public_may_emit_message"], true, "{report:#}");
-    let setup = quiet(&pg, &nats, &["setup"]);
+    let setup = quiet(&pg, &nats, &["setup", "--message-prefix", "outbox"]);
     let said = stderr(&setup);
     let revoke = said
         .split('`')
@@ -63,7 +55,7 @@ fn the_emit_warning_is_a_status_line_and_its_revoke_runs_as_written() {
         .unwrap_or_else(|| panic!("no REVOKE in the warning: {said}"));
     assert_eq!(Some(revoke), report["postgres"]["emit_message_fix"].as_str());
     pg.psql(revoke);
-    let setup = quiet(&pg, &nats, &["setup"]);
+    let setup = quiet(&pg, &nats, &["setup", "--message-prefix", "outbox"]);
     assert_eq!(stderr(&setup), "", "setup still warns after the REVOKE it advised");
 }
 
@@ -169,4 +161,56 @@ async fn status_watch_refreshes_in_place_with_trend_and_rate() {
     assert!(last.lines().any(|l| l.starts_with("lag ") && l.contains("steady")), "{last}");
     assert!(last.lines().any(|l| l.starts_with("rows/s") && l.contains('0')), "{last}");
     assert!(last.contains("confirmed_flush_lsn"), "{last}");
+}
+
+/// `pgoutbox status --json | head -1`, and the other commands that print: a reader that
+/// closed the pipe ends the command quietly with 141 (as SIGPIPE would), never with a panic
+/// (101, "failed printing to stdout: Broken pipe" and a backtrace, before).
+#[test]
+fn a_reader_that_closed_the_pipe_ends_a_command_quietly() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    for args in [&["setup"][..], &["status", "--json"], &["status"], &["teardown", "--yes"]] {
+        let mut cmd = command(&pg, &nats);
+        cmd.env_remove("RUST_LOG").args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("pgoutbox runs");
+        drop(child.stdout.take()); // the reader is gone before the first line
+        let out = child.wait_with_output().expect("pgoutbox ends");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(141), "pgoutbox {args:?}: {err}");
+        assert!(!err.contains("panicked"), "pgoutbox {args:?}: {err}");
+    }
+}
+
+/// The README's path, twice (a first start and a restart): `setup` and `run` with the defaults
+/// print no WARN and no Postgres NOTICE (before: the emitted-events warning at every start,
+/// and two `NOTICE: column … already exists, skipping` at every start after the first).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_path_says_no_warning_and_no_notice() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    let setup = quiet(&pg, &nats, &["setup"]);
+    assert_eq!(stderr(&setup), "", "setup wrote to stderr");
+    for start in ["first", "second"] {
+        let mut cmd = command(&pg, &nats);
+        cmd.env_remove("RUST_LOG").arg("run");
+        let app = crate::support::pgoutbox::Pgoutbox::spawn(cmd);
+        crate::support::wait_until_streaming(&pg, &app).await;
+        pg.psql(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ('order', '1', 'created', '{}')",
+        );
+        // The record of what was acknowledged is written within a second: its table's
+        // columns are checked then.
+        eventually(Duration::from_secs(10), "the record written", || async {
+            let q = "SELECT count(*) FROM pgoutbox_acknowledged";
+            (pg.try_psql(q).as_deref() == Ok("1")).then_some(())
+        })
+        .await;
+        let log = app.log();
+        crate::support::stop_and_wait_released(&pg, app).await;
+        assert!(!log.contains(" WARN ") && !log.contains("NOTICE"), "{start} start:\n{log}");
+    }
 }

@@ -101,7 +101,7 @@ async fn a_role_without_the_grant_cannot_replay_and_is_told_how() {
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("CREATE ROLE replayer LOGIN REPLICATION; GRANT SELECT ON outbox TO replayer");
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let app = Pgoutbox::run(&pg, &nats, &["--message-prefix", "outbox"]);
     wait_until_streaming(&pg, &app).await;
     let revoke = "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message";
     assert!(app.log().contains(revoke), "run did not warn that PUBLIC may emit:\n{}", app.log());

@@ -228,7 +228,7 @@ async fn an_emitted_event_never_chooses_its_tenant() {
     pg.psql(&tenant_table("tenant_a"));
     pg.psql(&tenant_table("tenant_b"));
     pg.psql("CREATE ROLE someone LOGIN");
-    let app = Pgoutbox::run(&pg, &nats, &TENANTS);
+    let app = Pgoutbox::run(&pg, &nats, &[&TENANTS[..], &["--message-prefix", "outbox"]].concat());
     wait_until_streaming(&pg, &app).await;
     let event = r#"{"id":"x1","$schema":"tenant_b","aggregate_type":"order","aggregate_id":"1","event_type":"order_paid","payload":{"a":1}}"#;
     // A role with no grant at all: PUBLIC may execute pg_logical_emit_message by default.

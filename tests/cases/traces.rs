@@ -36,6 +36,7 @@ fn traced(pg: &Postgres, nats: &Nats, endpoint: &str) -> Command {
         // A transaction's span ends at its confirmation: without a durability horizon at
         // once, not 150 s after it was stored.
         .env("PGOUTBOX_DURABILITY_HORIZON", "0s")
+        .env("PGOUTBOX_MESSAGE_PREFIX", "outbox")
         .arg("run");
     cmd
 }

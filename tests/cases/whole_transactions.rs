@@ -62,7 +62,7 @@ async fn every_transaction_is_reassembled_whole_through_kill_9() {
     let nats = Nats::start();
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql("CREATE TABLE elsewhere (x int)");
-    let first = Pgoutbox::run(&pg, &nats, &[]);
+    let first = Pgoutbox::run(&pg, &nats, &["--message-prefix", "outbox"]);
     wait_until_streaming(&pg, &first).await;
     drop(first);
 
@@ -71,14 +71,14 @@ async fn every_transaction_is_reassembled_whole_through_kill_9() {
     let total: usize = made.iter().map(Vec::len).sum();
     let writer = pg.psql_in_background(sql);
     let js = jetstream(&nats.url()).await;
-    let mut app = Pgoutbox::run(&pg, &nats, &[]);
+    let mut app = Pgoutbox::run(&pg, &nats, &["--message-prefix", "outbox"]);
     let part = (total / 3) as u64;
     eventually(Duration::from_secs(60), "a third of the events stored", || async {
         (count(&js, "OUTBOX").await >= part).then_some(())
     })
     .await;
     app.kill9();
-    let app = Pgoutbox::run(&pg, &nats, &[]);
+    let app = Pgoutbox::run(&pg, &nats, &["--message-prefix", "outbox"]);
     writer.join().expect("writer").expect("transactions");
     eventually(Duration::from_secs(90), "every event stored", || async {
         (count(&js, "OUTBOX").await >= total as u64).then_some(())

@@ -69,7 +69,7 @@ impl<'a> Target<'a> {
             config,
             pipeline: PipelineConfig {
                 max_in_flight_bytes: args.max_in_flight_bytes,
-                message_prefix: Some(args.message_prefix.clone()).filter(|p| !p.is_empty()),
+                message_prefix: Some(args.slot.message_prefix.clone()).filter(|p| !p.is_empty()),
                 ..config.pipeline.clone()
             },
             database,

@@ -27,7 +27,7 @@ pub type Tasks = tokio::task::JoinSet<()>;
 /// The series exported from the start: each table's, the durability horizon, and those
 /// PgoutboxAdoptionStalled and PgoutboxTablesUnread read.
 pub fn export_metrics(config: &Config, args: &RunArgs) {
-    let emitted = (!args.message_prefix.is_empty()).then_some(EMITTED_LABEL.to_owned());
+    let emitted = (!args.slot.message_prefix.is_empty()).then_some(EMITTED_LABEL.to_owned());
     let labels: Vec<String> =
         config.pipeline.tables.iter().map(TableEntry::metrics_label).chain(emitted).collect();
     Metrics::tables(labels.iter().map(String::as_str));
@@ -80,11 +80,11 @@ pub async fn check_database(
     config: &Config,
     args: &RunArgs,
 ) -> anyhow::Result<()> {
-    if !args.message_prefix.is_empty() {
+    if !args.slot.message_prefix.is_empty() {
         crate::commands::setup::warn_if_public_may_emit(client).await;
         let template = &config.pipeline.defaults.template;
         if template.names_table() {
-            warn!(%template, prefix = %args.message_prefix,
+            warn!(%template, prefix = %args.slot.message_prefix,
                 "emitted events become dead letters: the subject template names the row's \
                  table ({{$schema}}, {{$table}}), which an event's content may not say; set \
                  --message-prefix '' to stream tables only");

@@ -22,7 +22,10 @@ impl Pipeline<'_> {
         &mut self,
         message: DecodingMessage,
     ) -> Result<(), PipelineError> {
-        let Some(mapping) = &self.emitted else { return Ok(()) };
+        let Some(mapping) = &self.emitted else {
+            self.say_emitted_events_are_off(&message);
+            return Ok(());
+        };
         if Some(&message.prefix) != self.config.message_prefix.as_ref() {
             return Ok(());
         }
@@ -45,4 +48,24 @@ impl Pipeline<'_> {
             Err((row, rejection)) => self.on_row(mapping, row, position, Some(rejection)).await,
         }
     }
+
+    /// Emitted events are off (no `--message-prefix`, the default since they were on with
+    /// `outbox`): an event with that old default's prefix is most likely one a deployment
+    /// that upgraded still emits, so it is named, one line a minute at most, rather than
+    /// passed over in silence.
+    fn say_emitted_events_are_off(&mut self, message: &DecodingMessage) {
+        if message.prefix != OLD_DEFAULT_PREFIX || !message.transactional {
+            return;
+        }
+        if let Some(left_out) = self.memory.emitted_off_log.allow(Instant::now()) {
+            warn!(lsn = %lsn(message.lsn), prefix = %message.prefix, left_out,
+                "an event emitted with pg_logical_emit_message was not published: emitted \
+                 events are off by default; set --message-prefix outbox on setup and run to \
+                 stream them (docs/how-to/upgrade.md; one line a minute; left_out: others since \
+                 the last line)");
+        }
+    }
 }
+
+/// `--message-prefix`'s default before emitted events became opt-in.
+const OLD_DEFAULT_PREFIX: &str = "outbox";

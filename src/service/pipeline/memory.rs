@@ -82,6 +82,9 @@ pub struct Memory {
     pub paces: Paces,
     /// The warning about non-transactional emitted messages, at most once a minute.
     pub non_transactional_log: crate::domain::throttle::Throttle,
+    /// Events emitted with the old default prefix while emitted events are off: said once a
+    /// minute at most (`pipeline::emitted`).
+    pub emitted_off_log: crate::domain::throttle::Throttle,
     /// Makes the spans of each attempt, when traces are configured (`service::traces`).
     pub tracer: Option<opentelemetry_sdk::trace::Tracer>,
 }
@@ -124,6 +127,9 @@ impl Memory {
             seed: None,
             paces: Paces::default(),
             non_transactional_log: crate::domain::throttle::Throttle::new(
+                std::time::Duration::from_secs(60),
+            ),
+            emitted_off_log: crate::domain::throttle::Throttle::new(
                 std::time::Duration::from_secs(60),
             ),
             tracer: None,

@@ -89,12 +89,6 @@ pub struct StatusArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub slot: SlotArgs,
-    /// Also stream events emitted with pg_logical_emit_message and this prefix
-    ///
-    /// `pg_logical_emit_message(true, '<prefix>', '<json>')`, interleaved with the table's
-    /// rows in commit order; messages with other prefixes are ignored; empty turns it off
-    #[arg(help_heading = TABLE, long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "outbox", value_name = "PREFIX", hide_short_help = true)]
-    pub message_prefix: String,
     /// Address for /metrics, /healthz and /readyz [default: 127.0.0.1:9717]
     ///
     /// If that default is taken, e.g. by a standby on the same host, HTTP is skipped with a
@@ -170,6 +164,15 @@ pub struct SetupArgs {
 #[derive(Debug, Args)]
 #[command(next_display_order = OWN)]
 pub struct SlotArgs {
+    /// Also stream events emitted with pg_logical_emit_message and this prefix [default: off]
+    ///
+    /// `pg_logical_emit_message(true, '<prefix>', '<json>')`, interleaved with the table's
+    /// rows in commit order; messages with other prefixes are ignored. Off by default:
+    /// every role that may execute the function may then hand pgoutbox an event, and PUBLIC
+    /// may unless revoked (`setup` and `run` say so; docs/operations.md, "Who may hand
+    /// pgoutbox an event")
+    #[arg(help_heading = TABLE, long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "", hide_default_value = true, value_name = "PREFIX", hide_short_help = true)]
+    pub message_prefix: String,
     /// PostgreSQL 17+: make the slot a failover slot, kept on standbys
     ///
     /// Synchronised to standbys that set sync_replication_slots, so streaming goes on from
