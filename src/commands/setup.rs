@@ -100,7 +100,7 @@ pub async fn prepare_database(
         }
     }
     if !in_recovery {
-        ensure_acknowledged_table(config, &client).await;
+        ensure_acknowledged_table(config, &client).await?;
     }
     Ok(client)
 }
@@ -172,13 +172,21 @@ async fn adopt_pattern_tables(
 
 /// The record of what JetStream acknowledged (`postgres::acknowledged`): without it, a
 /// restart of both pgoutbox and nats-server cannot tell a stream that lost events.
-async fn ensure_acknowledged_table(config: &Config, client: &tokio_postgres::Client) {
+async fn ensure_acknowledged_table(
+    config: &Config,
+    client: &tokio_postgres::Client,
+) -> anyhow::Result<()> {
     let table = acknowledged::table_beside(&config.pipeline.replay_table);
-    if let Err(err) = acknowledged::ensure(client, &table).await {
-        warn!(%table, reason = %admin::server_said(&err),
-            "cannot keep a record of what JetStream acknowledged: a restart of both pgoutbox \
-             and nats-server will not see a stream that lost events; run setup as a role that \
-             may create tables in that schema");
+    match acknowledged::ensure(client, &table).await {
+        Ok(()) => Ok(()),
+        Err(err @ acknowledged::RecordError::Foreign { .. }) => Err(err.into()),
+        Err(acknowledged::RecordError::Sql(err)) => {
+            warn!(%table, reason = %admin::server_said(&err),
+                "cannot keep a record of what JetStream acknowledged: a restart of both \
+                 pgoutbox and nats-server will not see a stream that lost events; run setup as \
+                 a role that may create tables in that schema");
+            Ok(())
+        }
     }
 }
 
@@ -205,7 +213,22 @@ async fn tenant_trigger(config: &Config, client: &tokio_postgres::Client) -> any
         );
     }
     let sql = tenant_tables::trigger_sql(&config.publication, &patterns);
-    client.batch_execute(&sql).await.context("creating the tenant tables' event trigger")?;
+    // Its function's owner is judged before and after the `CREATE OR REPLACE`, in one
+    // transaction: a function of that name another role made stays that role's, and
+    // SECURITY DEFINER would then run that role's body under the superuser's event trigger.
+    tenant_tables::refuse_a_foreign_trigger_function(client, &config.publication).await?;
+    client.batch_execute("BEGIN").await?;
+    let made = async {
+        client.batch_execute(&sql).await.context("creating the tenant tables' event trigger")?;
+        Ok(tenant_tables::refuse_a_foreign_trigger_function(client, &config.publication).await?)
+    };
+    match made.await {
+        Ok(()) => client.batch_execute("COMMIT").await?,
+        Err(err) => {
+            client.batch_execute("ROLLBACK").await?;
+            return Err(err);
+        }
+    }
     let patterns = patterns.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
     info!(trigger = %tenant_tables::trigger_name(&config.publication), %patterns,
         publication = %config.publication, "event trigger created: new tables of the \

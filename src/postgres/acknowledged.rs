@@ -30,23 +30,58 @@ pub fn table_beside(replay_table: &TableName) -> TableName {
     TableName { schema: replay_table.schema.clone(), name: "pgoutbox_acknowledged".to_owned() }
 }
 
-/// Makes the table when it is missing (`setup`); one made by the operator (`sql/grants.sql`)
-/// is left as it is.
-pub async fn ensure(client: &Client, table: &TableName) -> Result<(), tokio_postgres::Error> {
-    let exists: bool = client.query_one(&exists_sql(table), &[]).await?.try_get(0)?;
-    if !exists {
+/// Why `setup` cannot keep the record.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// A table of the record's name that a role which could not be pgoutbox's made (neither
+    /// a superuser nor one with REPLICATION): its indexes, triggers and rules would run as
+    /// whoever writes or plans it, so it is never altered, read or written.
+    #[error(
+        "{table} exists, owned by role {owner:?}, which is not pgoutbox's: pgoutbox never \
+         writes, reads or alters a table another role made under its name (its code would \
+         run as pgoutbox); drop it, then run setup again"
+    )]
+    Foreign { table: TableName, owner: String },
+    #[error(transparent)]
+    Sql(#[from] tokio_postgres::Error),
+}
+
+/// Makes the table when it is missing (`setup`). Its owner is read from the catalog before
+/// any statement names it: one made for pgoutbox's role (`sql/grants.sql`, by a role with
+/// REPLICATION or a superuser) is left as it is, for that role to bring up to date; one of
+/// any other role stops setup ([`RecordError::Foreign`]).
+pub async fn ensure(client: &Client, table: &TableName) -> Result<(), RecordError> {
+    let found = client
+        .query_opt(
+            "SELECT o.rolname::pg_catalog.text, o.rolname = current_user, \
+                    o.rolreplication OR o.rolsuper \
+             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
+             WHERE c.oid = pg_catalog.to_regclass($1)",
+            &[&table.quoted()],
+        )
+        .await?;
+    let Some(row) = found else {
+        // No IF NOT EXISTS: a table made meanwhile by another role fails this, not joins it.
         client
             .batch_execute(&format!(
-                "CREATE TABLE IF NOT EXISTS {} (slot pg_catalog.text PRIMARY KEY, \
+                "CREATE TABLE {} (slot pg_catalog.text PRIMARY KEY, \
                  stream pg_catalog.text NOT NULL, stream_created pg_catalog.text NOT NULL, \
                  stream_sequence pg_catalog.int8 NOT NULL, commit_lsn pg_catalog.pg_lsn NOT \
                  NULL, index pg_catalog.int8 NOT NULL, \
-                 at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now())",
+                 at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(), \
+                 acknowledged_lsn pg_catalog.pg_lsn, stream_replaced pg_catalog.text)",
                 table.quoted()
             ))
             .await?;
+        return Ok(());
+    };
+    let (owner, ours, replicator): (String, bool, bool) =
+        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+    match (ours, replicator) {
+        (true, _) => Ok(add_acknowledged_lsn(client, table).await?),
+        (false, true) => Ok(()),
+        (false, false) => Err(RecordError::Foreign { table: table.clone(), owner }),
     }
-    add_acknowledged_lsn(client, table).await
 }
 
 /// The columns an earlier version's table may lack, with their types.
@@ -231,19 +266,18 @@ pub async fn made_again(
     slot: &str,
     now: &StreamIdentity,
 ) -> Result<Option<MadeAgain>, tokio_postgres::Error> {
-    let exists: bool = client.query_one(&exists_sql(table), &[]).await?.try_get(0)?;
-    if !exists {
+    // The owner first, in a statement of its own: planning the read below would already run
+    // the index and statistics expressions of a table another role made under this name.
+    if owner(client, table).await? != Owner::Ours {
         return Ok(None);
     }
     // Through to_jsonb: a table made by an earlier version has no `stream_replaced` yet.
     let sql = format!(
         "SELECT a.stream, a.stream_created, pg_catalog.to_jsonb(a) ->> 'stream_replaced' \
-         FROM {quoted} a WHERE a.slot = $1 AND (SELECT relowner FROM pg_catalog.pg_class \
-         WHERE oid = $2::pg_catalog.text::pg_catalog.regclass) = (SELECT oid FROM pg_catalog.pg_roles \
-         WHERE rolname = current_user)",
+         FROM {quoted} a WHERE a.slot = $1",
         quoted = table.quoted()
     );
-    let Some(row) = client.query_opt(&sql, &[&slot, &table.quoted()]).await? else {
+    let Some(row) = client.query_opt(&sql, &[&slot]).await? else {
         return Ok(None);
     };
     let (name, created): (Option<String>, Option<String>) = (row.try_get(0)?, row.try_get(1)?);
@@ -266,25 +300,29 @@ pub async fn forget(
     client.execute(&sql, &[&slot]).await.map(drop)
 }
 
-/// The query asking whether the table exists; then [`read_sql`]. Both run on the
-/// replication connection, which answers simple queries only.
+/// The query asking whether the table exists and pgoutbox's role owns it (`t`); then
+/// [`read_sql`], only when it does: a separate statement, since planning a read of a table
+/// another role made under this name would run its index and statistics expressions. Both
+/// run on the replication connection, which answers simple queries only.
 pub fn exists_sql(table: &TableName) -> String {
-    format!("SELECT pg_catalog.to_regclass({}) IS NOT NULL", escape_literal(&table.quoted()))
+    format!(
+        "SELECT coalesce((SELECT o.rolname = current_user FROM pg_catalog.pg_class c \
+         JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
+         WHERE c.oid = pg_catalog.to_regclass({})), false)",
+        escape_literal(&table.quoted())
+    )
 }
 
-/// The query reading `slot`'s record, as one text row (`parse_recorded` reads it): only
-/// from a table pgoutbox's role owns, since a record another role made up could make
-/// `--recover` drop the slot.
+/// The query reading `slot`'s record, as one text row (`parse_recorded` reads it); sent
+/// only once [`exists_sql`] found the table pgoutbox's own (a record another role made up
+/// could make `--recover` drop the slot).
 pub fn read_sql(table: &TableName, slot: &str) -> String {
-    let quoted = table.quoted();
     format!(
         "SELECT stream, stream_created, stream_sequence::pg_catalog.text, \
                 commit_lsn::pg_catalog.text, index::pg_catalog.text \
-         FROM {quoted} WHERE slot = {} \
-           AND (SELECT relowner FROM pg_catalog.pg_class WHERE oid = {}::pg_catalog.regclass) \
-             = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user)",
+         FROM {} WHERE slot = {}",
+        table.quoted(),
         escape_literal(slot),
-        escape_literal(&quoted),
     )
 }
 

@@ -178,6 +178,47 @@ pub fn trigger_sql(publication: &str, patterns: &[TablePattern]) -> String {
     )
 }
 
+/// Fails, naming it, when the event trigger's function `public.<trigger name>()` exists and
+/// belongs to a role other than this session's: `CREATE OR REPLACE` keeps a function's
+/// owner, so its body would stay that role's to swap, and run as the superuser's trigger.
+pub async fn refuse_a_foreign_trigger_function(
+    client: &tokio_postgres::Client,
+    publication: &str,
+) -> Result<(), ForeignFunction> {
+    let name = trigger_name(publication);
+    let found = client
+        .query_opt(
+            "SELECT o.rolname::pg_catalog.text, current_user::pg_catalog.text \
+             FROM pg_catalog.pg_proc p \
+             JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+             JOIN pg_catalog.pg_roles o ON o.oid = p.proowner \
+             WHERE n.nspname = 'public' AND p.proname = $1 AND p.pronargs = 0",
+            &[&name],
+        )
+        .await?;
+    match found {
+        Some(row) if row.try_get::<_, String>(0)? != row.try_get::<_, String>(1)? => {
+            let quoted = quote_ident(&name);
+            Err(ForeignFunction::Foreign { name, quoted, owner: row.try_get(0)? })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Why `setup --tenant-trigger` does not make its trigger's function.
+#[derive(Debug, thiserror::Error)]
+pub enum ForeignFunction {
+    #[error(
+        "function public.{name}() exists, owned by role {owner:?}, not by this session's: \
+         pgoutbox never replaces a function another role made under its name (it would stay \
+         that role's, and run as the event trigger's superuser); drop it (DROP FUNCTION \
+         public.{quoted}()), then run setup --tenant-trigger again"
+    )]
+    Foreign { name: String, quoted: String, owner: String },
+    #[error(transparent)]
+    Sql(#[from] tokio_postgres::Error),
+}
+
 /// Drops what [`trigger_sql`] made, if there.
 pub fn drop_trigger_sql(publication: &str) -> String {
     let name = trigger_name(publication);

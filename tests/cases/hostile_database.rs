@@ -462,3 +462,49 @@ async fn a_policy_never_hides_rows_from_a_read_in_silence() {
     assert!(!out.status.success(), "verify saw no row and said all is well: {said}");
     assert_says(&said, &["row-level security"]);
 }
+
+/// T1 and T3 (issue 69): mallory makes pgoutbox's own objects first, under their names in
+/// `public` (every login may on PostgreSQL 14): the acknowledgement record, with index
+/// expressions that run her code when it is planned or written, and the tenant trigger's
+/// function. Each is looked up by name and owner in a statement of its own before anything
+/// names it: `setup` and `run` stop with one line naming the table, `status` reads around
+/// it, `setup --tenant-trigger` refuses her function; nothing of hers runs, nothing of hers
+/// is altered or replaced. Before, the owner check sat inside the reading SELECT (her index
+/// folded at plan time, as a superuser), setup altered her table, and CREATE OR REPLACE
+/// left her the owner of a SECURITY DEFINER function the superuser's trigger runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn pgoutbox_s_own_names_made_first_by_another_role_are_never_touched() {
+    let pg = Postgres::start();
+    let nats = Nats::start();
+    pg.psql(include_str!("../../sql/outbox.sql"));
+    pg.psql(&tenant_table("tenant_a"));
+    pg.psql(TRAP);
+    pg.psql(include_str!("../fixtures/hostile/own_names.sql"));
+    let columns = "SELECT count(*) FROM pg_attribute WHERE attrelid = \
+                   'public.pgoutbox_acknowledged'::regclass AND attnum > 0";
+    let columns_before = pg.psql(columns);
+    for args in [&["setup"][..], &["run"]] {
+        let out = pgoutbox(&pg, &nats, args);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "{args:?} went on beside mallory's table: {said}");
+        let line = said.lines().rfind(|l| l.starts_with("error:")).unwrap_or_default();
+        assert_says(line, &["public.pgoutbox_acknowledged", "\"mallory\"", "drop it"]);
+    }
+    let status = pgoutbox(&pg, &nats, &["status", "--json"]);
+    assert!(status.status.code().is_some(), "status ended by a signal");
+    assert_no_trap_ran(&pg, "setup, run and status beside her record table");
+    assert_eq!(pg.psql(columns), columns_before, "mallory's table was altered");
+
+    // Her table gone, her trigger function stays: the tenant trigger refuses it.
+    pg.psql("DROP TABLE public.pgoutbox_acknowledged");
+    let out = pgoutbox(&pg, &nats, &[&TABLES[..], &["setup", "--tenant-trigger"]].concat());
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "the trigger replaced her function: {said}");
+    assert_says(&said, &["public.pgoutbox_pgoutbox_tables()", "\"mallory\""]);
+    let function = "SELECT pg_get_userbyid(proowner) || ' ' || prosecdef FROM pg_proc \
+                    WHERE proname = 'pgoutbox_pgoutbox_tables'";
+    assert_eq!(pg.psql(function), "mallory false", "her function was replaced");
+    assert_eq!(pg.psql("SELECT count(*) FROM pg_event_trigger"), "0");
+    pg.psql(&tenant_table("tenant_b"));
+    assert_no_trap_ran(&pg, "setup --tenant-trigger beside her function");
+}
