@@ -106,8 +106,8 @@ impl FileSettings {
                     return Err(at("[table] is written [[table]], once per table".into()));
                 }
                 _ => {
-                    known.top_level(name).map_err(at)?;
-                    let value = setting(name, value.get_ref()).map_err(at)?;
+                    known.top_level(name).map_err(|e| at(e.to_string()))?;
+                    let value = setting(name, value.get_ref()).map_err(|e| at(e.to_string()))?;
                     file.top.push(Key { name: name.to_owned(), line, value });
                 }
             }
@@ -134,8 +134,8 @@ fn entry(
             ("table", Some(named)) => entry.table = named.to_owned(),
             ("table", None) => return Err(at(line)("[[table]] table: a string".into())),
             _ => {
-                known.per_table(name).map_err(at(line))?;
-                let value = setting(name, value.get_ref()).map_err(at(line))?;
+                known.per_table(name).map_err(|e| at(line)(e.to_string()))?;
+                let value = setting(name, value.get_ref()).map_err(|e| at(line)(e.to_string()))?;
                 entry.keys.push(Key { name: name.to_owned(), line, value });
             }
         }
@@ -147,18 +147,16 @@ fn entry(
 }
 
 /// `key`'s value as argument text: a boolean, or a string, an integer or a list of them.
-fn setting(key: &str, value: &DeValue<'_>) -> Result<Value, String> {
+fn setting(key: &str, value: &DeValue<'_>) -> Result<Value, ValueRefused> {
     let item = |value: &DeValue<'_>| match value {
         DeValue::String(text) => Ok(text.to_string()),
-        DeValue::Integer(number) => i128::from_str_radix(number.as_str(), number.radix())
-            .map(|n| n.to_string())
-            .map_err(|_| format!("{key}: {number} is too large")),
+        DeValue::Integer(number) => {
+            i128::from_str_radix(number.as_str(), number.radix()).map(|n| n.to_string()).map_err(
+                |_| ValueRefused::TooLarge { key: key.to_owned(), number: number.to_string() },
+            )
+        }
         DeValue::Boolean(on) => Ok(on.to_string()),
-        other => Err(format!(
-            "{key}: a {} is no value of a flag; give a string, an integer, true or false, \
-             or a list of them",
-            other.type_str()
-        )),
+        other => Err(ValueRefused::NotAValue { key: key.to_owned(), kind: other.type_str() }),
     };
     match value {
         DeValue::Boolean(on) => Ok(Value::Bool(*on)),
@@ -167,6 +165,18 @@ fn setting(key: &str, value: &DeValue<'_>) -> Result<Value, String> {
         }
         other => item(other).map(|text| Value::Items(vec![text])),
     }
+}
+
+/// Why a key's value is no value of a flag.
+#[derive(Debug, thiserror::Error)]
+enum ValueRefused {
+    #[error("{key}: {number} is too large")]
+    TooLarge { key: String, number: String },
+    #[error(
+        "{key}: a {kind} is no value of a flag; give a string, an integer, true or false, or a \
+         list of them"
+    )]
+    NotAValue { key: String, kind: &'static str },
 }
 
 /// Why the file cannot be read as settings: one line, with the line of the file when known

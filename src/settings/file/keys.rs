@@ -33,36 +33,45 @@ impl Known {
         known
     }
 
-    /// Whether `key` may be set at the top level of the file; else why not, in one line.
-    pub(super) fn top_level(&self, key: &str) -> Result<(), String> {
+    /// Whether `key` may be set at the top level of the file; else why not.
+    pub(super) fn top_level(&self, key: &str) -> Result<(), KeyRefused> {
         if self.settings.contains(key) {
             return Ok(());
         }
         if key == "config" {
-            return Err("config: a file names no other file; set its keys here".into());
+            return Err(KeyRefused::NamesAFile);
         }
         if let Some(commands) = self.one_off.get(key) {
-            return Err(format!(
-                "{key} is a one-off flag of {}, given on its command line, not a key",
-                commands.join(" and ")
-            ));
+            let commands = commands.join(" and ");
+            return Err(KeyRefused::OneOff { key: key.to_owned(), commands });
         }
         Err(unknown(key, self.settings.iter().map(String::as_str)))
     }
 
-    /// Whether `key` may be set in a `[[table]]` entry; else why not, in one line.
-    pub(super) fn per_table(&self, key: &str) -> Result<(), String> {
+    /// Whether `key` may be set in a `[[table]]` entry; else why not.
+    pub(super) fn per_table(&self, key: &str) -> Result<(), KeyRefused> {
         let keys = PER_TABLE.map(|id| id.replace('_', "-"));
         if keys.iter().any(|k| k == key) {
             return Ok(());
         }
         if self.settings.contains(key) {
-            return Err(format!(
-                "[[table]] {key}: a setting of every table, at the top level of the file"
-            ));
+            return Err(KeyRefused::NotPerTable { key: key.to_owned() });
         }
         Err(unknown(key, keys.iter().map(String::as_str).chain(["table"])))
     }
+}
+
+/// Why a key of the file is refused: each one line.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum KeyRefused {
+    #[error("config: a file names no other file; set its keys here")]
+    NamesAFile,
+    #[error("{key} is a one-off flag of {commands}, given on its command line, not a key")]
+    OneOff { key: String, commands: String },
+    #[error("[[table]] {key}: a setting of every table, at the top level of the file")]
+    NotPerTable { key: String },
+    #[error("unknown key {key:?}{}", nearest.as_ref().map(|n| format!("; did you mean {n:?}?")).unwrap_or_default())]
+    Unknown { key: String, nearest: Option<String> },
 }
 
 /// A flag a file could set: one with a long name that is no help or version.
@@ -82,13 +91,11 @@ pub(super) fn is_one_off(command: &str, id: &str) -> bool {
 /// `unknown key "retension"; did you mean "retention"?`: the nearest of `known` by
 /// Jaro-Winkler similarity, which weighs a shared beginning (`subject` is nearer
 /// `subject-template` than `table`), ties broken by edit distance.
-fn unknown<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> String {
+fn unknown<'a>(key: &str, known: impl Iterator<Item = &'a str>) -> KeyRefused {
     let distance = |k: &str| {
         let similarity = (strsim::jaro_winkler(key, k) * 1e6) as i64;
         (-similarity, strsim::levenshtein(key, k))
     };
-    match known.min_by_key(|k| distance(k)) {
-        Some(nearest) => format!("unknown key {key:?}; did you mean {nearest:?}?"),
-        None => format!("unknown key {key:?}"),
-    }
+    let nearest = known.min_by_key(|k| distance(k)).map(str::to_owned);
+    KeyRefused::Unknown { key: key.to_owned(), nearest }
 }
