@@ -34,7 +34,11 @@ fi
 pids=()
 cleanup() {
   trap - EXIT INT TERM ERR
-  echo; echo "stopping..."
+  # Piped (`first-look.sh | tee log`), Ctrl-C ends the reader too: a line written then would
+  # end this script by SIGPIPE before PostgreSQL is stopped and its directory removed.
+  trap '' PIPE
+  set +e
+  { echo; echo "stopping..."; } 2>/dev/null
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   "${as_pg[@]}" "$pgbin/pg_ctl" -D "$work/pg" -m fast stop >/dev/null 2>&1 || true
@@ -101,13 +105,6 @@ export NATS_URL="$PGOUTBOX_NATS_URL"
 psql() { command psql -X -q -v ON_ERROR_STOP=1 "$PGOUTBOX_DATABASE_URL" "$@"; }
 step="creating the outbox table (sql/outbox.sql)"
 psql -f sql/outbox.sql
-# As docs/operations.md advises: only roles granted it may emit events for pgoutbox (every
-# overload, whatever the PostgreSQL version names them).
-step="revoking pg_logical_emit_message from PUBLIC"
-psql -c "DO \$\$ DECLARE f regprocedure; BEGIN
-  FOR f IN SELECT oid::regprocedure FROM pg_proc WHERE proname = 'pg_logical_emit_message' LOOP
-    EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
-  END LOOP; END \$\$"
 
 step="starting pgoutbox"
 "$bin" run &
