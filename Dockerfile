@@ -6,7 +6,7 @@
 # runs it): add a path here when a new target needs one.
 FROM rust:1-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY examples ./examples
 COPY benches ./benches

@@ -75,7 +75,7 @@ const LAST: usize = 900;
 #[derive(Parser)]
 #[command(
     name = "pgoutbox",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("PGOUTBOX_COMMIT"), ")"),
     max_term_width = 100,
     about = "Streams committed outbox rows from Postgres to NATS JetStream through logical replication.",
     after_help = examples::SHORT,

@@ -382,3 +382,20 @@ async fn subjects_taken_by_another_stream_are_named() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
 }
+
+/// `--version` names the commit the binary was built from (the upgrade guide is keyed to
+/// commits; before, it said `0.1.0` alone): this checkout's own.
+#[test]
+fn version_names_the_commit_it_was_built_from() {
+    let binary = env!("CARGO_BIN_EXE_pgoutbox");
+    let out = std::process::Command::new(binary).arg("--version").output().expect("--version");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("git");
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    let expected = format!("pgoutbox {} (commit {head}", env!("CARGO_PKG_VERSION"));
+    assert!(out.status.success() && said.starts_with(&expected), "{said:?}, expected {expected}");
+}
