@@ -62,6 +62,7 @@ async fn serve(config: &Config, args: &RunArgs, tracer: Option<Tracer>) -> anyho
     let mut tasks = Tasks::new();
     let mut shutdown = Shutdown::listen(&mut tasks)?;
     let prometheus = telemetry::install_recorder()?;
+    telemetry::keep_histograms_folded(prometheus.clone(), &mut tasks);
     startup::export_metrics(config, args);
     startup::announce_durability(config.pipeline.durability_horizon);
     let readiness = Arc::new(Readiness::default());

@@ -6,6 +6,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
 
 use axum::Router;
 use axum::extract::State;
@@ -248,6 +251,24 @@ impl Default for Metrics {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// How often the latency samples are folded into their histograms when nobody scrapes
+/// `/metrics`: the recorder keeps each sample until then (about 64 bytes a transaction:
+/// the steady-state soak saw pgoutbox's memory grow from 27 to 116 MB in 25 minutes at
+/// 1,000 rows/s, with no scraper).
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Folds the latency samples into their histograms every [`UPKEEP_EVERY`], so that memory
+/// stays flat whether or not anything scrapes `/metrics`.
+pub fn keep_histograms_folded(prometheus: PrometheusHandle, tasks: &mut JoinSet<()>) {
+    tasks.spawn(async move {
+        let mut every = tokio::time::interval(UPKEEP_EVERY);
+        loop {
+            every.tick().await;
+            prometheus.run_upkeep();
+        }
+    });
 }
 
 /// Installs the Prometheus recorder and describes every metric; call once, before any

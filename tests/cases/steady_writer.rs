@@ -4,9 +4,10 @@
 //! Postgres, and the commit-to-stored latency of the rows stored since. It fails when the
 //! slot does not move within a horizon, when the WAL it holds exceeds what the horizon needs
 //! (the WAL written within horizon + grain + a look, × [`HELD_MARGIN`]), or when memory,
-//! descriptors, connections or latency grow from the middle of the run to its end.
+//! descriptors, connections or latency grow from the middle of the run to its end, or memory
+//! grows faster than [`RSS_SLOPE_LIMIT_KB_S`] over it.
 //!
-//! Run by `scripts/steady.sh` (CI: 2 minutes at 200 rows/s behind a 10 s horizon; by hand:
+//! Run by `scripts/steady.sh` (CI: 75 s at 500 rows/s behind a 10 s horizon; by hand:
 //! 30 minutes at 1,000 rows/s with the defaults, figures in docs/performance.md).
 //!   PGOUTBOX_STEADY_MINUTES (2), PGOUTBOX_STEADY_RATE (200 rows/s),
 //!   PGOUTBOX_STEADY_HORIZON (`--durability-horizon`; unset: pgoutbox's default).
@@ -25,6 +26,10 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(2);
 /// The held WAL may exceed rate × (horizon + grain + a look + a sample) by this factor: the
 /// bytes per row vary with the WAL's page headers and the odd checkpoint record.
 const HELD_MARGIN: f64 = 1.5;
+/// How fast resident memory may grow over the run after the first horizon ([`slope`]), in
+/// kB/s: a leak of 64 bytes a transaction (latency samples kept until a scrape) grew it by
+/// 64 kB/s at 1,000 rows/s and 32 kB/s at CI's 500; a settled process moves a few kB/s.
+const RSS_SLOPE_LIMIT_KB_S: f64 = 16.0;
 /// What a horizon waits beyond its span at most: a grain, a look's gap, the look's answer
 /// and a tick; and the sample's own age.
 const BEYOND_THE_SPAN: Duration = Duration::from_secs(4);
@@ -187,6 +192,29 @@ fn judge(
             "{what} grew from {before:.1} (middle third) to {after:.1} (last third)"
         );
     }
+    let slope = slope(&settled, rss);
+    assert!(
+        slope <= RSS_SLOPE_LIMIT_KB_S,
+        "resident memory grew {slope:.1} kB/s after the first horizon (at most \
+         {RSS_SLOPE_LIMIT_KB_S}): {:?}",
+        settled.iter().map(|s| s.rss_kb).collect::<Vec<_>>()
+    );
+}
+
+/// The slope of `f` over the samples' times, per second: the median of the slopes between
+/// every two samples (Theil-Sen), so that one step (a buffer grown once, at the status
+/// scrape) does not read as growth, and a leak, the same slope between any two, does.
+fn slope(samples: &[Sample], f: impl Fn(&Sample) -> f64) -> f64 {
+    let mut slopes = Vec::new();
+    for (i, a) in samples.iter().enumerate() {
+        for b in &samples[i + 1..] {
+            if b.at_s > a.at_s {
+                slopes.push((f(b) - f(a)) / (b.at_s - a.at_s));
+            }
+        }
+    }
+    slopes.sort_by(f64::total_cmp);
+    slopes.get(slopes.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn print_summary(samples: &[Sample], horizon: Duration) {
