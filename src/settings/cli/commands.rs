@@ -164,15 +164,6 @@ pub struct SetupArgs {
 #[derive(Debug, Args)]
 #[command(next_display_order = OWN)]
 pub struct SlotArgs {
-    /// Also stream events emitted with pg_logical_emit_message and this prefix [default: off]
-    ///
-    /// `pg_logical_emit_message(true, '<prefix>', '<json>')`, interleaved with the table's
-    /// rows in commit order; messages with other prefixes are ignored. Off by default:
-    /// every role that may execute the function may then hand pgoutbox an event, and PUBLIC
-    /// may unless revoked (`setup` and `run` say so; docs/operations.md, "Who may hand
-    /// pgoutbox an event")
-    #[arg(help_heading = TABLE, long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "", hide_default_value = true, value_name = "PREFIX", hide_short_help = true)]
-    pub message_prefix: String,
     /// PostgreSQL 17+: make the slot a failover slot, kept on standbys
     ///
     /// Synchronised to standbys that set sync_replication_slots, so streaming goes on from
@@ -223,6 +214,15 @@ pub struct SlotArgs {
     /// Default: as long as the stream keeps messages (its max_age); never shorter
     #[arg(help_heading = NATS, long, env = "PGOUTBOX_OBJECT_STORE_MAX_AGE", requires = "object_store", value_parser = crate::settings::units::parse_duration_or_zero, value_name = "DURATION", hide_short_help = true)]
     pub object_store_max_age: Option<std::time::Duration>,
+    /// Also stream events emitted with pg_logical_emit_message and this prefix [default: off]
+    ///
+    /// `pg_logical_emit_message(true, '<prefix>', '<json>')`, interleaved with the table's
+    /// rows in commit order; messages with other prefixes are ignored. Off by default:
+    /// every role that may execute the function may then hand pgoutbox an event, and PUBLIC
+    /// may unless revoked (`setup` and `run` say so; docs/operations.md, "Who may hand
+    /// pgoutbox an event")
+    #[arg(help_heading = TABLE, long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "", hide_default_value = true, value_name = "PREFIX", hide_short_help = true)]
+    pub message_prefix: String,
 }
 
 impl SlotArgs {
