@@ -94,7 +94,7 @@ async fn retention_on_a_partitioned_outbox_deletes_only_old_published_rows() {
         "CREATE TABLE outbox_2020 PARTITION OF outbox \
          FOR VALUES FROM ('2020-01-01') TO ('2021-01-01')",
     );
-    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2m"]);
+    let app = Pgoutbox::run(&pg, &nats, &["--retention", "2m", "--durability-horizon", "0s"]);
     wait_until_streaming(&pg, &app).await;
     pg.psql(&rows_at(0, 100, "2020-06-01"));
     pg.psql(&rows_at(100, 200, "now"));

@@ -327,15 +327,15 @@ fn series(name: &str, table: &str) -> String {
     format!("{name}{{table=\"{table}\"}}")
 }
 
-/// `/metrics` and `status` per table: each table's series (and the emitted messages') at 0
-/// from the start, then 5 rows of A and 3 of B, one of them a dead letter, each counted
+/// `/metrics` and `status` per table: each table's series (and, turned on, the emitted
+/// messages') at 0 from the start, then 5 rows of A and 3 of B, one of them a dead letter, each counted
 /// under its own table; lag and in-flight stay one, unlabelled.
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_and_status_count_each_table() {
     let pg = Postgres::start();
     let nats = Nats::start();
     two_tables(&pg);
-    let app = Pgoutbox::run(&pg, &nats, &TABLES);
+    let app = Pgoutbox::run(&pg, &nats, &[&TABLES[..], &["--message-prefix", "outbox"]].concat());
     wait_until_streaming(&pg, &app).await;
     let port = app.http_port();
     let text = eventually(Duration::from_secs(10), "/metrics answers", || async {
