@@ -51,18 +51,9 @@ pub enum RecordError {
 /// REPLICATION or a superuser) is left as it is, for that role to bring up to date; one of
 /// any other role stops setup ([`RecordError::Foreign`]).
 pub async fn ensure(client: &Client, table: &TableName) -> Result<(), RecordError> {
-    let found = client
-        .query_opt(
-            "SELECT o.rolname::pg_catalog.text, o.rolname = current_user, \
-                    o.rolreplication OR o.rolsuper \
-             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
-             WHERE c.oid = pg_catalog.to_regclass($1)",
-            &[&table.quoted()],
-        )
-        .await?;
-    let Some(row) = found else {
+    match owner(client, table).await? {
         // No IF NOT EXISTS: a table made meanwhile by another role fails this, not joins it.
-        client
+        Owner::Missing => Ok(client
             .batch_execute(&format!(
                 "CREATE TABLE {} (slot pg_catalog.text PRIMARY KEY, \
                  stream pg_catalog.text NOT NULL, stream_created pg_catalog.text NOT NULL, \
@@ -72,15 +63,10 @@ pub async fn ensure(client: &Client, table: &TableName) -> Result<(), RecordErro
                  acknowledged_lsn pg_catalog.pg_lsn, stream_replaced pg_catalog.text)",
                 table.quoted()
             ))
-            .await?;
-        return Ok(());
-    };
-    let (owner, ours, replicator): (String, bool, bool) =
-        (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
-    match (ours, replicator) {
-        (true, _) => Ok(add_acknowledged_lsn(client, table).await?),
-        (false, true) => Ok(()),
-        (false, false) => Err(RecordError::Foreign { table: table.clone(), owner }),
+            .await?),
+        Owner::Ours => Ok(add_acknowledged_lsn(client, table).await?),
+        Owner::Theirs { replicator: true, .. } => Ok(()),
+        Owner::Theirs { owner, .. } => Err(RecordError::Foreign { table: table.clone(), owner }),
     }
 }
 
@@ -125,11 +111,13 @@ pub struct StreamIdentity {
 }
 
 /// Who may write `table`: pgoutbox's role when it owns it ([`Owner::Ours`]), else the role
-/// that does, or nobody when it is missing.
+/// that does (and whether it may replicate or is a superuser: a role pgoutbox could run
+/// as), or nobody when it is missing. Read from the catalog alone, in a statement of its
+/// own: planning a statement that names the table would already run its expressions.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Owner {
     Ours,
-    Theirs { owner: String, login: String },
+    Theirs { owner: String, login: String, replicator: bool },
     Missing,
 }
 
@@ -137,7 +125,8 @@ pub enum Owner {
 pub async fn owner(client: &Client, table: &TableName) -> Result<Owner, tokio_postgres::Error> {
     let row = client
         .query_opt(
-            "SELECT o.rolname::pg_catalog.text, current_user::pg_catalog.text \
+            "SELECT o.rolname::pg_catalog.text, current_user::pg_catalog.text, \
+                    o.rolreplication OR o.rolsuper \
              FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
              WHERE c.oid = pg_catalog.to_regclass($1)",
             &[&table.quoted()],
@@ -145,7 +134,8 @@ pub async fn owner(client: &Client, table: &TableName) -> Result<Owner, tokio_po
         .await?;
     let Some(row) = row else { return Ok(Owner::Missing) };
     let (owner, login): (String, String) = (row.try_get(0)?, row.try_get(1)?);
-    Ok(if owner == login { Owner::Ours } else { Owner::Theirs { owner, login } })
+    let replicator = row.try_get(2)?;
+    Ok(if owner == login { Owner::Ours } else { Owner::Theirs { owner, login, replicator } })
 }
 
 /// What JetStream acknowledged: the last message stored, and the position up to which

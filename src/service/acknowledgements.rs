@@ -93,7 +93,7 @@ pub async fn record_every(
 /// another's would run as pgoutbox), so the fix is the table made again by that role.
 fn say_no_record_is_kept(table: &TableName, owner: Owner) {
     let fix = match owner {
-        Owner::Theirs { owner, login } => format!(
+        Owner::Theirs { owner, login, .. } => format!(
             "it is owned by role {owner:?}, not by pgoutbox's role {login:?}: as {owner:?}, run \
              `DROP TABLE {table}`, then `pgoutbox setup` as {login:?}"
         ),
