@@ -4,11 +4,12 @@
 //! stream came back shorter (issue 46). One row per slot in `pgoutbox_acknowledged`, in the
 //! replay table's schema: the stream (and when it was created: a stream deleted and made
 //! again is another one), its last sequence acknowledged and that message's position.
-//! Written at most once a second, so it trails the acknowledgements by up to a second: a
-//! loss of the newest second alone is not seen after a cold restart. It also holds the
-//! position up to which everything decoded was acknowledged (`acknowledged_lsn`, keepalives
-//! included), ahead of the slot by the durability horizon: `pgoutbox replay` waits for that,
-//! not for the slot.
+//! Written at most once a second, and only when a message was acknowledged since (an idle
+//! outbox writes nothing), so it trails the acknowledgements by up to a second: a loss of
+//! the newest second alone is not seen after a cold restart. It also holds the position up
+//! to which everything decoded was acknowledged then (`acknowledged_lsn`), ahead of the
+//! slot by the durability horizon: `pgoutbox replay` waits for that, or for the write
+//! position the running pgoutbox reports (`pg_stat_replication.write_lsn`), not for the slot.
 //!
 //! pgoutbox writes only a table its own role owns: a trigger on it would run as pgoutbox.
 

@@ -67,9 +67,15 @@ impl ReplicationMessage {
 /// A standby status update: tells the server which WAL we have durably handled.
 ///
 /// For a logical slot only `flush` matters: it becomes the slot's `confirmed_flush_lsn`, and
-/// WAL before it may be recycled. We report the same position for write, flush and apply.
+/// WAL before it may be recycled; flush and apply say the same. `write` is shown in
+/// `pg_stat_replication` only (and used by no sync rep pgoutbox is part of): it says what
+/// JetStream acknowledged, ahead of the slot by the durability horizon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StandbyStatus {
+    /// Received and made safe elsewhere (acknowledged by JetStream): the write position,
+    /// which only `pg_stat_replication` shows. At or past `confirmed`.
+    pub written: u64,
+    /// The flush and apply positions: the slot's `confirmed_flush_lsn`.
     pub confirmed: u64,
     /// Microseconds since the Postgres epoch.
     pub now_micros: i64,
@@ -84,7 +90,7 @@ impl StandbyStatus {
     pub fn encode(&self) -> Bytes {
         let mut buf = BytesMut::with_capacity(34);
         buf.put_u8(b'r');
-        buf.put_u64(self.confirmed);
+        buf.put_u64(self.written.max(self.confirmed));
         buf.put_u64(self.confirmed);
         buf.put_u64(self.confirmed);
         buf.put_i64(self.now_micros);
@@ -188,17 +194,24 @@ mod tests {
     }
 
     #[test]
-    fn standby_status_reports_the_confirmed_position_three_times() {
-        let status = StandbyStatus { confirmed: 0x1122, now_micros: 5, reply_requested: false };
+    fn standby_status_reports_the_acknowledged_position_then_the_confirmed_one_twice() {
+        let status = StandbyStatus {
+            written: 0x3344,
+            confirmed: 0x1122,
+            now_micros: 5,
+            reply_requested: false,
+        };
         let bytes = status.encode();
         assert_eq!(bytes.len(), 34);
         assert_eq!(bytes[0], b'r');
-        for field in 0..3 {
-            let at = 1 + field * 8;
-            assert_eq!(&bytes[at..at + 8], &0x1122u64.to_be_bytes());
-        }
+        assert_eq!(&bytes[1..9], &0x3344u64.to_be_bytes());
+        assert_eq!(&bytes[9..17], &0x1122u64.to_be_bytes());
+        assert_eq!(&bytes[17..25], &0x1122u64.to_be_bytes());
         assert_eq!(&bytes[25..33], &5i64.to_be_bytes());
         assert_eq!(bytes[33], 0);
+        // Never a write position behind the flush position.
+        let behind = StandbyStatus { written: 1, ..status }.encode();
+        assert_eq!(&behind[1..9], &0x1122u64.to_be_bytes());
     }
 
     #[test]

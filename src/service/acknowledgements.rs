@@ -42,7 +42,8 @@ pub async fn stream_identity(publisher: &Publisher, name: &str) -> Option<Stream
     Some(StreamIdentity { name: name.to_owned(), created })
 }
 
-/// Records `last` for `slot` every [`acknowledged::EVERY`] when it moved, and once more
+/// Records `last` for `slot` every [`acknowledged::EVERY`] when a message was acknowledged
+/// since (an idle outbox writes nothing), and once more
 /// when `stopped` says the pipeline ended (after its drain), so that the next process
 /// starts from the last acknowledgement, not one up to a second older. A table pgoutbox's
 /// role does not own, or none at all, is said once and left alone.
@@ -63,7 +64,10 @@ pub async fn record_every(
             () = tokio::time::sleep(acknowledged::EVERY) => {}
             _ = stopped.wait_for(|stopped| *stopped) => last_round = true,
         }
-        let Some(acknowledged) = last.get().filter(|a| Some(*a) != recorded) else { continue };
+        // Only a new acknowledgement is recorded: a keepalive's move of `up_to` alone was
+        // this task's own write coming back, which wrote again every second, forever.
+        let new = |a: &Acknowledged| recorded.is_none_or(|r| r.stored != a.stored);
+        let Some(acknowledged) = last.get().filter(new) else { continue };
         if client.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
             client = admin::connect(&database, &tls).await.ok();
         }

@@ -118,6 +118,8 @@ pub struct Pipeline<'a> {
     /// headers `publish` adds.
     letter_budget: usize,
     reported: u64,
+    /// What the last status said JetStream acknowledged (its write position).
+    reported_written: u64,
     reported_at: Instant,
     /// When the oldest transaction not yet reported to Postgres became confirmable.
     confirmable_since: Option<Instant>,
@@ -211,6 +213,7 @@ impl<'a> Pipeline<'a> {
             publisher: publisher.clone(),
             letter_budget: resume.message_limit.saturating_sub(ADDED_HEADERS_ROOM),
             reported: start_lsn,
+            reported_written: start_lsn,
             reported_at: Instant::now(),
             confirmable_since: None,
             commits_unconfirmed: Default::default(),
@@ -267,7 +270,7 @@ impl<'a> Pipeline<'a> {
             {
                 return Ok(Ended::Seeded);
             }
-            if !confirm_armed && self.confirmable() != self.reported {
+            if !confirm_armed && self.status_moved() {
                 let due = (self.reported_at + MIN_STATUS_GAP).max(Instant::now());
                 confirm.as_mut().reset(due.into());
                 confirm_armed = true;
@@ -302,7 +305,7 @@ impl<'a> Pipeline<'a> {
                 }
                 () = &mut confirm, if confirm_armed => {
                     confirm_armed = false;
-                    if self.confirmable() != self.reported {
+                    if self.status_moved() {
                         self.send_status(false).await?;
                     }
                 }
@@ -384,13 +387,28 @@ impl<'a> Pipeline<'a> {
         err.into()
     }
 
+    /// Whether a status would say something new: the slot's confirmed position, or what
+    /// JetStream acknowledged.
+    fn status_moved(&mut self) -> bool {
+        self.confirmable() != self.reported || self.written() != self.reported_written
+    }
+
+    /// Everything decoded up to here was acknowledged by JetStream: the status's write
+    /// position, which `pg_stat_replication.write_lsn` shows (and `pgoutbox replay` waits
+    /// for), ahead of the confirmed one by the durability horizon.
+    fn written(&mut self) -> u64 {
+        self.protocol.confirmed().max(self.confirmable())
+    }
+
     /// Reports [`Pipeline::confirmable`] (`durability.rs`) to Postgres: the only place an
     /// LSN is confirmed.
     async fn send_status(&mut self, reply_requested: bool) -> Result<(), PipelineError> {
         let confirmed = self.confirmable();
-        self.conn
-            .send_status(StandbyStatus { confirmed, now_micros: pg_now_micros(), reply_requested })
-            .await?;
+        let written = self.written();
+        let now_micros = pg_now_micros();
+        let status = StandbyStatus { written, confirmed, now_micros, reply_requested };
+        self.conn.send_status(status).await?;
+        self.reported_written = written;
         if confirmed != self.reported {
             if let Some(traces) = &mut self.traces {
                 traces.confirmed(confirmed);

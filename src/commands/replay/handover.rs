@@ -73,9 +73,10 @@ impl Slot<'_> {
         Ok(u64::from(row.try_get::<_, PgLsn>(0)?))
     }
 
-    /// The position up to which everything is in the stream: the slot's confirmed position,
-    /// or pgoutbox's record of what was acknowledged when that is further; an error once no
-    /// pgoutbox streamed from the slot for [`INACTIVE_LIMIT`].
+    /// The position up to which everything is in the stream: the furthest of the slot's
+    /// confirmed position, the write position the pgoutbox streaming from it reports (what
+    /// JetStream acknowledged, visible to its own role), and pgoutbox's record of what was
+    /// acknowledged; an error once no pgoutbox streamed from the slot for [`INACTIVE_LIMIT`].
     async fn confirmed(&mut self) -> anyhow::Result<u64> {
         let slot = self.slot_confirmed().await?;
         let recorded = acknowledged::acknowledged_up_to(self.client, &self.record, self.name)
@@ -88,13 +89,16 @@ impl Slot<'_> {
         let row = self
             .client
             .query_opt(
-                "SELECT confirmed_flush_lsn, active FROM pg_catalog.pg_replication_slots \
-                 WHERE slot_name = $1",
+                "SELECT s.confirmed_flush_lsn, s.active, r.write_lsn \
+                 FROM pg_catalog.pg_replication_slots s \
+                 LEFT JOIN pg_catalog.pg_stat_replication r ON r.pid = s.active_pid \
+                 WHERE s.slot_name = $1",
                 &[&self.name],
             )
             .await?
             .with_context(|| format!("slot {} was dropped during the replay", self.name))?;
         let confirmed = row.try_get::<_, Option<PgLsn>>(0)?.map_or(0, u64::from);
+        let written = row.try_get::<_, Option<PgLsn>>(2)?.map_or(0, u64::from);
         if row.try_get::<_, bool>(1)? {
             self.inactive_since = None;
         } else if self.inactive_since.get_or_insert_with(Instant::now).elapsed() > INACTIVE_LIMIT {
@@ -106,7 +110,7 @@ impl Slot<'_> {
                 INACTIVE_LIMIT.as_secs()
             );
         }
-        Ok(confirmed)
+        Ok(confirmed.max(written))
     }
 
     /// Waits until everything committed up to `lsn` is confirmed.
