@@ -1,6 +1,6 @@
 """Checks deploy/kubernetes/ without a cluster (scripts/check-deploy.sh runs it): every
 file parses as YAML, kustomization.yaml lists them all, and the Deployment keeps the
-decisions docs/operations.md ("Kubernetes") explains. Exits 1 naming each problem."""
+decisions docs/operations.md#kubernetes explains. Exits 1 naming each problem."""
 
 import pathlib
 import re

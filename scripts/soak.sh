@@ -6,7 +6,7 @@
 # makes nats-server lose what every stream stored in its last seconds (a power loss, within
 # pgoutbox's default durability horizon); one event in 37 is large and goes to an object
 # (--object-store), its object read back and checked; then every event is checked. See
-# docs/guarantees.md, "The soak".
+# docs/evidence.md#the-soak.
 #
 #   scripts/soak.sh [--minutes N] [--seed S] [--off KIND,...] [--duplicate-window SECONDS] [--debug] [--consumer]
 #

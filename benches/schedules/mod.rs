@@ -1,6 +1,6 @@
 //! What scheduled deliveries cost the rows around them (`--schedules`, nats-server 2.12+):
 //! each delivery nats-server writes into the stream between two of pgoutbox's publishes
-//! ends an attempt (docs/operations.md, "Delayed delivery"). Immediate rows at a steady
+//! ends an attempt (docs/operations.md#delayed-delivery---schedule-column). Immediate rows at a steady
 //! rate beside scheduled rows due a second after their commit, at several rates: the
 //! immediate rows' latency from commit to stored, each delivery's lateness past its time,
 //! and the attempts ended, beside the same rows with no schedule (the first step, the limit).

@@ -22,7 +22,8 @@ pub enum TableDrift {
     Missing { table: String },
     #[error(
         "publication {publication} does not exist: restart pgoutbox, which creates it; rows \
-         committed while it was missing were not decoded (see docs/operations.md)"
+         committed while it was missing were not decoded (see \
+         docs/guarantees.md#the-outbox-table-renamed-or-unpublished)"
     )]
     NoPublication { publication: String },
     #[error(

@@ -31,7 +31,7 @@ pub enum ReplayTableError {
     Missing { table: String, publication: String },
     #[error(
         "role {role} may not replay: run `GRANT INSERT, SELECT, DELETE ON {table} TO {role}` \
-         as the table's owner (see docs/operations.md, replay)"
+         as the table's owner (see docs/runbooks/replay.md)"
     )]
     NotGranted { role: String, table: String },
     #[error(transparent)]
@@ -205,6 +205,6 @@ pub fn public_may_emit_warning(revoke: &str) -> String {
         "any role may hand pgoutbox an event: PUBLIC may execute pg_logical_emit_message and \
          --message-prefix is set; run `{revoke}`, then GRANT EXECUTE on it to the application's \
          role and to every other role that emits messages (other tools' own prefixes keep \
-         working) (docs/operations.md, \"Who may hand pgoutbox an event\")"
+         working) (docs/runbooks/emitted-events.md)"
     )
 }

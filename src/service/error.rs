@@ -30,14 +30,14 @@ pub enum PipelineError {
         "replication slot {slot} does not exist; it was dropped after pgoutbox set it up, and \
              events committed since were not streamed. Run `pgoutbox run --recover` to publish \
              them from the table and go on, or `--recreate-slot` to go on without them (see \
-             docs/operations.md, slot lost)"
+             docs/runbooks/slot-lost.md)"
     )]
     SlotMissing { slot: String },
     #[error(
         "replication slot {slot} was invalidated by Postgres: {detail}; events committed \
              since were not streamed. Run `pgoutbox run --recover` to publish them from the \
              table and go on, or `--recreate-slot` to go on without them (see \
-             docs/operations.md, slot lost)"
+             docs/runbooks/slot-lost.md)"
     )]
     SlotInvalidated { slot: String, detail: String },
     #[error(
@@ -46,7 +46,7 @@ pub enum PipelineError {
          --stream {stream}_{database_token} --subject-template 'outbox_{database_token}.{{aggregate_type}}.{{event_type}}' \
          --dead-letter-subject outbox_{database_token}.dead_letter; or, only if that source is \
          stopped for good (this database restored into a new cluster), take the stream over \
-         with --recreate-slot (see docs/guarantees.md, one writer per stream). Meanwhile slot \
+         with --recreate-slot (see docs/guarantees.md#one-source-per-stream). Meanwhile slot \
          {slot} keeps this database's rows and holds their WAL: drop it with `pgoutbox teardown` \
          if this database should not stream at all"
     )]

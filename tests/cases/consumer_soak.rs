@@ -307,7 +307,7 @@ impl Soak {
         }
         let (log, ended) = (replay.log(), !replay.is_running());
         // Begun as pgoutbox was killed, it may wait for a walsender that is gone and say so
-        // (docs/operations.md, replay): its rows are left in the slot.
+        // (docs/runbooks/replay.md): its rows are left in the slot.
         let waited = log.contains("no pgoutbox has streamed from slot");
         let succeeded = ended && replay.wait_exit(Duration::from_secs(1)).success();
         if !succeeded && !waited {

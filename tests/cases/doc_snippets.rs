@@ -325,15 +325,233 @@ async fn the_reference_runs_as_written() {
     }
 }
 
-/// The explanations and the runbooks. Not docs/configuration.md (generated from `--help`,
-/// no blocks) nor docs/guarantees.md, whose one block is the soak's own commands, which CI
-/// runs itself (`scripts/soak.sh` in `.ci/run`).
+/// The explanations and the runbooks (docs/runbooks/). Not docs/configuration.md (generated
+/// from `--help`) nor the tutorial, which runs on its own above.
 #[tokio::test]
 async fn the_explanations_and_runbooks_run_as_written() {
-    let skip = ["docs/configuration.md", "docs/guarantees.md", "docs/tutorial.md"];
-    for doc in docs_in("docs").into_iter().filter(|d| !skip.contains(&d.as_str())) {
+    let skip = ["docs/configuration.md", "docs/tutorial.md"];
+    let docs = docs_in("docs").into_iter().chain(docs_in("docs/runbooks"));
+    for doc in docs.filter(|d| !skip.contains(&d.as_str())) {
         run_doc(&doc).await;
     }
+}
+
+/// The longest line of prose a reader is asked to read (a table's row is one line).
+const LONGEST_LINE: usize = 400;
+
+/// Every markdown file under `dir` (relative to the repository), recursively, sorted.
+fn markdown_under(dir: &str) -> Vec<String> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(Path::new(ROOT).join(&dir)).expect("read a directory") {
+            let entry = entry.expect("a directory entry");
+            let path = format!("{dir}/{}", entry.file_name().to_string_lossy());
+            if entry.file_type().expect("a file type").is_dir() {
+                dirs.push(path);
+            } else if path.ends_with(".md") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// The lines of a markdown text outside its fenced blocks, with their 1-based numbers.
+fn prose_lines(text: &str) -> Vec<(usize, &str)> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            out.push((i + 1, line));
+        }
+    }
+    out
+}
+
+/// The anchor GitHub gives a heading: lowercase, every character but letters, digits, spaces,
+/// `-` and `_` dropped, spaces made `-`.
+fn github_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a markdown text's headings; a repeated one also as `-1`, `-2`, ... .
+fn anchors(text: &str) -> Vec<String> {
+    let mut bases: Vec<String> = Vec::new();
+    let mut out = Vec::new();
+    for (_, line) in prose_lines(text) {
+        let hashes = line.len() - line.trim_start_matches('#').len();
+        if !(1..=6).contains(&hashes) || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let anchor = github_anchor(&line[hashes..]);
+        let seen = bases.iter().filter(|a| **a == anchor).count();
+        out.push(if seen == 0 { anchor.clone() } else { format!("{anchor}-{seen}") });
+        bases.push(anchor);
+    }
+    out
+}
+
+/// Whether `target` (`path` or `path#anchor`, the path relative to the repository) names a
+/// file that exists and, in a markdown file, a heading it has.
+fn resolve(target: &str) -> Result<(), String> {
+    let (path, anchor) = target.split_once('#').map_or((target, None), |(p, a)| (p, Some(a)));
+    let file = Path::new(ROOT).join(path);
+    if !file.exists() {
+        return Err(format!("{target}: no such file"));
+    }
+    match anchor {
+        Some(anchor) if path.ends_with(".md") => {
+            let text = std::fs::read_to_string(&file).expect("read a markdown file");
+            if anchors(&text).iter().any(|a| a == anchor) {
+                Ok(())
+            } else {
+                Err(format!("{target}: no such heading in {path}"))
+            }
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `dir/target` with `.` and `..` folded, as a path relative to the repository.
+fn joined(dir: &str, target: &str) -> String {
+    let mut parts: Vec<&str> = dir.split('/').filter(|p| !p.is_empty()).collect();
+    for part in target.split('/') {
+        match part {
+            "." | "" => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    parts.join("/")
+}
+
+/// The local targets of a markdown line's links (`[text](target)`), outside code spans.
+fn link_targets(line: &str) -> Vec<String> {
+    let mut prose = String::new();
+    for (i, part) in line.split('`').enumerate() {
+        prose.push_str(if i % 2 == 0 { part } else { "code" });
+    }
+    let mut out = Vec::new();
+    let mut rest = prose.as_str();
+    while let Some(at) = rest.find("](") {
+        rest = &rest[at + 2..];
+        let Some(end) = rest.find(')') else { break };
+        let target = rest[..end].split_whitespace().next().unwrap_or("");
+        let external = target.contains("://") || target.starts_with("mailto:");
+        if !target.is_empty() && !external {
+            out.push(target.to_owned());
+        }
+        rest = &rest[end..];
+    }
+    out
+}
+
+/// The `docs/….md` and `docs/….md#anchor` a source text names (in a string or a comment).
+fn doc_references(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("docs/") {
+        let tail = &rest[at..];
+        let len = tail
+            .find(|c: char| {
+                !(c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '-' | '_' | '#'))
+            })
+            .unwrap_or(tail.len());
+        let reference = tail[..len].trim_end_matches('.');
+        if reference.contains(".md") {
+            out.push(reference.to_owned());
+        }
+        rest = &tail[len.max(1)..];
+    }
+    out
+}
+
+/// The files of `dir` (relative to the repository), recursively.
+fn files_under(dir: &str) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![Path::new(ROOT).join(dir)];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).expect("read a directory") {
+            let path = entry.expect("a directory entry").path();
+            if path.is_dir() { dirs.push(path) } else { files.push(path) }
+        }
+    }
+    files
+}
+
+/// Docs a reader reads in one pass, and a reference that leads somewhere: no line of prose in
+/// docs/ longer than [`LONGEST_LINE`]; every local link of the README and docs/ to a file that
+/// exists and a heading it has; and every `docs/….md#anchor` named under src/ and deploy/ (an
+/// error's advice, a rule's runbook) too.
+#[test]
+fn the_docs_have_no_long_line_and_every_reference_resolves() {
+    let mut problems = Vec::new();
+    let docs = markdown_under("docs");
+    assert!(docs.iter().any(|d| d.starts_with("docs/runbooks/")), "the runbooks are read");
+    for doc in std::iter::once("README.md".to_owned()).chain(docs) {
+        let text = std::fs::read_to_string(Path::new(ROOT).join(&doc)).expect("read a doc");
+        let dir = doc.rsplit_once('/').map_or("", |(dir, _)| dir);
+        for (number, line) in prose_lines(&text) {
+            let chars = line.chars().count();
+            if doc.starts_with("docs/") && chars > LONGEST_LINE {
+                problems.push(format!("{doc}:{number}: a line of {chars} characters"));
+            }
+            for target in link_targets(line) {
+                let target = match target.strip_prefix('#') {
+                    Some(anchor) => format!("{doc}#{anchor}"),
+                    None => joined(dir, &target),
+                };
+                if let Err(err) = resolve(&target) {
+                    problems.push(format!("{doc}:{number}: a link to {err}"));
+                }
+            }
+        }
+    }
+    for file in files_under("src").into_iter().chain(files_under("deploy")) {
+        let Ok(text) = std::fs::read_to_string(&file) else { continue };
+        let name = file.strip_prefix(ROOT).expect("under the repository").display().to_string();
+        for reference in doc_references(&text) {
+            if let Err(err) = resolve(&reference) {
+                problems.push(format!("{name}: names {err}"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{} problems:\n{}", problems.len(), problems.join("\n"));
+}
+
+#[test]
+fn anchors_and_links_are_read_as_github_reads_them() {
+    assert_eq!(
+        github_anchor(" Large payloads (`--object-store`)"),
+        "large-payloads---object-store"
+    );
+    assert_eq!(
+        github_anchor(" Publishing rows again: `pgoutbox replay`"),
+        "publishing-rows-again-pgoutbox-replay"
+    );
+    let text = "# A\n```sh\n# not a heading\n```\n## A\n#### A b\n## A\n";
+    assert_eq!(anchors(text), ["a", "a-1", "a-b", "a-2"]);
+    let line = "see [x](../a.md#b), `[y](c.md)` and [z](https://example.com)";
+    assert_eq!(link_targets(line), ["../a.md#b"]);
+    assert_eq!(joined("docs/how-to", "../runbooks/replay.md"), "docs/runbooks/replay.md");
+    let source = "// see docs/operations.md#metrics.\n\"(docs/runbooks/slot-lost.md)\"";
+    assert_eq!(
+        doc_references(source),
+        ["docs/operations.md#metrics", "docs/runbooks/slot-lost.md"]
+    );
+    assert!(resolve("docs/operations.md#no-such-heading").is_err());
 }
 
 #[test]

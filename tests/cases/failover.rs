@@ -89,7 +89,7 @@ async fn a_failover_slot_carries_every_row_once_through_a_promotion() {
     standby.wait_promoted();
     // The data directory came with the primary's postgresql.auto.conf: the new primary has
     // no slot `standby1`, and logical walsenders would wait for it forever. The operator's
-    // step after a promotion (docs/operations.md, failover).
+    // step after a promotion (docs/runbooks/failover.md).
     standby.psql("ALTER SYSTEM RESET synchronized_standby_slots");
     standby.psql("SELECT pg_reload_conf()");
     wait_until_streaming(&standby, &app).await;

@@ -43,7 +43,7 @@ async fn a_dropped_slot_stops_pgoutbox_until_the_operator_recreates_it() {
     assert_exits_explaining(
         &pg,
         &nats,
-        &["does not exist", "--recreate-slot", "docs/operations.md"],
+        &["does not exist", "--recreate-slot", "docs/runbooks/slot-lost.md"],
     );
     assert_eq!(
         pg.psql("SELECT count(*) FROM pg_replication_slots"),

@@ -50,7 +50,7 @@ pub(super) async fn route(
                 anyhow::bail!(
                     "stream {} belongs to this database's pgoutbox, and its slot {} does not \
                      exist: rows handed over now would be read by no one; start pgoutbox \
-                     (with --recover, see docs/operations.md) and replay then",
+                     (with --recover, see docs/runbooks/slot-lost.md) and replay then",
                     config.stream,
                     config.slot
                 );

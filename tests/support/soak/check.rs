@@ -24,7 +24,7 @@ pub struct Replayed {
     pub while_down: bool,
     /// When it ended (Unix nanoseconds), if it said its rows wait in a slot no pgoutbox
     /// streamed from: a slot drop after that takes them along, as it takes any WAL
-    /// (docs/operations.md, replay), and the replay said to run it again then.
+    /// (docs/runbooks/replay.md), and the replay said to run it again then.
     pub left_in_slot_at: Option<i128>,
 }
 

@@ -27,7 +27,7 @@ pub struct TenantFigures {
     pub tenants: usize,
     /// Rows a seed put before an earlier row of their own transaction: allowed, since crash
     /// recovery of Postgres resets the command id that orders them and a uuid-keyed table
-    /// records no other (docs/guarantees.md, seeding, "Order").
+    /// records no other (docs/guarantees.md#a-lost-slot-or-a-new-stream-is-seeded-from-the-table-each-row-once, "Order").
     pub seeded_within_a_transaction: usize,
 }
 

@@ -165,7 +165,7 @@ struct Retiring {
 /// How long the stream must have held every row of a retired tenant before its table is
 /// dropped: longer than the tail-loss fault takes back (the last seconds stored). The slot
 /// confirmed past the rows is not enough: a recovery's seeded rows are confirmed at once,
-/// and only the table holds them until the durability horizon passes (docs/operations.md).
+/// and only the table holds them until the durability horizon passes (docs/runbooks/stream-lost-events.md).
 const HELD_BEFORE_DROP: Duration = Duration::from_secs(20);
 
 enum Failure {
@@ -485,7 +485,7 @@ async fn transact(
     let mut inserted = Vec::new();
     // One statement per row, as applications write events: a tenant's table has a uuid id,
     // and a seed orders one statement's rows by their place in the table, which is not
-    // always the statement's order (docs/operations.md, seeding: order).
+    // always the statement's order (docs/runbooks/slot-lost.md, the order).
     for (tenant, rows) in plan {
         let insert = format!(
             "INSERT INTO tenant_{tenant}.outbox \
