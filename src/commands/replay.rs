@@ -65,6 +65,9 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
     let publisher = open_stream(config).await?;
     let id = replay_id(args)?;
     let route = route(config, &client, &publisher).await?;
+    if route == Route::Direct && args.objects.object_store.is_some() {
+        anyhow::bail!("{}", direct_with_objects(&config.stream));
+    }
     if let Route::Handover { live } = route {
         check_handover(config, &client, &entry).await?;
         if live && args.replay_id.is_some() && !args.dry_run {
@@ -117,6 +120,18 @@ async fn open_stream(config: &Config) -> anyhow::Result<Publisher> {
         .await
         .with_context(|| format!("preparing stream {}", config.stream))?;
     Ok(publisher)
+}
+
+/// Why `--object-store` is refused into a stream no pgoutbox owns: this command publishes
+/// the rows there itself, without the Object Store. Into a stream a pgoutbox owns, the flags
+/// are taken (one set of settings serves `run` and `replay`) and that pgoutbox stores large
+/// payloads by its own.
+fn direct_with_objects(stream: &str) -> String {
+    format!(
+        "--object-store: no pgoutbox writes stream {stream}, so replay publishes the rows \
+         itself and stores no object: drop --object-store and its --object-store-* settings, \
+         or replay into the stream of a running pgoutbox, which stores large payloads itself"
+    )
 }
 
 /// `--replay-id` when given (a resume), checked; else a new one.
@@ -412,4 +427,26 @@ async fn settle(
         tally.stored += 1;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::settings::cli::{Cli, Command};
+
+    /// `replay` runs with `run`'s settings: the Object Store's are taken (issue 71: it
+    /// refused `--object-store` though the docs say to run it with the same settings), and
+    /// refused only where they cannot apply, in one line naming what to drop.
+    #[test]
+    fn replay_takes_run_s_object_store_settings() {
+        let argv = ["pgoutbox", "replay", "--ids", "42", "--object-store", "payloads"];
+        let more = ["--object-store-over", "256KiB", "--object-store-max-age", "7d"];
+        let cli = Cli::try_parse_from(argv.iter().chain(&more)).expect("replay takes them");
+        let Command::Replay(args) = cli.command else { panic!("not replay: {:?}", cli.command) };
+        let large = args.objects.large_payloads().expect("the Object Store's settings");
+        assert_eq!((large.bucket.as_str(), large.over), ("payloads", Some(256 << 10)));
+        let why = super::direct_with_objects("OUTBOX_REPLAY");
+        assert!(!why.contains('\n') && why.contains("drop --object-store"), "{why}");
+    }
 }

@@ -62,6 +62,7 @@ pub async fn run(config: &Config, args: &VerifyArgs) -> anyhow::Result<ExitCode>
             rate: None,
             replay_id: None,
             from_table: args.from_table.clone(),
+            objects: Default::default(),
         };
         crate::commands::replay::run(config, &replay)
             .await

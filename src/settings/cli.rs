@@ -10,7 +10,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 mod commands;
 mod examples;
 
-pub use commands::{ReplayArgs, RunArgs, SetupArgs, SlotArgs, StatusArgs, VerifyArgs};
+pub use commands::{
+    ObjectStoreArgs, ReplayArgs, RunArgs, SetupArgs, SlotArgs, StatusArgs, VerifyArgs,
+};
 
 /// The arguments of one invocation: a command's selection, its confirmation, how it prints.
 /// They are flags alone, with no `PGOUTBOX_*` variable and no `--config` key: a file or a
@@ -193,7 +195,7 @@ pub struct CommonArgs {
     /// each with its own subject-template, dead-letter-subject, column roles, cloudevents,
     /// ttl-column, schedule-column, allow-nats-header and partitions. A flag or variable
     /// given wins over the file's top level, never over a [[table]] key (see
-    /// docs/operations.md, Several tables)
+    /// docs/operations.md#several-tables)
     #[arg(long, global = true, env = "PGOUTBOX_CONFIG", value_name = "FILE", display_order = LAST)]
     pub config: Option<std::path::PathBuf>,
     /// Postgres connection string (or DATABASE_URL)
@@ -278,7 +280,7 @@ pub struct CommonArgs {
     /// message naming its table in Pgoutbox-Table and, with several tables, in its
     /// Nats-Msg-Id (<schema>.<table>:<id>). A `*` in either part names every table that
     /// matches, now and later (e.g. 'tenant_*.outbox'; {$schema} and {$table} in
-    /// --subject-template; see docs/operations.md, Tenant tables)
+    /// --subject-template; see docs/operations.md#tenant-tables)
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_TABLE", value_delimiter = ',', default_value = "public.outbox", value_name = "SCHEMA.TABLE")]
     pub table: Vec<String>,
     /// Column holding the message id (becomes Nats-Msg-Id)
@@ -303,7 +305,7 @@ pub struct CommonArgs {
     /// {{partition(N, token)}} gives for the same token, so consumers partitioned by the
     /// server (consumer groups, 2.11+) and by subject agree. A NULL aggregate id makes the
     /// row a dead letter. Required by {$partition}, refused without it (see
-    /// docs/operations.md, Partitions for parallel consumers)
+    /// docs/operations.md#partitions-for-parallel-consumers)
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_PARTITIONS", value_name = "N", hide_short_help = true)]
     pub partitions: Option<u32>,
     /// Column sent as Outbox-Event-Type (optional column)
@@ -351,7 +353,7 @@ pub struct CommonArgs {
     /// the body, structured sends the JSON event as the body; id is the row's id (qualified
     /// by its table when one --cloudevents-source serves several tables), type the
     /// event type column, time the created-at column, subject the aggregate id (see
-    /// docs/operations.md, CloudEvents)
+    /// docs/operations.md#cloudevents)
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_CLOUDEVENTS", value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "binary", value_name = "MODE", hide_short_help = true)]
     pub cloudevents: Option<CloudEventsMode>,
     /// The CloudEvents source attribute [default: /postgres/<database>/<schema>.<table>]
@@ -368,8 +370,8 @@ pub struct CommonArgs {
     ///
     /// A timestamptz; a timestamp is read as UTC: the stream holds its message and
     /// delivers it to its subject then, once; NULL for now (a stream that allows message
-    /// schedules, see docs/operations.md); a value that is not a time makes the row a dead
-    /// letter
+    /// schedules, see docs/operations.md#delayed-delivery---schedule-column); a value that
+    /// is not a time makes the row a dead letter
     #[arg(help_heading = TABLE, long, global = true, env = "PGOUTBOX_SCHEDULE_COLUMN", value_name = "COLUMN", hide_short_help = true)]
     pub schedule_column: Option<String>,
     /// Where scheduled rows wait until their time

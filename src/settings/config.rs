@@ -161,7 +161,7 @@ impl Config {
     /// `run`'s and `setup`'s stream replicas (at least one) and Object Store bucket.
     pub fn with_slot_args(mut self, args: &crate::settings::cli::SlotArgs) -> Self {
         self.stream_replicas = args.stream_replicas.max(1);
-        self.pipeline.large_payloads = args.large_payloads();
+        self.pipeline.large_payloads = args.objects.large_payloads();
         self
     }
 

@@ -25,6 +25,7 @@ mod jetstream_unavailable_at_start;
 mod large_payloads;
 mod least_privilege;
 mod lost_slot;
+mod message_contract;
 mod message_ttl;
 mod multi_host;
 mod nats_auth;

@@ -64,6 +64,8 @@ pub struct ReplayArgs {
     /// Schema-qualified (schema.table); needed with several tables, one table per replay
     #[arg(long, value_name = "TABLE")]
     pub from_table: Option<String>,
+    #[command(flatten)]
+    pub objects: ObjectStoreArgs,
 }
 
 #[derive(Debug, Args)]
@@ -106,7 +108,7 @@ pub struct RunArgs {
     ///
     /// When the slot was dropped or lost: every row of the outbox table the stream lacks
     /// (those committed while no slot existed), in order, before streaming from the new
-    /// slot; see docs/operations.md, slot lost. When the stream forgot events its slot
+    /// slot; see docs/runbooks/slot-lost.md. When the stream forgot events its slot
     /// confirmed past (its server lost power; known from the record pgoutbox keeps in
     /// Postgres): the slot is made again the same way. Otherwise does nothing
     #[arg(help_heading = OPS, long, env = "PGOUTBOX_RECOVER", conflicts_with = "backfill")]
@@ -155,7 +157,7 @@ pub struct SetupArgs {
     ///
     /// Creates the event trigger that adds each new table a --table pattern matches to the
     /// publication in the transaction that creates it, so a new tenant's rows are streamed
-    /// from the first (see docs/operations.md, Tenant tables)
+    /// from the first (see docs/operations.md#tenant-tables)
     #[arg(help_heading = TABLE, long, env = "PGOUTBOX_TENANT_TRIGGER")]
     pub tenant_trigger: bool,
 }
@@ -167,15 +169,15 @@ pub struct SlotArgs {
     /// PostgreSQL 17+: make the slot a failover slot, kept on standbys
     ///
     /// Synchronised to standbys that set sync_replication_slots, so streaming goes on from
-    /// a promoted standby; turned on for an existing slot (see docs/operations.md,
-    /// failover)
+    /// a promoted standby; turned on for an existing slot (see
+    /// docs/runbooks/failover.md#failover-postgresql-17-failover-slots)
     #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_FAILOVER", hide_short_help = true)]
     pub failover: bool,
     /// PostgreSQL 16+: keep the slot on the standby the URL names, decode there
     ///
     /// The database URL names a physical standby on purpose; keep the slot there and decode
     /// on it (needs hot_standby_feedback and the publication, made on the primary; see
-    /// docs/operations.md, streaming from a standby)
+    /// docs/runbooks/failover.md#streaming-from-a-standby-postgresql-16)
     #[arg(help_heading = POSTGRES, long, env = "PGOUTBOX_FROM_STANDBY", conflicts_with = "failover", hide_short_help = true)]
     pub from_standby: bool,
     /// Create a new slot though the stream shows pgoutbox ran before
@@ -189,6 +191,24 @@ pub struct SlotArgs {
     /// An existing stream is never changed
     #[arg(help_heading = NATS, long, env = "PGOUTBOX_STREAM_REPLICAS", default_value_t = 1, value_name = "N")]
     pub stream_replicas: usize,
+    #[command(flatten)]
+    pub objects: ObjectStoreArgs,
+    /// Also stream events emitted with pg_logical_emit_message and this prefix [default: off]
+    ///
+    /// `pg_logical_emit_message(true, '<prefix>', '<json>')`, interleaved with the table's
+    /// rows in commit order; messages with other prefixes are ignored. Off by default:
+    /// every role that may execute the function may then hand pgoutbox an event, and PUBLIC
+    /// may unless revoked (`setup` and `run` say so; docs/runbooks/emitted-events.md)
+    #[arg(help_heading = TABLE, long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "", hide_default_value = true, value_name = "PREFIX", hide_short_help = true)]
+    pub message_prefix: String,
+}
+
+/// `--object-store` and its settings: `run` and `setup` store large payloads with them;
+/// `replay` takes them too, so that it runs with `run`'s settings (the pgoutbox the rows are
+/// handed to stores them by its own).
+#[derive(Debug, Default, Args)]
+#[command(next_display_order = OWN + 4)] // after `SlotArgs`' four before them
+pub struct ObjectStoreArgs {
     /// Store payloads too large for a message in this Object Store bucket
     ///
     /// A row whose message would exceed the server's max_payload (or the stream's
@@ -214,18 +234,9 @@ pub struct SlotArgs {
     /// Default: as long as the stream keeps messages (its max_age); never shorter
     #[arg(help_heading = NATS, long, env = "PGOUTBOX_OBJECT_STORE_MAX_AGE", requires = "object_store", value_parser = crate::settings::units::parse_duration_or_zero, value_name = "DURATION", hide_short_help = true)]
     pub object_store_max_age: Option<std::time::Duration>,
-    /// Also stream events emitted with pg_logical_emit_message and this prefix [default: off]
-    ///
-    /// `pg_logical_emit_message(true, '<prefix>', '<json>')`, interleaved with the table's
-    /// rows in commit order; messages with other prefixes are ignored. Off by default:
-    /// every role that may execute the function may then hand pgoutbox an event, and PUBLIC
-    /// may unless revoked (`setup` and `run` say so; docs/operations.md, "Who may hand
-    /// pgoutbox an event")
-    #[arg(help_heading = TABLE, long, env = "PGOUTBOX_MESSAGE_PREFIX", default_value = "", hide_default_value = true, value_name = "PREFIX", hide_short_help = true)]
-    pub message_prefix: String,
 }
 
-impl SlotArgs {
+impl ObjectStoreArgs {
     /// `--object-store` and its settings, when given.
     pub fn large_payloads(&self) -> Option<crate::nats::large_payloads::LargePayloads> {
         Some(crate::nats::large_payloads::LargePayloads {

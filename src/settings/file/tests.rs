@@ -112,8 +112,8 @@ fn every_setting_of_run_is_a_key_read_by_its_flags_parser() {
     assert_eq!(cli.common.durability_horizon, Duration::from_secs(120));
     assert_eq!(run.http_addr.map(|a| a.port()), Some(9999));
     assert_eq!((run.max_in_flight_bytes, run.backfill), (1 << 20, true));
-    assert_eq!(run.slot.object_store.as_deref(), Some("payloads"));
-    assert_eq!(run.slot.object_store_over, Some(256 << 10));
+    assert_eq!(run.slot.objects.object_store.as_deref(), Some("payloads"));
+    assert_eq!(run.slot.objects.object_store_over, Some(256 << 10));
     assert_eq!(cli.common.trusted_owner, ["app", "billing"]);
     assert_eq!(cli.common.allow_nats_header, ["Nats-TTL"]);
     assert_eq!(cli.common.log_format, LogFormat::Json);
