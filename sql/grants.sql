@@ -16,14 +16,10 @@ CREATE TABLE public.outbox_replay (
 ALTER TABLE public.outbox_replay REPLICA IDENTITY FULL;
 CREATE PUBLICATION pgoutbox FOR TABLE public.outbox, public.outbox_replay
   WITH (publish = 'insert');
--- What JetStream acknowledged, recorded by pgoutbox each second (docs/operations.md, "When
--- NATS forgets what it acknowledged"): owned by pgoutbox, which writes only its own tables.
-CREATE TABLE public.pgoutbox_acknowledged (
-  slot text PRIMARY KEY, stream text NOT NULL, stream_created text NOT NULL,
-  stream_sequence bigint NOT NULL, commit_lsn pg_lsn NOT NULL, index bigint NOT NULL,
-  at timestamptz NOT NULL DEFAULT now()
-);
-ALTER TABLE public.pgoutbox_acknowledged OWNER TO pgoutbox;
+-- pgoutbox's own schema, where it makes and keeps its record of what JetStream acknowledged
+-- (docs/security.md): owned by pgoutbox, which uses it only while no other role may create
+-- in it.
+CREATE SCHEMA pgoutbox AUTHORIZATION pgoutbox;
 -- Let a role replay rows into the live stream (it also needs REPLICATION and SELECT on
 -- the outbox table):
 -- GRANT INSERT, SELECT, DELETE ON public.outbox_replay TO replayer;

@@ -75,7 +75,7 @@ pub async fn run(config: &Config, args: &ReplayArgs) -> anyhow::Result<()> {
                 "replay {id}: waiting for pgoutbox to publish what this replay handed over \
                  before"
             );
-            let record = crate::postgres::acknowledged::table_beside(&config.pipeline.replay_table);
+            let record = crate::postgres::acknowledged::table_in(&config.own_schema);
             handover::settle_earlier_runs(&client, (&config.slot, &record)).await?;
         }
     }

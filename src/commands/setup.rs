@@ -11,6 +11,7 @@ use crate::postgres::ReplicationConnection;
 use crate::postgres::acknowledged;
 use crate::postgres::admin;
 use crate::postgres::adoption::{self, Adopted};
+use crate::postgres::own_schema;
 use crate::postgres::replay_table::{self as replays, public_may_emit_warning};
 use crate::postgres::tenant_tables;
 use crate::service::error::PipelineError;
@@ -86,8 +87,14 @@ pub async fn prepare_database(
             // at a time (`join_pattern_tables`, or adoption), so that one that cannot
             // (unlogged, another's) fails alone.
             for matched in tenant_tables::matched(&client, pattern, publication).await? {
-                if matched.published && exists {
-                    tables.push(matched.table);
+                if !(matched.published && exists) {
+                    continue;
+                }
+                // One tenant's table that cannot stream whole never stops setup or run.
+                match adoption::inheritance_children(&client, &matched.table).await? {
+                    Some(children) => warn!(table = %matched.table, %pattern, "a table of the \
+                        pattern is left out: {}", adoption::left_out(&children)),
+                    None => tables.push(matched.table),
                 }
             }
         }
@@ -127,6 +134,9 @@ async fn join_pattern_tables(config: &Config) -> anyhow::Result<()> {
             }
             let (table, pattern) = (&matched.table, &entry.table);
             match adoption::join_before_slot(client, table, publication).await {
+                Ok(adoption::Joined::LeftOut(why)) => {
+                    warn!(%table, %pattern, "table left out: {why}")
+                }
                 Ok(_) => info!(%table, %pattern, %publication, "table added to the publication"),
                 Err(err) => warn!(%table, %pattern, reason = %admin::server_said(&err),
                     "table not added to the publication: pgoutbox run tries again"),
@@ -162,6 +172,7 @@ async fn adopt_pattern_tables(
                 Ok(Adopted::Unread(why) | Adopted::Refused(why)) => {
                     warn!(%table, %pattern, "table not adopted in full: {why}")
                 }
+                Ok(Adopted::LeftOut(why)) => warn!(%table, %pattern, "table left out: {why}"),
                 Err(err) => warn!(%table, %pattern, reason = %admin::server_said(&err),
                     "table not adopted: pgoutbox run tries again"),
             }
@@ -176,17 +187,36 @@ async fn ensure_acknowledged_table(
     config: &Config,
     client: &tokio_postgres::Client,
 ) -> anyhow::Result<()> {
-    let table = acknowledged::table_beside(&config.pipeline.replay_table);
-    match acknowledged::ensure(client, &table).await {
-        Ok(()) => Ok(()),
-        Err(err @ acknowledged::RecordError::Foreign { .. }) => Err(err.into()),
-        Err(acknowledged::RecordError::Sql(err)) => {
-            warn!(%table, reason = %admin::server_said(&err),
-                "cannot keep a record of what JetStream acknowledged: a restart of both \
-                 pgoutbox and nats-server will not see a stream that lost events; run setup as \
-                 a role that may create tables in that schema");
-            Ok(())
+    let table = acknowledged::table_in(&config.own_schema);
+    let kept = async {
+        // What the server refused is a warning below; what pgoutbox refuses stops setup.
+        own_schema::ensure(client, &config.own_schema).await.map_err(|err| match err {
+            own_schema::OwnSchemaError::Sql(sql) => anyhow::Error::from(sql),
+            refused => refused.into(),
+        })?;
+        let earlier = acknowledged::earlier_table(&config.pipeline.replay_table);
+        if acknowledged::move_earlier(client, &earlier, &table).await? {
+            info!(from = %earlier, to = %table, "record of what JetStream acknowledged moved \
+                into pgoutbox's own schema");
         }
+        acknowledged::ensure(client, &table).await.map_err(|err| match err {
+            acknowledged::RecordError::Sql(sql) => anyhow::Error::from(sql),
+            refused => refused.into(),
+        })
+    };
+    match kept.await {
+        Ok(()) => Ok(()),
+        Err(err) => match err.downcast_ref::<tokio_postgres::Error>() {
+            Some(sql) => {
+                warn!(%table, reason = %admin::server_said(sql),
+                    "cannot keep a record of what JetStream acknowledged: a restart of both \
+                     pgoutbox and nats-server will not see a stream that lost events; let \
+                     pgoutbox's role create its schema (GRANT CREATE ON DATABASE), or make it \
+                     for that role (CREATE SCHEMA {} AUTHORIZATION <role>)", config.own_schema);
+                Ok(())
+            }
+            None => Err(err),
+        },
     }
 }
 
@@ -212,18 +242,23 @@ async fn tenant_trigger(config: &Config, client: &tokio_postgres::Client) -> any
              pgoutbox itself keeps its own role)"
         );
     }
-    let sql = tenant_tables::trigger_sql(&config.publication, &patterns);
-    // Its function's owner is judged before and after the `CREATE OR REPLACE`, in one
-    // transaction: a function of that name another role made stays that role's, and
-    // SECURITY DEFINER would then run that role's body under the superuser's event trigger.
-    tenant_tables::refuse_a_foreign_trigger_function(client, &config.publication).await?;
+    let (publication, schema) = (&config.publication, &config.own_schema);
+    let sql = tenant_tables::trigger_sql(publication, &patterns, schema);
+    // Its function lives in pgoutbox's own schema, judged first. The function's owner is
+    // judged before and after the `CREATE OR REPLACE`, in one transaction: a function of
+    // that name another role made stays that role's, and SECURITY DEFINER would then run
+    // that role's body under the superuser's event trigger.
+    own_schema::ensure(client, schema).await?;
+    tenant_tables::refuse_a_foreign_trigger_function(client, publication, schema).await?;
     client.batch_execute("BEGIN").await?;
     let made = async {
         client.batch_execute(&sql).await.context("creating the tenant tables' event trigger")?;
-        Ok(tenant_tables::refuse_a_foreign_trigger_function(client, &config.publication).await?)
+        tenant_tables::refuse_a_foreign_trigger_function(client, publication, schema).await?;
+        // An upgrade: the trigger now runs the function in the own schema.
+        Ok(tenant_tables::drop_the_earlier_function(client, publication).await?)
     };
     match made.await {
-        Ok(()) => client.batch_execute("COMMIT").await?,
+        Ok(_) => client.batch_execute("COMMIT").await?,
         Err(err) => {
             client.batch_execute("ROLLBACK").await?;
             return Err(err);
@@ -297,7 +332,8 @@ async fn check_failover_slots(client: &tokio_postgres::Client) -> anyhow::Result
     if num < admin::FAILOVER_SLOTS_SINCE {
         anyhow::bail!(
             "--failover needs PostgreSQL 17 or later (failover slots); this server is \
-             PostgreSQL {shown}: leave --failover off (see docs/operations.md, failover)"
+             PostgreSQL {shown}: leave --failover off (see \
+             docs/runbooks/failover.md#failover-postgresql-17-failover-slots)"
         );
     }
     Ok(())

@@ -209,8 +209,8 @@ fn horizon_room_problem(needed: f64, keep: i64, horizon_s: Option<f64>) -> Optio
             "at this write rate the durability horizon ({} s) holds about {} MB of WAL, more \
              than half of max_slot_wal_keep_size ({} MB): a slot past it is invalidated and \
              pgoutbox stops; raise max_slot_wal_keep_size above {} MB, or shorten \
-             --durability-horizon towards the NATS server's sync_interval (docs/operations.md, \
-             \"When NATS forgets what it acknowledged\")",
+             --durability-horizon towards the NATS server's sync_interval \
+             (docs/runbooks/stream-lost-events.md)",
             horizon_s.unwrap_or_default(),
             mb(needed),
             mb(keep),
@@ -228,7 +228,7 @@ async fn made_again(
 ) -> Option<String> {
     let created = stream["created_unix_ns"].as_str()?.to_owned();
     let now = acknowledged::StreamIdentity { name: config.stream.clone(), created };
-    let table = acknowledged::table_beside(&config.pipeline.replay_table);
+    let table = acknowledged::table_in(&config.own_schema);
     let before = acknowledged::made_again(client, &table, &config.slot, &now).await.ok()??;
     Some(format!(
         "stream {} was deleted and created again ({before}): what the old one held is not in \

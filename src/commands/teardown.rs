@@ -8,6 +8,7 @@
 
 use crate::postgres::acknowledged;
 use crate::postgres::admin::{self, TableName};
+use crate::postgres::tenant_tables;
 use crate::settings::config::Config;
 
 pub async fn run(config: &Config, yes: bool, only_table: Option<&str>) -> anyhow::Result<()> {
@@ -30,8 +31,12 @@ pub async fn run(config: &Config, yes: bool, only_table: Option<&str>) -> anyhow
         .await?
         .is_some();
     if triggered {
-        let sql = crate::postgres::tenant_tables::drop_trigger_sql(&config.publication);
-        client.batch_execute(&sql).await.map_err(|err| {
+        let sql = tenant_tables::drop_trigger_sql(&config.publication, &config.own_schema);
+        let dropped = async {
+            client.batch_execute(&sql).await?;
+            tenant_tables::drop_the_earlier_function(&client, &config.publication).await
+        };
+        dropped.await.map_err(|err| {
             anyhow::anyhow!(
                 "dropping event trigger {trigger} (from setup --tenant-trigger) failed: {err}; \
                  run teardown as the role that ran setup --tenant-trigger, which owns it"
@@ -42,7 +47,7 @@ pub async fn run(config: &Config, yes: bool, only_table: Option<&str>) -> anyhow
     admin::teardown(&client, &config.slot, &config.publication).await?;
     say!("dropped slot {} and publication {}", config.slot, config.publication);
     // What the slot's streaming had acknowledged: a new slot of that name starts afresh.
-    let record = acknowledged::table_beside(&config.pipeline.replay_table);
+    let record = acknowledged::table_in(&config.own_schema);
     if acknowledged::owner(&client, &record).await? == acknowledged::Owner::Ours {
         acknowledged::forget(&client, &record, &config.slot).await?;
     }

@@ -1,9 +1,10 @@
 //! What JetStream acknowledged, recorded in Postgres: a process that starts after a restart
 //! of both pgoutbox and nats-server (a power loss of the host they share) has no memory of
 //! the acknowledgements, and only a record kept where the loss did not reach tells it the
-//! stream came back shorter (issue 46). One row per slot in `pgoutbox_acknowledged`, in the
-//! replay table's schema: the stream (and when it was created: a stream deleted and made
-//! again is another one), its last sequence acknowledged and that message's position.
+//! stream came back shorter (issue 46). One row per slot in `acknowledged`, in pgoutbox's
+//! own schema (`postgres::own_schema`; beside the replay table before it): the stream (and
+//! when it was created: a stream deleted and made again is another one), its last sequence
+//! acknowledged and that message's position.
 //! Written at most once a second, and only when a message was acknowledged since (an idle
 //! outbox writes nothing), so it trails the acknowledgements by up to a second: a loss of
 //! the newest second alone is not seen after a cold restart. It also holds the position up
@@ -15,7 +16,7 @@
 
 use std::time::Duration;
 
-use postgres_protocol::escape::escape_literal;
+use postgres_protocol::escape::{escape_identifier as quote_ident, escape_literal};
 use tokio_postgres::Client;
 use tokio_postgres::types::PgLsn;
 
@@ -26,9 +27,40 @@ use crate::domain::progress::Position;
 /// How often the record is brought up to date, at most.
 pub const EVERY: Duration = Duration::from_secs(1);
 
-/// The table beside the replay table.
-pub fn table_beside(replay_table: &TableName) -> TableName {
+/// The record in pgoutbox's own schema (`postgres::own_schema`).
+pub fn table_in(own_schema: &str) -> TableName {
+    TableName { schema: own_schema.to_owned(), name: "acknowledged".to_owned() }
+}
+
+/// Where versions before the own schema kept it: beside the replay table.
+pub fn earlier_table(replay_table: &TableName) -> TableName {
     TableName { schema: replay_table.schema.clone(), name: "pgoutbox_acknowledged".to_owned() }
+}
+
+/// An upgrade: the record an earlier version kept at `earlier` moves into `table`'s schema
+/// under its name, when pgoutbox's role owns it and `table` is missing (each judged from
+/// the catalog first). One another role made there is never touched. Whether it moved.
+pub async fn move_earlier(
+    client: &Client,
+    earlier: &TableName,
+    table: &TableName,
+) -> Result<bool, tokio_postgres::Error> {
+    if owner(client, table).await? != Owner::Missing || owner(client, earlier).await? != Owner::Ours
+    {
+        return Ok(false);
+    }
+    let moved = TableName { schema: table.schema.clone(), name: earlier.name.clone() };
+    client
+        .batch_execute(&format!(
+            // One query string: one implicit transaction, both or neither.
+            "ALTER TABLE {} SET SCHEMA {}; ALTER TABLE {} RENAME TO {}",
+            earlier.quoted(),
+            quote_ident(&table.schema),
+            moved.quoted(),
+            quote_ident(&table.name)
+        ))
+        .await?;
+    Ok(true)
 }
 
 /// Why `setup` cannot keep the record.

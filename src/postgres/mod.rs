@@ -6,7 +6,8 @@
 //! check that the outbox table is still the one streamed (`outbox_table`), and the table as a
 //! new slot's snapshot shows it (`table_snapshot`), and the tables a pattern matches
 //! (`tenant_tables`), published by an event trigger or adopted (`adoption`) without
-//! pgoutbox ever writing to them, and read only when their owner is trusted (`trust`).
+//! pgoutbox ever writing to them, and read only when their owner is trusted (`trust`);
+//! pgoutbox's own objects in a schema of its own (`own_schema`).
 
 pub(crate) mod acknowledged;
 pub(crate) mod admin;
@@ -15,6 +16,7 @@ mod backend;
 pub(crate) mod conninfo;
 pub mod libpq_env;
 pub(crate) mod outbox_table;
+pub(crate) mod own_schema;
 pub(crate) mod password_command;
 pub mod pgoutput;
 mod pinned_names;

@@ -126,14 +126,15 @@ pub fn trigger_name(publication: &str) -> String {
 /// made it, in the session of whoever creates a table. So it names every function, type
 /// and catalog with `pg_catalog.`, and its `search_path` is `pg_catalog, pg_temp`: left
 /// out, `pg_temp` would come first, and a temporary view named `pg_class` that the
-/// creating role made would run as the superuser. A failure (the publication dropped)
+/// creating role made would run as the superuser. It lives in pgoutbox's own schema
+/// (`postgres::own_schema`), where no other role makes objects. A failure (the publication dropped)
 /// fails the `CREATE TABLE`: it fails closed. Partitions and temporary tables are skipped (their root is published; a
 /// temporary table cannot be). `CREATE TABLE AS` is left
 /// out on purpose: its rows are written before the trigger runs and would be missed;
 /// such a table is found unpublished and adopted instead.
-pub fn trigger_sql(publication: &str, patterns: &[TablePattern]) -> String {
+pub fn trigger_sql(publication: &str, patterns: &[TablePattern], own_schema: &str) -> String {
     let name = trigger_name(publication);
-    let function = format!("public.{}", quote_ident(&name));
+    let function = format!("{}.{}", quote_ident(own_schema), quote_ident(&name));
     let matches = patterns
         .iter()
         .map(|pattern| {
@@ -178,30 +179,57 @@ pub fn trigger_sql(publication: &str, patterns: &[TablePattern]) -> String {
     )
 }
 
-/// Fails, naming it, when the event trigger's function `public.<trigger name>()` exists and
-/// belongs to a role other than this session's: `CREATE OR REPLACE` keeps a function's
+/// Fails, naming it, when the event trigger's function `<schema>.<trigger name>()` exists
+/// and belongs to a role other than this session's: `CREATE OR REPLACE` keeps a function's
 /// owner, so its body would stay that role's to swap, and run as the superuser's trigger.
 pub async fn refuse_a_foreign_trigger_function(
     client: &tokio_postgres::Client,
     publication: &str,
+    schema: &str,
 ) -> Result<(), ForeignFunction> {
     let name = trigger_name(publication);
+    match trigger_function_owner(client, publication, schema).await? {
+        Some((owner, login)) if owner != login => {
+            let function = format!("{}.{}", quote_ident(schema), quote_ident(&name));
+            Err(ForeignFunction::Foreign { function, owner })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The owner of `<schema>.<trigger name>()` and this session's role, when it exists.
+async fn trigger_function_owner(
+    client: &tokio_postgres::Client,
+    publication: &str,
+    schema: &str,
+) -> Result<Option<(String, String)>, tokio_postgres::Error> {
     let found = client
         .query_opt(
             "SELECT o.rolname::pg_catalog.text, current_user::pg_catalog.text \
              FROM pg_catalog.pg_proc p \
              JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
              JOIN pg_catalog.pg_roles o ON o.oid = p.proowner \
-             WHERE n.nspname = 'public' AND p.proname = $1 AND p.pronargs = 0",
-            &[&name],
+             WHERE n.nspname = $2 AND p.proname = $1 AND p.pronargs = 0",
+            &[&trigger_name(publication), &schema],
         )
         .await?;
-    match found {
-        Some(row) if row.try_get::<_, String>(0)? != row.try_get::<_, String>(1)? => {
-            let quoted = quote_ident(&name);
-            Err(ForeignFunction::Foreign { name, quoted, owner: row.try_get(0)? })
+    found.map(|row| Ok((row.try_get(0)?, row.try_get(1)?))).transpose()
+}
+
+/// An upgrade: the trigger's function an earlier version made in `public`, once the trigger
+/// runs the one in the own schema. Dropped only when this session's role owns it (judged
+/// from the catalog first); one another role made is never named.
+pub async fn drop_the_earlier_function(
+    client: &tokio_postgres::Client,
+    publication: &str,
+) -> Result<bool, tokio_postgres::Error> {
+    match trigger_function_owner(client, publication, "public").await? {
+        Some((owner, login)) if owner == login => {
+            let name = quote_ident(&trigger_name(publication));
+            client.batch_execute(&format!("DROP FUNCTION public.{name}()")).await?;
+            Ok(true)
         }
-        _ => Ok(()),
+        _ => Ok(false),
     }
 }
 
@@ -209,22 +237,23 @@ pub async fn refuse_a_foreign_trigger_function(
 #[derive(Debug, thiserror::Error)]
 pub enum ForeignFunction {
     #[error(
-        "function public.{name}() exists, owned by role {owner:?}, not by this session's: \
+        "function {function}() exists, owned by role {owner:?}, not by this session's: \
          pgoutbox never replaces a function another role made under its name (it would stay \
          that role's, and run as the event trigger's superuser); drop it (DROP FUNCTION \
-         public.{quoted}()), then run setup --tenant-trigger again"
+         {function}()), then run setup --tenant-trigger again"
     )]
-    Foreign { name: String, quoted: String, owner: String },
+    Foreign { function: String, owner: String },
     #[error(transparent)]
     Sql(#[from] tokio_postgres::Error),
 }
 
 /// Drops what [`trigger_sql`] made, if there.
-pub fn drop_trigger_sql(publication: &str) -> String {
+pub fn drop_trigger_sql(publication: &str, own_schema: &str) -> String {
     let name = trigger_name(publication);
     format!(
-        "DROP EVENT TRIGGER IF EXISTS {trigger}; DROP FUNCTION IF EXISTS public.{trigger}();",
-        trigger = quote_ident(&name)
+        "DROP EVENT TRIGGER IF EXISTS {trigger}; DROP FUNCTION IF EXISTS {schema}.{trigger}();",
+        trigger = quote_ident(&name),
+        schema = quote_ident(own_schema)
     )
 }
 
@@ -266,7 +295,7 @@ mod tests {
             "{sql}"
         );
         assert!(sql.contains("'it''s'"), "{sql}");
-        let trigger = trigger_sql("pgoutbox", &[pattern]);
+        let trigger = trigger_sql("pgoutbox", &[pattern], "pgoutbox");
         assert!(trigger.contains(r"n.nspname LIKE  E'tenant\\_%'"), "{trigger}");
         assert!(trigger.contains("CREATE EVENT TRIGGER \"pgoutbox_pgoutbox_tables\""), "{trigger}");
     }

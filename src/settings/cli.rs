@@ -212,6 +212,13 @@ pub struct CommonArgs {
     /// Publication name
     #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_PUBLICATION", default_value = "pgoutbox", value_name = "NAME")]
     pub publication: String,
+    /// Schema of pgoutbox's own objects
+    ///
+    /// Its record of what JetStream acknowledged and the tenant trigger's function; setup
+    /// creates it, and pgoutbox uses it only while its role (or a superuser) owns it and no
+    /// other role may create in it
+    #[arg(help_heading = POSTGRES, long, global = true, env = "PGOUTBOX_OWN_SCHEMA", default_value = "pgoutbox", value_name = "NAME", hide_short_help = true)]
+    pub own_schema: String,
     /// Shell command whose output is the Postgres password
     ///
     /// Run with sh -c at every new connection, e.g. `aws rds generate-db-auth-token ...`;

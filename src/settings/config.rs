@@ -36,6 +36,8 @@ pub struct Config {
     pub messages_only: bool,
     pub slot: String,
     pub publication: String,
+    /// `--own-schema`: where pgoutbox keeps its own objects (`postgres::own_schema`).
+    pub own_schema: String,
     pub stream: String,
     /// Replicas of a stream pgoutbox creates: `run` and `setup` take `--stream-replicas`
     /// ([`Config::with_slot_args`]); `replay` creates a missing stream with one.
@@ -150,6 +152,7 @@ impl Config {
             messages_only: args.messages_only,
             slot: args.slot.clone(),
             publication: args.publication.clone(),
+            own_schema: args.own_schema.clone(),
             stream: args.stream.clone(),
             stream_replicas: 1,
             trusted_owners: crate::postgres::trust::TrustedOwners::new(

@@ -17,10 +17,11 @@ use crate::support::{
 };
 
 /// Whether role `mallory` is a superuser, as `t` or `f`.
-const MALLORY_IS_SUPERUSER: &str = "SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'";
+pub(super) const MALLORY_IS_SUPERUSER: &str =
+    "SELECT rolsuper FROM pg_roles WHERE rolname = 'mallory'";
 
 /// Role `mallory` and the trap (`tests/fixtures/hostile/trap.sql`).
-const TRAP: &str = include_str!("../fixtures/hostile/trap.sql");
+pub(super) const TRAP: &str = include_str!("../fixtures/hostile/trap.sql");
 
 /// The plain outbox and a pattern of tenants' tables, one chain.
 const TABLES: [&str; 4] = ["--table", "public.outbox", "--table", "tenant_*.outbox"];
@@ -35,18 +36,18 @@ pub(super) fn assert_ran(out: &Output, what: &str) {
 }
 
 /// Panics naming the first of `says` that `text` lacks.
-fn assert_says(text: &str, says: &[&str]) {
+pub(super) fn assert_says(text: &str, says: &[&str]) {
     for says in says {
         assert!(text.contains(says), "no {says:?} in {text}");
     }
 }
 
 /// The traps that ran, as the server logged them.
-fn sprung(pg: &Postgres) -> Vec<String> {
+pub(super) fn sprung(pg: &Postgres) -> Vec<String> {
     pg.log().lines().filter(|l| l.contains("TRAP SPRUNG")).map(str::to_owned).collect()
 }
 
-fn assert_no_trap_ran(pg: &Postgres, after: &str) {
+pub(super) fn assert_no_trap_ran(pg: &Postgres, after: &str) {
     assert_eq!(sprung(pg), Vec::<String>::new(), "after {after}, traps ran as pgoutbox");
     assert_eq!(pg.psql(MALLORY_IS_SUPERUSER), "f", "after {after}, mallory is a superuser");
 }
@@ -463,15 +464,13 @@ async fn a_policy_never_hides_rows_from_a_read_in_silence() {
     assert_says(&said, &["row-level security"]);
 }
 
-/// T1 and T3 (issue 69): mallory makes pgoutbox's own objects first, under their names in
-/// `public` (every login may on PostgreSQL 14): the acknowledgement record, with index
-/// expressions that run her code when it is planned or written, and the tenant trigger's
-/// function. Each is looked up by name and owner in a statement of its own before anything
-/// names it: `setup` and `run` stop with one line naming the table, `status` reads around
-/// it, `setup --tenant-trigger` refuses her function; nothing of hers runs, nothing of hers
-/// is altered or replaced. Before, the owner check sat inside the reading SELECT (her index
-/// folded at plan time, as a superuser), setup altered her table, and CREATE OR REPLACE
-/// left her the owner of a SECURITY DEFINER function the superuser's trigger runs.
+/// T1 and T3 (issue 69): mallory, who may create in `public` (every role may on 14), makes
+/// the objects earlier versions kept there first, under their names: the record of what
+/// JetStream acknowledged, with index expressions that spring the trap when planned or
+/// written, and the tenant trigger's function. pgoutbox's own objects live in its own
+/// schema: hers are never planned, altered or replaced, and every command goes on. A
+/// schema she made under the name pgoutbox is told to use, or one she may create in,
+/// stops setup with one line.
 #[tokio::test(flavor = "multi_thread")]
 async fn pgoutbox_s_own_names_made_first_by_another_role_are_never_touched() {
     let pg = Postgres::start();
@@ -483,28 +482,48 @@ async fn pgoutbox_s_own_names_made_first_by_another_role_are_never_touched() {
     let columns = "SELECT count(*) FROM pg_attribute WHERE attrelid = \
                    'public.pgoutbox_acknowledged'::regclass AND attnum > 0";
     let columns_before = pg.psql(columns);
-    for args in [&["setup"][..], &["run"]] {
+    assert_ran(&pgoutbox(&pg, &nats, &[&TABLES[..], &["setup"]].concat()), "setup");
+    let trigger = pgoutbox(&pg, &nats, &[&TABLES[..], &["setup", "--tenant-trigger"]].concat());
+    assert_ran(&trigger, "setup --tenant-trigger");
+    let app = Pgoutbox::run(&pg, &nats, &TABLES);
+    wait_until_streaming(&pg, &app).await;
+    pg.psql(&tenant_table("tenant_b"));
+    pg.psql(&tenant_rows("tenant_b", 0, 3));
+    let js = jetstream(&nats.url()).await;
+    eventually(Duration::from_secs(30), "tenant_b's rows stored", || async {
+        (count(&js, "OUTBOX").await >= 3).then_some(())
+    })
+    .await;
+    let status = pgoutbox(&pg, &nats, &[&TABLES[..], &["status", "--json"]].concat());
+    assert!(status.status.code().is_some(), "status ended by a signal");
+    drop(app);
+    assert_no_trap_ran(&pg, "setup, the tenant trigger, run and status beside her objects");
+    assert_eq!(pg.psql(columns), columns_before, "mallory's table was altered");
+    let function = "SELECT pg_get_userbyid(proowner) || ' ' || prosecdef FROM pg_proc \
+                    WHERE oid = 'public.pgoutbox_pgoutbox_tables()'::regprocedure";
+    assert_eq!(pg.psql(function), "mallory false", "her function was replaced");
+    let runs = "SELECT evtfoid::regprocedure FROM pg_event_trigger";
+    assert_eq!(pg.psql(runs), "pgoutbox.pgoutbox_pgoutbox_tables()");
+    let record = "SELECT pg_get_userbyid(relowner) FROM pg_class \
+                  WHERE oid = 'pgoutbox.acknowledged'::regclass";
+    assert_eq!(pg.psql(record), "postgres", "the record is not in pgoutbox's own schema");
+
+    // Her schema under the name pgoutbox is told to use, then pgoutbox's own opened to all.
+    pg.psql("SET ROLE mallory; CREATE SCHEMA mallory_own; RESET ROLE");
+    pg.psql("GRANT CREATE ON SCHEMA pgoutbox TO PUBLIC");
+    for (args, says) in [
+        (&["setup", "--own-schema", "mallory_own"][..], &["schema mallory_own", "\"mallory\""][..]),
+        (&["setup"], &["REVOKE CREATE ON SCHEMA \"pgoutbox\" FROM PUBLIC"]),
+    ] {
         let out = pgoutbox(&pg, &nats, args);
         let said = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(!out.status.success(), "{args:?} went on beside mallory's table: {said}");
+        assert!(!out.status.success(), "{args:?} used the schema: {said}");
         let line = said.lines().rfind(|l| l.starts_with("error:")).unwrap_or_default();
-        assert_says(line, &["public.pgoutbox_acknowledged", "\"mallory\"", "drop it"]);
+        assert_says(line, says);
     }
-    let status = pgoutbox(&pg, &nats, &["status", "--json"]);
-    assert!(status.status.code().is_some(), "status ended by a signal");
-    assert_no_trap_ran(&pg, "setup, run and status beside her record table");
-    assert_eq!(pg.psql(columns), columns_before, "mallory's table was altered");
-
-    // Her table gone, her trigger function stays: the tenant trigger refuses it.
-    pg.psql("DROP TABLE public.pgoutbox_acknowledged");
-    let out = pgoutbox(&pg, &nats, &[&TABLES[..], &["setup", "--tenant-trigger"]].concat());
-    let said = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "the trigger replaced her function: {said}");
-    assert_says(&said, &["public.pgoutbox_pgoutbox_tables()", "\"mallory\""]);
-    let function = "SELECT pg_get_userbyid(proowner) || ' ' || prosecdef FROM pg_proc \
-                    WHERE proname = 'pgoutbox_pgoutbox_tables'";
-    assert_eq!(pg.psql(function), "mallory false", "her function was replaced");
-    assert_eq!(pg.psql("SELECT count(*) FROM pg_event_trigger"), "0");
-    pg.psql(&tenant_table("tenant_b"));
-    assert_no_trap_ran(&pg, "setup --tenant-trigger beside her function");
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM pg_class WHERE relnamespace = 'mallory_own'::regnamespace"),
+        "0"
+    );
+    assert_no_trap_ran(&pg, "setup beside her schema");
 }

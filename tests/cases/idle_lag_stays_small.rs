@@ -78,7 +78,7 @@ async fn an_idle_outbox_writes_nothing_and_its_slot_holds_nothing_a_horizon_afte
     .await;
     // pgoutbox writes nothing more while nothing is published: its record stays as it is
     // for longer than its pace (a second) and the horizon.
-    let record = || pg.psql("SELECT xmin, at FROM pgoutbox_acknowledged");
+    let record = || pg.psql("SELECT xmin, at FROM pgoutbox.acknowledged");
     let written = record();
     let until = Instant::now() + Duration::from_secs(5);
     while Instant::now() < until {

@@ -113,11 +113,10 @@ async fn a_record_table_made_by_an_admin_is_a_warning_with_the_commands_that_fix
     let pg = Postgres::builder().hba("host all pgoutbox 127.0.0.1/32 scram-sha-256").start();
     pg.psql(include_str!("../../sql/outbox.sql"));
     pg.psql(&grants_with_password());
-    pg.psql("DROP TABLE public.pgoutbox_acknowledged");
     let nats = Nats::start();
     let setup = command(&pg, &nats).arg("setup").output().expect("setup as the admin");
     assert!(setup.status.success(), "{}", String::from_utf8_lossy(&setup.stderr));
-    let owner = "SELECT tableowner FROM pg_tables WHERE tablename = 'pgoutbox_acknowledged'";
+    let owner = "SELECT tableowner FROM pg_tables WHERE schemaname = 'pgoutbox' AND tablename = 'acknowledged'";
     assert_eq!(pg.psql(owner), "postgres");
     let mut cmd = command(&pg, &nats);
     cmd.env("PGOUTBOX_DATABASE_URL", pg.url_for("pgoutbox", Some(PASSWORD), "postgres")).arg("run");
@@ -130,7 +129,7 @@ async fn a_record_table_made_by_an_admin_is_a_warning_with_the_commands_that_fix
     })
     .await;
     assert!(line.contains("WARN"), "{line}");
-    for says in ["\"postgres\"", "DROP TABLE public.pgoutbox_acknowledged", "pgoutbox setup"] {
+    for says in ["\"postgres\"", "DROP TABLE pgoutbox.acknowledged", "pgoutbox setup"] {
         assert!(line.contains(says), "no {says:?} in {line}");
     }
     assert!(!line.contains("OWNER TO"), "an ownership change advised: {line}");

@@ -234,7 +234,7 @@ async fn a_pgoutbox_paused_across_a_power_loss_confirms_nothing_the_server_forgo
 /// Waits until Postgres holds the record that JetStream acknowledged sequence `n` (what
 /// a process started after a restart of both knows of the acknowledgements).
 async fn recorded(pg: &Postgres, n: u64) {
-    let sql = "SELECT stream_sequence FROM public.pgoutbox_acknowledged WHERE slot = 'pgoutbox'";
+    let sql = "SELECT stream_sequence FROM pgoutbox.acknowledged WHERE slot = 'pgoutbox'";
     eventually(Duration::from_secs(10), "the acknowledgements recorded", || async {
         (pg.try_psql(sql).ok()? == n.to_string()).then_some(())
     })
@@ -423,20 +423,20 @@ async fn a_record_in_a_table_of_another_role_is_not_believed() {
     let mut stream = js.get_stream("OUTBOX").await.expect("the stream");
     let created = stream.info().await.expect("its info").created.unix_timestamp_nanos();
     pg.psql(&format!(
-        "CREATE ROLE mallory; DROP TABLE public.pgoutbox_acknowledged; \
-         CREATE TABLE public.pgoutbox_acknowledged (slot text PRIMARY KEY, stream text, \
+        "CREATE ROLE mallory; DROP TABLE pgoutbox.acknowledged; \
+         CREATE TABLE pgoutbox.acknowledged (slot text PRIMARY KEY, stream text, \
            stream_created text, stream_sequence bigint, commit_lsn pg_lsn, index bigint, \
            at timestamptz DEFAULT now()); \
-         INSERT INTO public.pgoutbox_acknowledged VALUES \
+         INSERT INTO pgoutbox.acknowledged VALUES \
            ('pgoutbox', 'OUTBOX', '{created}', 1000000, 'FFFF/0', 0); \
-         ALTER TABLE public.pgoutbox_acknowledged OWNER TO mallory;"
+         ALTER TABLE pgoutbox.acknowledged OWNER TO mallory;"
     ));
     let mut app = Pgoutbox::run(&pg, &nats, &["--recover"]);
     let status = app.wait_exit(Duration::from_secs(30));
     let log = app.log();
     assert!(!status.success(), "{log}");
     let line = app.error_line();
-    assert!(line.contains("public.pgoutbox_acknowledged") && line.contains("mallory"), "{log}");
+    assert!(line.contains("pgoutbox.acknowledged") && line.contains("mallory"), "{log}");
     assert!(!log.contains("the stream lost acknowledged events"), "{log}");
     let slot = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'pgoutbox'";
     assert_eq!(pg.psql(slot), "1", "the slot was dropped:\n{log}");

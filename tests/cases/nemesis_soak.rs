@@ -406,7 +406,7 @@ impl Nemesis {
         self.say(&format!("replayed ids {ids} (events {events:?}){down}: {}", tail(&log, 1)));
         // A replay begun as pgoutbox was killed can find its walsender still holding the
         // slot, hand its rows to it, and see nothing stream for 60 s: it says so and exits
-        // non-zero, its rows left in the slot, as documented (docs/operations.md, replay).
+        // non-zero, its rows left in the slot, as documented (docs/runbooks/replay.md).
         let stopped_waiting = log.contains("no pgoutbox has streamed from slot");
         if !succeeded && !stopped_waiting {
             let what = if ended { "failed" } else { "did not end in 90 s" };
@@ -435,7 +435,7 @@ impl Nemesis {
     async fn wait_confirmed_past_the_end(&mut self) {
         let end = parse_lsn(&self.pg.psql("SELECT pg_current_wal_lsn()"));
         let recorded = "SELECT coalesce((SELECT acknowledged_lsn::text \
-                        FROM public.pgoutbox_acknowledged WHERE slot = 'pgoutbox'), '')";
+                        FROM pgoutbox.acknowledged WHERE slot = 'pgoutbox'), '')";
         let caught_up = self
             .within(Duration::from_secs(180), |n| {
                 let past = |lsn: String| !lsn.is_empty() && parse_lsn(&lsn) >= end;

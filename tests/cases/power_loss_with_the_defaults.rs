@@ -62,7 +62,7 @@ async fn without_a_horizon_a_loss_while_running_comes_back_with_the_one_recover_
     pg.psql(&numbered_rows(0, 1_000, 10));
     stored(&nats, 1_000, "1,000 rows stored").await;
     slot_confirmed_everything(&pg).await;
-    let recorded = "SELECT stream_sequence FROM public.pgoutbox_acknowledged";
+    let recorded = "SELECT stream_sequence FROM pgoutbox.acknowledged";
     eventually(Duration::from_secs(10), "sequence 1000 recorded", || async {
         (pg.psql(recorded) == "1000").then_some(())
     })
@@ -101,7 +101,7 @@ async fn a_stream_deleted_and_created_again_is_a_warning_a_metric_and_a_status_l
     wait_until_streaming(&pg, &app).await;
     pg.psql(&numbered_rows(0, 10, 10));
     stored(&nats, 10, "10 rows stored").await;
-    let recorded = "SELECT stream_sequence FROM public.pgoutbox_acknowledged";
+    let recorded = "SELECT stream_sequence FROM pgoutbox.acknowledged";
     eventually(Duration::from_secs(10), "sequence 10 recorded", || async {
         (pg.psql(recorded) == "10").then_some(())
     })

@@ -205,7 +205,7 @@ async fn the_default_path_says_no_warning_and_no_notice() {
         // The record of what was acknowledged is written within a second: its table's
         // columns are checked then.
         eventually(Duration::from_secs(10), "the record written", || async {
-            let q = "SELECT count(*) FROM pgoutbox_acknowledged";
+            let q = "SELECT count(*) FROM pgoutbox.acknowledged";
             (pg.try_psql(q).as_deref() == Ok("1")).then_some(())
         })
         .await;

@@ -57,6 +57,14 @@ async fn a_rolling_upgrade_beside_a_hot_standby_stores_every_row_once_in_order()
     let logs = format!("previous active:\n{}\nnew active:\n{}", old_active.log(), new_active.log());
     assert_eq!(report.stored, end as usize, "{report:?}\n{logs}");
     assert_eq!((report.duplicates, report.order_violations, report.lost), (0, 0, 0), "{logs}");
+    // The record the previous release kept in `public` moved into pgoutbox's own schema
+    // (issue 69), where this version keeps it.
+    assert_eq!(pg.psql("SELECT to_regclass('public.pgoutbox_acknowledged') IS NULL"), "t");
+    let kept = "SELECT count(*) FROM pgoutbox.acknowledged WHERE slot = 'pgoutbox'";
+    crate::support::eventually(Duration::from_secs(10), "the record kept", || async {
+        (pg.psql(kept) == "1").then_some(())
+    })
+    .await;
 }
 
 /// The previous release's binary: `PGOUTBOX_PREVIOUS_BIN` (scripts/test.sh sets it), else

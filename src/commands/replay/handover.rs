@@ -176,7 +176,7 @@ pub(super) async fn hand_over(
 ) -> anyhow::Result<Tally> {
     let Plan { selection, id, total, .. } = plan;
     prepare_session(client).await?;
-    let record = acknowledged::table_beside(&config.pipeline.replay_table);
+    let record = acknowledged::table_in(&config.own_schema);
     let mut slot = Slot { client, name: &config.slot, record, inactive_since: None };
     let table = config.pipeline.replay_table.clone();
     let to = Handover { table, slot: &config.slot, replay_id: id };

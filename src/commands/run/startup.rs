@@ -221,7 +221,7 @@ pub fn start_recorder(
     tokio::spawn(crate::service::acknowledgements::record_every(
         config.database.clone(),
         config.pg_tls.clone(),
-        (acknowledged::table_beside(&config.pipeline.replay_table), config.slot.clone()),
+        (acknowledged::table_in(&config.own_schema), config.slot.clone()),
         publisher.clone(),
         memory.acknowledged.clone(),
         stopped,

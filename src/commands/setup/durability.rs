@@ -22,7 +22,7 @@ pub(super) async fn say_if_the_stream_was_made_again(
     publisher: &Publisher,
 ) {
     let Some(now) = stream_identity(publisher, &config.stream).await else { return };
-    let table = acknowledged::table_beside(&config.pipeline.replay_table);
+    let table = acknowledged::table_in(&config.own_schema);
     let made_again = acknowledged::made_again(client, &table, &config.slot, &now).await;
     if let Ok(Some(before)) = made_again
         && !before.recorded
@@ -63,7 +63,7 @@ pub(super) async fn forgotten_past_the_slot(
     slot: &admin::SlotState,
 ) -> anyhow::Result<Option<Forgotten>> {
     let Some(stream) = stream_identity(publisher, &config.stream).await else { return Ok(None) };
-    let table = acknowledged::table_beside(&config.pipeline.replay_table);
+    let table = acknowledged::table_in(&config.own_schema);
     let Some(stored) = acknowledged::recorded(client, &table, &config.slot, &stream).await? else {
         return Ok(None);
     };

@@ -97,7 +97,7 @@ async fn recorded_acknowledgement(
     publisher: &Publisher,
     config: &Config,
 ) -> Option<Stored> {
-    let table = acknowledged::table_beside(&config.pipeline.replay_table);
+    let table = acknowledged::table_in(&config.own_schema);
     let exists = conn.simple_query(&acknowledged::exists_sql(&table)).await.ok()?;
     if exists.first()?.first()?.as_deref() != Some("t") {
         return None;
