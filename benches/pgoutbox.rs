@@ -33,8 +33,12 @@ use support::pgoutbox::{Pgoutbox, command};
 use support::{Nats, Postgres};
 
 /// The single-row steps: rate, and whether a CPU hog contends the cores.
-const SMALL_STEPS: [(u64, bool); 3] = [(1_000, false), (3_000, false), (3_000, true)];
-const SMALL_LABELS: [&str; 3] = ["@1,000/s", "@3,000/s", "@3,000/s, contended"];
+/// Rate, cores contended, and the durability horizon (`None`: the default, 150 s): the
+/// last step is the default's cost, beside the same rate without a horizon.
+const SMALL_STEPS: [(u64, bool, Option<&str>); 4] =
+    [(1_000, false, None), (3_000, false, None), (3_000, true, None), (3_000, false, Some("0s"))];
+const SMALL_LABELS: [&str; 4] =
+    ["@1,000/s", "@3,000/s", "@3,000/s, contended", "@3,000/s, --durability-horizon 0s"];
 
 /// Payloads of about 250 bytes, 100 rows a transaction, as the issue specifies.
 const PAD: usize = 220;
@@ -92,7 +96,7 @@ struct Figures {
     lat_10k: Vec<[f64; 4]>,
     /// Single-row transactions beside their floor: at 1,000/s, 3,000/s, and 3,000/s with
     /// the cores contended.
-    small: [Vec<small_transactions::Step>; 3],
+    small: [Vec<small_transactions::Step>; 4],
     relay_drain: Vec<f64>,
     relay_wal_per_row: Vec<f64>,
     insert_wal_per_row: Vec<f64>,
@@ -330,10 +334,12 @@ async fn small_steps(
     s: &Settings,
     f: &mut Figures,
 ) {
-    for (i, (rate, contended)) in SMALL_STEPS.into_iter().enumerate() {
+    for (i, (rate, contended, horizon)) in SMALL_STEPS.into_iter().enumerate() {
         let how = if contended { ", cores contended" } else { "" };
         eprintln!("  single-row transactions at {rate}/s{how}: floor, then pgoutbox");
-        let step = small_transactions::step(pg, nats, js, rate, s.latency_seconds, contended);
+        let load =
+            small_transactions::Load { rate, seconds: s.latency_seconds, contended, horizon };
+        let step = small_transactions::step(pg, nats, js, load);
         f.small[i].push(step.await);
     }
 }

@@ -37,20 +37,26 @@ pub struct Step {
     pub stages: [f64; 3],
 }
 
-pub async fn step(
-    pg: &Postgres,
-    nats: &Nats,
-    js: &jetstream::Context,
-    rate: u64,
-    seconds: u64,
-    contended: bool,
-) -> Step {
+/// What a step writes, and the pgoutbox it runs.
+pub struct Load {
+    pub rate: u64,
+    pub seconds: u64,
+    pub contended: bool,
+    /// `--durability-horizon`; `None` leaves the default.
+    pub horizon: Option<&'static str>,
+}
+
+pub async fn step(pg: &Postgres, nats: &Nats, js: &jetstream::Context, load: Load) -> Step {
+    let Load { rate, seconds, contended, horizon } = load;
     let started = std::time::SystemTime::now();
     let hog = contended.then(Hog::start);
     let floor = floor::measure(pg, &nats.url(), js, rate, seconds).await;
     // Logging as in production: the tests' `pgoutbox=debug` writes a line per status update.
     let mut run = command(pg, nats);
     run.env("RUST_LOG", "info").arg("run");
+    if let Some(horizon) = horizon {
+        run.args(["--durability-horizon", horizon]);
+    }
     let app = Pgoutbox::spawn(run);
     super::wait_caught_up(pg).await;
     let skip = super::stream_count(js, "OUTBOX").await;
