@@ -81,4 +81,5 @@ mod transaction_ends;
 mod upgrade;
 mod verify;
 mod version_matrix;
+mod walsender_positions;
 mod whole_transactions;
