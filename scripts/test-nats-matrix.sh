@@ -52,6 +52,7 @@ tests=(
                                # a delivery overtaking a publish, kill -9 among deliveries
   tenants_without_trust::a_scheduled  # a reused id never cancels another row's schedule (2.12+)
   nats_forgets                 # a power loss cuts the stream's tail: refilled from the slot
+  nats_sync_interval           # /varz's sync_interval against the horizon (2.10+ report it)
   power_loss_with_the_defaults # the same with pgoutbox's defaults; a loss kept for --recover
   cloudevents                  # CloudEvents read back by the Python SDK
   several_tables::kill_9       # two tables' rows in one chain, in commit order, under kill -9
@@ -76,6 +77,7 @@ between=(
   scheduled_rows
   transaction_ends
   example_consumer::each_partition
+  nats_sync_interval           # 2.10 reports sync_interval (the default left out)
 )
 smoke=(
   version_matrix

@@ -22,7 +22,10 @@ use crate::settings::config::Config;
 mod durability;
 mod slot;
 mod slot_plan;
-use durability::{say_if_the_stream_was_made_again, say_what_the_stream_can_lose};
+use durability::{
+    say_if_the_stream_was_made_again, say_what_the_stream_can_lose,
+    say_whether_the_horizon_covers_the_servers,
+};
 
 pub async fn run(config: &Config, args: &SetupArgs) -> anyhow::Result<()> {
     let mut client = prepare_database(config, args.slot.from_standby).await?;
@@ -351,6 +354,7 @@ async fn prepare_stream(
         .await
         .with_context(|| format!("preparing stream {}", config.stream))?;
     say_what_the_stream_can_lose(config, publisher).await;
+    say_whether_the_horizon_covers_the_servers(config).await;
     say_if_the_stream_was_made_again(config, client, publisher).await;
     if let Some(large) = &config.pipeline.large_payloads {
         let stream = publisher.stream_info().await?.map(|info| info.config).unwrap_or_default();

@@ -10,6 +10,7 @@ pub mod durability;
 pub mod handshake;
 pub mod large_payloads;
 pub mod low_water;
+pub mod monitor;
 pub mod outbound;
 pub mod publisher;
 pub mod server_version;

@@ -234,6 +234,14 @@ pub struct CommonArgs {
     /// nats://127.0.0.1:4222]
     #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_URL", hide_env_values = true, value_name = "URL")]
     pub nats_url: Option<String>,
+    /// nats-server monitoring URL(s) of the stream's servers, comma-separated
+    ///
+    /// Such as http://nats:8222: pgoutbox reads each server's sync_interval from /varz and
+    /// warns, saying what to set, when --durability-horizon is shorter than it plus a sync
+    /// pass (a power loss could then take back events the slot no longer holds); without
+    /// it, the horizon assumes nats-server's default of 2 minutes
+    #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_NATS_MONITOR_URL", value_delimiter = ',', value_name = "URL", hide_short_help = true)]
+    pub nats_monitor_url: Vec<String>,
     /// JetStream stream name
     #[arg(help_heading = NATS, long, global = true, env = "PGOUTBOX_STREAM", default_value = "OUTBOX", value_name = "NAME")]
     pub stream: String,

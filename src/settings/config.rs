@@ -38,6 +38,9 @@ pub struct Config {
     pub publication: String,
     /// `--own-schema`: where pgoutbox keeps its own objects (`postgres::own_schema`).
     pub own_schema: String,
+    /// `--nats-monitor-url`: where the stream's servers say how often they sync
+    /// (`nats::monitor`).
+    pub nats_monitor_urls: Vec<String>,
     pub stream: String,
     /// Replicas of a stream pgoutbox creates: `run` and `setup` take `--stream-replicas`
     /// ([`Config::with_slot_args`]); `replay` creates a missing stream with one.
@@ -153,6 +156,7 @@ impl Config {
             slot: args.slot.clone(),
             publication: args.publication.clone(),
             own_schema: args.own_schema.clone(),
+            nats_monitor_urls: args.nats_monitor_url.iter().map(|u| u.trim().to_owned()).collect(),
             stream: args.stream.clone(),
             stream_replicas: 1,
             trusted_owners: crate::postgres::trust::TrustedOwners::new(

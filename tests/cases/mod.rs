@@ -30,6 +30,7 @@ mod message_ttl;
 mod multi_host;
 mod nats_auth;
 mod nats_forgets;
+mod nats_sync_interval;
 mod nats_version_reported;
 mod nemesis_soak;
 mod objects_lost;

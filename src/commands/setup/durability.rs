@@ -54,6 +54,48 @@ pub(super) async fn say_what_the_stream_can_lose(config: &Config, publisher: &Pu
     }
 }
 
+/// Whether `--durability-horizon` keeps what a power loss of each of the stream's servers
+/// can take back, by their `/varz` (`--nats-monitor-url`): a warning naming the server, its
+/// interval and what to set when it is shorter; where pgoutbox cannot read it, one line on
+/// what the horizon assumes (issue 70).
+pub async fn say_whether_the_horizon_covers_the_servers(config: &Config) {
+    use crate::nats::monitor::{self, Verdict};
+    let horizon = config.pipeline.durability_horizon;
+    let assumed = format!(
+        "--durability-horizon {} s assumes the stream's servers sync to disk at least every {} \
+         s (nats-server's default: 120 s)",
+        horizon.as_secs_f64(),
+        horizon.saturating_sub(monitor::PASS_ALLOWANCE).as_secs_f64()
+    );
+    if config.nats_monitor_urls.is_empty() {
+        if !horizon.is_zero() {
+            info!("{assumed}; give --nats-monitor-url to have it checked");
+        }
+        return;
+    }
+    for url in &config.nats_monitor_urls {
+        match monitor::read(url).await {
+            Ok(server) => match server.sync.judge(horizon) {
+                Verdict::Covered => {
+                    info!(server = %url, version = %server.version, sync_interval = %server.sync,
+                        "the durability horizon covers the server's sync interval");
+                }
+                Verdict::Short { needed } => warn!(server = %url, version = %server.version,
+                    sync_interval = %server.sync,
+                    "the server syncs to disk every {}: --durability-horizon {} s is shorter than \
+                     that and a sync pass, so a power loss of it can take back acknowledged events \
+                     the slot no longer holds; set --durability-horizon {}s, or sync_interval at \
+                     most {} s on the server (always: each write synced)",
+                    server.sync, horizon.as_secs_f64(), needed.as_secs(),
+                    horizon.saturating_sub(monitor::PASS_ALLOWANCE).as_secs()),
+                Verdict::Unknown => info!(server = %url, version = %server.version,
+                    "the server does not report its sync interval; {assumed}"),
+            },
+            Err(err) => warn!("could not read how the server syncs: {err}; {assumed}"),
+        }
+    }
+}
+
 /// What the stream forgot of what JetStream acknowledged, by the record in Postgres
 /// (`postgres::acknowledged`), when the slot confirmed past it: the WAL cannot bring it back.
 pub(super) async fn forgotten_past_the_slot(

@@ -39,6 +39,11 @@ impl NatsReport {
         self.problems.push(problem);
         self.health = Health::Critical;
     }
+
+    fn warning(&mut self, problem: String) {
+        self.problems.push(problem);
+        self.health = self.health.max(Health::Warning);
+    }
 }
 
 /// `slot_in_use`: the slot (or a seed's) exists, so this source has claimed its stream.
@@ -98,6 +103,7 @@ async fn read(config: &Config, slot_in_use: bool, report: &mut NatsReport) {
     report.stream["persistence"] = json!(durability::persistence(&info.config));
     report.stream["durability"] =
         json!(durability::durability(&info.config, config.pipeline.durability_horizon));
+    servers_sync(config, report).await;
     // Counted by subject (the server counts a subject filter's messages in one request,
     // without reading them): each table's own when it has one, else shared.
     let mut counted = Vec::new();
@@ -117,6 +123,51 @@ async fn read(config: &Config, slot_in_use: bool, report: &mut NatsReport) {
     report.dead_letters_by_subject = counted;
     report.replay = publisher.last_replay().await.ok().flatten().map(replay_report);
     judge_writer(config, &publisher, slot_in_use, report).await;
+}
+
+/// How each server of `--nats-monitor-url` syncs, beside the durability horizon
+/// (`stream.servers_sync`): a warning when the horizon is shorter than an interval and a
+/// pass (issue 70). Without the setting, `null`: the horizon assumes nats-server's default.
+async fn servers_sync(config: &Config, report: &mut NatsReport) {
+    use crate::nats::monitor::{self, Verdict};
+    let horizon = config.pipeline.durability_horizon;
+    report.stream["durability_horizon_seconds"] = json!(horizon.as_secs_f64());
+    if config.nats_monitor_urls.is_empty() {
+        report.stream["servers_sync"] = serde_json::Value::Null;
+        return;
+    }
+    let mut servers = Vec::new();
+    for url in &config.nats_monitor_urls {
+        let server = match monitor::read(url).await {
+            Err(err) => {
+                report.warning(format!("could not read how the server syncs: {err}"));
+                servers.push(json!({ "url": url, "error": err.to_string() }));
+                continue;
+            }
+            Ok(server) => server,
+        };
+        let verdict = server.sync.judge(horizon);
+        if let Verdict::Short { needed } = verdict {
+            report.warning(format!(
+                "server {url} syncs to disk every {}: --durability-horizon {} s is shorter than \
+                 that and a sync pass; set it to {}s or more",
+                server.sync,
+                horizon.as_secs_f64(),
+                needed.as_secs()
+            ));
+        }
+        servers.push(json!({
+            "url": url,
+            "version": server.version,
+            "sync_interval": server.sync.to_string(),
+            "covered_by_horizon": match verdict {
+                Verdict::Covered => json!(true),
+                Verdict::Short { .. } => json!(false),
+                Verdict::Unknown => serde_json::Value::Null,
+            },
+        }));
+    }
+    report.stream["servers_sync"] = json!(servers);
 }
 
 /// Whether the stream is the one this source writes, by its claim.
