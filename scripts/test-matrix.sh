@@ -53,6 +53,7 @@ tests=(
   several_tables::tables_of_a_pattern # tenant_*.outbox: the catalog's LIKE and publication
   tenant_table_created_while_running  # the event trigger, adoption's lock and ALTER PUBLICATION
   hostile_database             # no name outside pg_catalog, no untrusted table read: PUBLIC's public on 14
+  hostile_tables               # a table judged whole (operators, partition keys, children, rules); one never stops the rest
   one_table_never_holds_the_rest # adoption beside the stream, UNLOGGED under FOR ALL TABLES
 )
 

@@ -24,7 +24,10 @@
 //!
 //! A table that cannot be added (pgoutbox's role does not own it, it is unlogged, ...) is
 //! skipped with a warning naming it and what to run, and counted on `/metrics`
-//! (`pgoutbox_tables_not_streamed`): the other tables stream on. A table busy past
+//! (`pgoutbox_tables_not_streamed`): the other tables stream on. So is a table with
+//! inheritance children ([`left_out`]), before anything locks it; a table is added alone
+//! (`ADD TABLE ONLY`), and whether its rows are read is the judgement of the whole table,
+//! partitions included (`postgres::trust`). A table busy past
 //! [`LOCK_TIMEOUT`] is tried at the next check.
 
 use std::collections::HashMap;
@@ -71,6 +74,39 @@ pub enum Adopted {
     /// Nothing changed: the replay table the rows would be handed over through is of an
     /// owner not trusted, or runs such a one's trigger (it would run as pgoutbox).
     Refused(Untrusted),
+    /// Nothing changed: the table cannot be streamed whole, and why ([`left_out`]).
+    LeftOut(String),
+}
+
+/// The inheritance children of `table` (not partitions: only a table that is not
+/// partitioned has such), by name, if any.
+pub async fn inheritance_children(
+    client: &impl tokio_postgres::GenericClient,
+    table: &TableName,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_catalog.string_agg(i.inhrelid::pg_catalog.regclass::pg_catalog.text, \
+                                          ', ' ORDER BY i.inhrelid) \
+             FROM pg_catalog.pg_inherits i \
+             JOIN pg_catalog.pg_class c ON c.oid = i.inhparent \
+             JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'r'",
+            &[&table.schema, &table.name],
+        )
+        .await?;
+    row.try_get(0)
+}
+
+/// Why a table with inheritance `children` is left out: added to a publication, each child
+/// is published under its own name, which no pattern's table is; read or deleted from, the
+/// table reaches the children's rows (and runs their code).
+pub fn left_out(children: &str) -> String {
+    format!(
+        "it has inheritance children ({children}), whose rows would be published under their \
+         own names and read and deleted with it, so pgoutbox leaves it out; a partitioned table \
+         (PARTITION BY) streams whole"
+    )
 }
 
 /// Adds `table` to the publication and hands the rows already in it to the pipeline, in
@@ -83,6 +119,9 @@ pub async fn adopt(
     to: &Handover,
     progress: &mut (dyn FnMut(u64) + Send),
 ) -> Result<Adopted, tokio_postgres::Error> {
+    if let Some(children) = inheritance_children(client, table).await? {
+        return Ok(Adopted::LeftOut(left_out(&children)));
+    }
     let tx = client.transaction().await?;
     if !lock_and_add(&tx, table, &to.publication).await? {
         tx.commit().await?;
@@ -99,7 +138,7 @@ pub async fn adopt(
         }
     }
     match trust::check_writable(&tx, &to.replay_table, &to.trusted).await {
-        Ok(()) => {}
+        Ok(_) => {}
         Err(TrustError::Sql(err)) => return Err(err),
         Err(TrustError::Untrusted(refusal)) => return Ok(Adopted::Refused(refusal)),
     }
@@ -166,22 +205,35 @@ async fn held_rows(
 
 /// Adds `table` to `publication` without handing any row over, before a new stream's slot
 /// exists: its rows committed so far are history (a `--backfill` seed reads them from the
-/// new slot's snapshot), and those committed after are decoded. `false`: it was in the
-/// publication already.
+/// new slot's snapshot), and those committed after are decoded. A table with inheritance
+/// children is left out, as an adoption leaves it ([`left_out`]).
 pub async fn join_before_slot(
     client: &mut Client,
     table: &TableName,
     publication: &str,
-) -> Result<bool, tokio_postgres::Error> {
+) -> Result<Joined, tokio_postgres::Error> {
+    if let Some(children) = inheritance_children(client, table).await? {
+        return Ok(Joined::LeftOut(left_out(&children)));
+    }
     let tx = client.transaction().await?;
     let added = lock_and_add(&tx, table, publication).await?;
     tx.commit().await?;
-    Ok(added)
+    Ok(if added { Joined::Added } else { Joined::AlreadyPublished })
+}
+
+/// What [`join_before_slot`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Joined {
+    Added,
+    AlreadyPublished,
+    /// Not added, and why.
+    LeftOut(String),
 }
 
 /// In `tx`: locks `table` against writers (waiting up to [`LOCK_TIMEOUT`] for those there)
-/// with nothing of its owner's able to run in this session, and adds it to `publication`
-/// unless it is there already (`false`).
+/// with nothing of its owner's able to run in this session, and adds it alone (`ONLY`: no
+/// child published under a name of its own) to `publication` unless it is there already
+/// (`false`). Locking and adding plan nothing: no code of the table's runs.
 async fn lock_and_add(
     tx: &tokio_postgres::Transaction<'_>,
     table: &TableName,
@@ -199,7 +251,7 @@ async fn lock_and_add(
         return Ok(false);
     }
     let publication = quote_ident(publication);
-    tx.batch_execute(&format!("ALTER PUBLICATION {publication} ADD TABLE {quoted}")).await?;
+    tx.batch_execute(&format!("ALTER PUBLICATION {publication} ADD TABLE ONLY {quoted}")).await?;
     Ok(true)
 }
 
@@ -280,6 +332,13 @@ impl Adoptions<'_> {
                     warn!(%table, %pattern, publication = %self.to.publication,
                         "a new table of the pattern joined the publication and its new rows \
                          stream, but the rows it held before were not read: {untrusted}");
+                }
+                Ok(Adopted::LeftOut(why)) => {
+                    self.not_streamed += 1;
+                    if self.new_reason(missed.oid, &why) {
+                        warn!(%table, %pattern, "a table of the pattern is left out: {why}; the \
+                            other tables stream on");
+                    }
                 }
                 Ok(Adopted::Refused(refusal)) => {
                     self.not_streamed += 1;

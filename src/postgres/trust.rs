@@ -12,11 +12,21 @@
 //! - a superuser (who can do anything pgoutbox can already),
 //! - a role the operator names with `--trusted-owner`.
 //!
-//! A partitioned table is trusted when it and every partition are. A table outside the
-//! rule still streams from the WAL, where decoding runs none of its code; what would read
-//! it is refused with [`Untrusted`], one line naming the table, its owner and the setting.
+//! A table is judged whole ([`query::JUDGE`]): the table and every descendant through
+//! `pg_inherits` (partitions and inheritance children), and for each its owner, its schema's,
+//! and the owner of every function, operator, type and operator class its indexes, statistics,
+//! partition key, columns, constraints, defaults, policies, rules and triggers reference,
+//! found through `pg_depend` rather than a list of cases. Ownership of the table is not
+//! ownership of its parts: a table handed over keeps its former owner's operators, triggers
+//! and rules. A delete (`--retention`) is also refused where a DELETE would not do what it
+//! says: an `ON DELETE` rule, an inheritance child (published under its own name); it goes
+//! to each relation judged, with `ONLY`. A table outside the rule still streams from the WAL,
+//! where decoding runs none of its code; what would read it is refused with [`Untrusted`],
+//! one line naming the table, the part, its owner and the setting.
 
 use tokio_postgres::GenericClient;
+
+mod query;
 
 use crate::domain::outbox::TableName;
 
@@ -35,7 +45,7 @@ impl TrustedOwners {
     }
 }
 
-/// The owner of a table, or of one of its partitions.
+/// The owner of a table, or of one of its parts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Owner {
     name: String,
@@ -50,61 +60,83 @@ pub struct Untrusted {
     pub table: String,
     pub owner: String,
     pub login: String,
-    /// Whose code: the table's, a column type's or a trigger's.
-    pub part: Part,
+    /// What of the table runs `owner`'s code, or why a delete cannot be judged safe (boxed:
+    /// errors that carry this one stay small).
+    pub part: Box<Part>,
+    /// Refused for a delete (`--retention`), not a read.
+    pub deleting: bool,
 }
 
-/// What of a table belongs to an owner not trusted.
+/// What of a table belongs to an owner not trusted, or keeps pgoutbox from deleting.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
-    /// The table itself, or one of its partitions.
+    /// The table itself.
     Table,
-    /// The table's schema: its owner may rename it and put another relation (a view) in
-    /// the table's place between two statements.
+    /// One of its partitions or inheritance children, by name: reading or deleting from the
+    /// table plans and reads it too.
+    Descendant(String),
+    /// The schema of the table or of a descendant: its owner may rename it and put another
+    /// relation (a view) in the table's place between two statements.
     Schema(String),
-    /// A column's type (`column type`): its owner may `CREATE CAST` from it.
-    ColumnType(String),
-    /// A function an index, statistics object, policy or constraint of the table calls
-    /// (`name(argument types)`): the planner may fold it, a read may evaluate it.
-    Function(String),
-    /// A trigger, by name: its function runs as the role that writes.
-    Trigger(String),
+    /// An object the table's parts reference, and which part: `via` such as `index i on t`,
+    /// `column c of t`, `partition key of t`, `trigger g on t`, `rule r on t`; `object` such
+    /// as `function f(text)`, `operator o.###(text,text)`, `type t`.
+    Uses { via: String, object: String },
+    /// An `ON DELETE` rule (`rule` on relation `on`): a delete would do what it says instead.
+    DeleteRule { rule: String, on: String },
+    /// An inheritance child (not a partition): its rows are published under its own name,
+    /// not the table's, so a delete there would take rows no message carries.
+    InheritanceChild(String),
 }
 
 impl std::fmt::Display for Untrusted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Untrusted { table, owner, login, part } = self;
-        match part {
+        let Untrusted { table, owner, login, part, deleting } = self;
+        let does = match deleting {
+            true => "delete from",
+            false => "read",
+        };
+        write!(f, "pgoutbox does not {does} table {table}: ")?;
+        match part.as_ref() {
             Part::Table => write!(
                 f,
-                "pgoutbox does not read table {table}: it is owned by role {owner:?}, and reading \
-                 a table runs its owner's index expressions, policies and casts as the reader \
-                 ({login}); pgoutbox reads only tables owned by {login}, a superuser or a role \
-                 named with --trusted-owner"
+                "it is owned by role {owner:?}, and reading a table runs its owner's index \
+                 expressions, policies and casts as the reader ({login}); pgoutbox reads only \
+                 tables owned by {login}, a superuser or a role named with --trusted-owner"
+            )?,
+            Part::Descendant(rel) => write!(
+                f,
+                "its partition or inheritance child {rel} is owned by role {owner:?}, whose \
+                 index expressions, policies, casts and triggers would run as {login}"
             )?,
             Part::Schema(schema) => write!(
                 f,
-                "pgoutbox does not read table {table}: its schema {schema} is owned by role \
-                 {owner:?}, who may rename it and put a view of its own in the table's place \
-                 between two of pgoutbox's statements"
+                "its schema {schema} is owned by role {owner:?}, who may rename it and put a \
+                 view of its own in the table's place between two of pgoutbox's statements"
             )?,
-            Part::ColumnType(column) => write!(
-                f,
-                "pgoutbox does not read table {table}: its column {column} is of a type owned by \
-                 role {owner:?}, whose casts would run as the reader ({login})"
-            )?,
-            Part::Function(function) => write!(
-                f,
-                "pgoutbox does not read table {table}: an index, statistics object, policy or \
-                 constraint of it calls function {function}, owned by role {owner:?}, which \
-                 would run as the reader ({login})"
-            )?,
-            Part::Trigger(trigger) => write!(
-                f,
-                "pgoutbox does not delete from table {table}: its trigger {trigger} runs a \
-                 function owned by role {owner:?}, which would run as {login} (drop or disable \
-                 the trigger)"
-            )?,
+            Part::Uses { via, object } => {
+                let verb = if object.starts_with("type") { "uses" } else { "calls" };
+                write!(
+                    f,
+                    "{via} {verb} {object}, owned by role {owner:?}, whose code would run as {login}"
+                )?
+            }
+            Part::DeleteRule { rule, on } => {
+                return write!(
+                    f,
+                    "rule {rule} on {on} rewrites a DELETE into what the rule says; pgoutbox \
+                     deletes only where a DELETE deletes (drop the rule, or leave the table out \
+                     of --retention)"
+                );
+            }
+            Part::InheritanceChild(child) => {
+                return write!(
+                    f,
+                    "it has an inheritance child {child}, whose rows are published under its own \
+                     name, not the table's (a DELETE of the table would take them too); use \
+                     declarative partitioning (PARTITION BY)"
+                );
+            }
         }
         write!(
             f,
@@ -121,100 +153,63 @@ pub enum TrustError {
     Sql(#[from] tokio_postgres::Error),
 }
 
-/// The owners of a table's parts, each row: the part's kind (`table`, `schema`, `type`,
-/// `function`, `trigger`),
-/// its name, the owner's name, whether the owner is a superuser and pgoutbox's login role,
-/// and that role's name.
-const OWNERS: &str = "\
-    WITH t AS (SELECT $1::pg_catalog.text::pg_catalog.regclass AS oid), \
-    rels AS (SELECT oid FROM t \
-             UNION SELECT relid FROM pg_catalog.pg_partition_tree((SELECT oid FROM t))), \
-    parts AS ( \
-      SELECT 'table' AS kind, '' AS name, c.relowner AS owner FROM pg_catalog.pg_class c \
-      WHERE c.oid IN (SELECT oid FROM rels) \
-      UNION ALL \
-      SELECT 'schema', n.nspname::pg_catalog.text, \
-             CASE WHEN o.rolname = 'pg_database_owner' \
-                  THEN (SELECT datdba FROM pg_catalog.pg_database \
-                        WHERE datname = pg_catalog.current_database()) \
-                  ELSE n.nspowner END \
-      FROM pg_catalog.pg_class c, pg_catalog.pg_namespace n, pg_catalog.pg_roles o, t \
-      WHERE c.oid = t.oid AND n.oid = c.relnamespace AND o.oid = n.nspowner \
-      UNION ALL \
-      SELECT 'type', \
-             a.attname::pg_catalog.text || ' ' || pg_catalog.format_type(a.atttypid, NULL), \
-             ty.typowner \
-      FROM pg_catalog.pg_attribute a, pg_catalog.pg_type ty, t \
-      WHERE a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped AND ty.oid = a.atttypid \
-      UNION ALL \
-      SELECT 'function', p.oid::pg_catalog.regprocedure::pg_catalog.text, p.proowner \
-      FROM pg_catalog.pg_depend d, pg_catalog.pg_proc p \
-      WHERE d.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND p.oid = d.refobjid \
-        AND ((d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.objid IN \
-               (SELECT indexrelid FROM pg_catalog.pg_index WHERE indrelid IN (SELECT oid FROM rels))) \
-          OR (d.classid = 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass AND d.objid IN \
-               (SELECT oid FROM pg_catalog.pg_statistic_ext WHERE stxrelid IN (SELECT oid FROM rels))) \
-          OR (d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND d.objid IN \
-               (SELECT oid FROM pg_catalog.pg_policy WHERE polrelid IN (SELECT oid FROM rels))) \
-          OR (d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND d.objid IN \
-               (SELECT oid FROM pg_catalog.pg_constraint WHERE conrelid IN (SELECT oid FROM rels)))) \
-      UNION ALL \
-      SELECT 'trigger', tg.tgname::pg_catalog.text, p.proowner \
-      FROM pg_catalog.pg_trigger tg, pg_catalog.pg_proc p, t \
-      WHERE tg.tgrelid = t.oid AND NOT tg.tgisinternal AND tg.tgenabled <> 'D' \
-        AND p.oid = tg.tgfoid AND $2) \
-    SELECT parts.kind, parts.name, r.rolname::pg_catalog.text, r.rolsuper, \
-           r.rolname = current_user, current_user::pg_catalog.text \
-    FROM parts JOIN pg_catalog.pg_roles r ON r.oid = parts.owner \
-    ORDER BY parts.kind = 'table' DESC";
-
-/// `Ok(())` when every owner of `table` is trusted, its schema's (whose owner could swap a
-/// view in under its name; `public`'s `pg_database_owner` is the database's owner), its
-/// partitions', its column types' and
-/// those of the functions its indexes, statistics, policies and constraints call included
-/// (a table handed to a trusted role keeps its old owner's expressions): pgoutbox may read
-/// it.
+/// `Ok(())` when pgoutbox may plan a query on `table` and read it: it is judged whole
+/// ([`query::JUDGE`]), and every owner of it and of its parts is trusted (a table handed to a
+/// trusted role keeps its old owner's expressions, operators, rules and triggers).
 pub async fn check(
     client: &impl GenericClient,
     table: &TableName,
     trusted: &TrustedOwners,
 ) -> Result<(), TrustError> {
-    check_parts(client, table, trusted, false).await
+    judge(client, table, trusted, false).await.map(|_| ())
 }
 
-/// `Ok(())` when pgoutbox may delete from `table`: [`check`], and every enabled trigger on
-/// it runs a function of a trusted owner.
+/// The relations to delete from, each with `DELETE FROM ONLY` (the table itself, or the
+/// partitions that hold its rows), when pgoutbox may delete from `table`: [`check`], no
+/// `ON DELETE` rule on any of them, and no inheritance child.
 pub async fn check_writable(
     client: &impl GenericClient,
     table: &TableName,
     trusted: &TrustedOwners,
-) -> Result<(), TrustError> {
-    check_parts(client, table, trusted, true).await
+) -> Result<Vec<TableName>, TrustError> {
+    judge(client, table, trusted, true).await
 }
 
-async fn check_parts(
+async fn judge(
     client: &impl GenericClient,
     table: &TableName,
     trusted: &TrustedOwners,
-    triggers: bool,
-) -> Result<(), TrustError> {
-    let rows = client.query(OWNERS, &[&table.quoted(), &triggers]).await?;
+    deleting: bool,
+) -> Result<Vec<TableName>, TrustError> {
+    let rows = client.query(query::JUDGE, &[&table.quoted(), &deleting]).await?;
+    let mut leaves = Vec::new();
     for row in &rows {
-        let owner = Owner { name: row.get(2), superuser: row.get(3), is_login_role: row.get(4) };
-        if trusted.trusts(&owner) {
-            continue;
-        }
-        let part = match (row.get::<_, &str>(0), row.get::<_, String>(1)) {
-            ("schema", schema) => Part::Schema(schema),
-            ("type", column) => Part::ColumnType(column),
-            ("trigger", trigger) => Part::Trigger(trigger),
-            ("function", function) => Part::Function(function),
-            _ => Part::Table,
+        let owner = Owner {
+            name: row.try_get(3)?,
+            superuser: row.try_get(4)?,
+            is_login_role: row.try_get(5)?,
         };
-        let (table, login) = (table.to_string(), row.get(5));
-        return Err(Untrusted { table, owner: owner.name, login, part }.into());
+        let (kind, name, via): (String, String, String) =
+            (row.try_get(0)?, row.try_get(1)?, row.try_get(2)?);
+        let refused = match kind.as_str() {
+            "delete rule" => Some(Part::DeleteRule { rule: name, on: via }),
+            "child" if deleting => Some(Part::InheritanceChild(name)),
+            _ if trusted.trusts(&owner) => None,
+            "table" => Some(Part::Table),
+            "partition" | "child" => Some(Part::Descendant(name)),
+            "schema" => Some(Part::Schema(name)),
+            _ => Some(Part::Uses { via, object: format!("{kind} {name}") }),
+        };
+        if let Some(part) = refused {
+            let (table, login) = (table.to_string(), row.try_get(6)?);
+            let part = Box::new(part);
+            return Err(Untrusted { table, owner: owner.name, login, part, deleting }.into());
+        }
+        if let (Some(schema), Some(name)) = (row.try_get(7)?, row.try_get(8)?) {
+            leaves.push(TableName { schema, name });
+        }
     }
-    Ok(())
+    Ok(leaves)
 }
 
 #[cfg(test)]
@@ -238,28 +233,70 @@ mod tests {
     }
 
     #[test]
-    fn the_refusal_names_the_table_its_owner_and_the_setting_and_asks_for_no_superuser() {
+    fn the_refusal_names_the_table_the_part_its_owner_and_the_setting_and_asks_for_no_superuser() {
         let table = Untrusted {
             table: "tenant_evil.outbox".to_owned(),
             owner: "mallory".to_owned(),
             login: "postgres".to_owned(),
-            part: Part::Table,
+            part: Box::new(Part::Table),
+            deleting: false,
         };
-        let trigger = Untrusted { part: Part::Trigger("audit".to_owned()), ..table.clone() };
-        let column = Untrusted { part: Part::ColumnType("mood mood".to_owned()), ..table.clone() };
+        let uses = |via: &str, object: &str| {
+            Box::new(Part::Uses { via: via.into(), object: object.into() })
+        };
+        let trigger = Untrusted {
+            part: uses("trigger audit on tenant_evil.outbox_2024", "function m.audit()"),
+            deleting: true,
+            ..table.clone()
+        };
+        let column = Untrusted {
+            part: uses("column mood of tenant_evil.outbox", "type m.mood"),
+            ..table.clone()
+        };
+        let operator = Untrusted {
+            part: uses("index i on tenant_evil.child", "operator m.###(text,text)"),
+            ..table.clone()
+        };
+        let child = Untrusted {
+            part: Box::new(Part::Descendant("tenant_evil.child".into())),
+            ..table.clone()
+        };
         for (refusal, says) in [
             (table.to_string(), ["does not read table tenant_evil.outbox", "\"mallory\""]),
             (
                 trigger.to_string(),
-                ["does not delete from table tenant_evil.outbox", "trigger audit"],
+                [
+                    "does not delete from table tenant_evil.outbox",
+                    "trigger audit on tenant_evil.outbox_2024 calls function m.audit()",
+                ],
             ),
-            (column.to_string(), ["does not read table tenant_evil.outbox", "column mood mood"]),
+            (
+                column.to_string(),
+                [
+                    "does not read table tenant_evil.outbox",
+                    "column mood of tenant_evil.outbox uses type m.mood",
+                ],
+            ),
+            (
+                operator.to_string(),
+                ["index i on tenant_evil.child", "calls operator m.###(text,text)"],
+            ),
+            (child.to_string(), ["inheritance child tenant_evil.child", "\"mallory\""]),
         ] {
             for says in says.iter().chain(&["--trusted-owner mallory"]) {
                 assert!(refusal.contains(says), "no {says} in {refusal}");
             }
             assert!(!refusal.contains("OWNER TO") && !refusal.contains("SUPERUSER"), "{refusal}");
             assert!(!refusal.contains('\n'), "one line: {refusal}");
+        }
+        // What no trust can mend names no role to trust.
+        let rule = Part::DeleteRule { rule: "keep".into(), on: "tenant_evil.outbox".into() };
+        let child = Part::InheritanceChild("tenant_evil.child".into());
+        for part in [rule, child] {
+            let part = Box::new(part);
+            let refusal = Untrusted { part, deleting: true, ..table.clone() }.to_string();
+            assert!(refusal.starts_with("pgoutbox does not delete from table"), "{refusal}");
+            assert!(!refusal.contains("--trusted-owner") && !refusal.contains('\n'), "{refusal}");
         }
     }
 }

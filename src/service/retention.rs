@@ -192,8 +192,8 @@ impl SeenPublished {
 }
 
 impl RetainedTable {
-    /// One batch: rows of this table older than `$1` (Unix seconds), not kept by id (`$2`)
-    /// or id prefix (`$3`). By id, with every condition checked again on the rows deleted:
+    /// One batch: rows of `rel` alone (`ONLY`: a relation judged, never a descendant that
+    /// was not) older than `$1` (Unix seconds), not kept by id (`$2`) or id prefix (`$3`). By id, with every condition checked again on the rows deleted:
     /// a ctid names a row only within one table, and a partitioned outbox repeats ctids in
     /// every partition (deleting by ctid there emptied young partitions too). A row sharing
     /// an old row's id is deleted only if it is old and published itself. With
@@ -201,7 +201,7 @@ impl RetainedTable {
     /// the statement's snapshot is taken once its lock on the table is granted, after any
     /// adoption it waited for, so a table taken out and added back since the pass listed it
     /// (its rows inserted again, not yet published) loses nothing.
-    fn delete_batch(&self, table: &TableName, membership: Option<u32>) -> String {
+    fn delete_batch(&self, rel: &TableName, membership: Option<u32>) -> String {
         let still_joined = match membership {
             Some(_) => {
                 " AND EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel \
@@ -219,9 +219,9 @@ impl RetainedTable {
             id = quote_ident(&self.id),
         );
         format!(
-            "DELETE FROM {table} WHERE {id} = ANY(ARRAY(SELECT {id} FROM {table} \
+            "DELETE FROM ONLY {table} WHERE {id} = ANY(ARRAY(SELECT {id} FROM ONLY {table} \
              WHERE {conditions} LIMIT {BATCH})) AND {conditions}",
-            table = table.quoted(),
+            table = rel.quoted(),
             id = quote_ident(&self.id),
         )
     }
@@ -264,7 +264,7 @@ pub async fn run(
         let Some(published_at) = published.unix_seconds() else { continue };
         let cutoff_unix = published_at - keep.as_secs_f64();
         if client.is_none() {
-            match admin::connect(&database, &tls).await {
+            match connect(&database, &tls).await {
                 Ok(c) => client = Some(c),
                 Err(err) => {
                     warn!(error = %err, "retention: cannot connect; will retry");
@@ -282,11 +282,24 @@ pub async fn run(
     }
 }
 
+/// A session for retention's deletes, with `row_security` off: a policy that would apply
+/// fails the delete instead of running its expression as pgoutbox.
+async fn connect(
+    database: &tokio_postgres::Config,
+    tls: &crate::postgres::tls::PgTls,
+) -> Result<tokio_postgres::Client, crate::postgres::admin::SetupError> {
+    let client = admin::connect(database, tls).await?;
+    client.batch_execute("SET row_security = off").await?;
+    Ok(client)
+}
+
 /// One pass over one configured entry: its table, or the tables its pattern matches that
 /// may be served now. Failures are logged; a refusal of one table's delete leaves the
 /// others served, and a lost connection ends the pass. A table pgoutbox may not write
-/// (`trust::check_writable`: a delete would run its owner's code) is skipped, with a warning
-/// when the reason is new (`refused`, by table).
+/// (`trust::check_writable`: a delete would run code of an owner not trusted, a rule would
+/// rewrite it, an inheritance child would lose rows) is skipped, with a warning when the
+/// reason is new (`refused`, by table); else each relation judged (the table, or its
+/// partitions) is deleted from with `ONLY`, so that nothing unjudged is reached.
 async fn serve(
     db: &tokio_postgres::Client,
     (retained, seen): (&RetainedTable, &mut SeenPublished),
@@ -307,9 +320,10 @@ async fn serve(
         },
     };
     for (table, membership) in tables {
-        match trust::check_writable(db, &table, &scope.trusted).await {
-            Ok(()) => {
+        let judged = match trust::check_writable(db, &table, &scope.trusted).await {
+            Ok(judged) => {
                 refused.remove(&table.to_string());
+                judged
             }
             Err(TrustError::Sql(err)) => {
                 warn!(error = %admin::server_said(&err), table = %table,
@@ -323,29 +337,33 @@ async fn serve(
                 }
                 continue;
             }
-        }
-        if let Err(err) = delete_old(db, retained, &table, membership, cutoff_unix, kept).await {
-            let error = admin::server_said(&err);
-            warn!(error, table = %table, "retention: delete failed; will retry");
-            if db.is_closed() {
-                return;
+        };
+        for rel in &judged {
+            let of = (&table, rel);
+            if let Err(err) = delete_old(db, retained, of, membership, cutoff_unix, kept).await {
+                let error = admin::server_said(&err);
+                warn!(error, table = %table, relation = %rel, "retention: delete failed; will retry");
+                if db.is_closed() {
+                    return;
+                }
             }
         }
     }
 }
 
-/// Deletes `table`'s rows older than `cutoff_unix` and not kept (while the publication
-/// holds it by `membership`, if given), a batch at a time, until a batch comes back short
-/// or fails; logs and counts what went either way.
+/// Deletes the rows of `rel` (`table` itself or one of its partitions, judged with it) older
+/// than `cutoff_unix` and not kept in `table` (while the publication holds `table` by
+/// `membership`, if given), a batch at a time, until a batch comes back short or fails;
+/// logs and counts what went either way.
 async fn delete_old(
     db: &tokio_postgres::Client,
     retained: &RetainedTable,
-    table: &TableName,
+    (table, rel): (&TableName, &TableName),
     membership: Option<u32>,
     cutoff_unix: f64,
     kept: &KeptRows,
 ) -> Result<(), tokio_postgres::Error> {
-    let sql = retained.delete_batch(table, membership);
+    let sql = retained.delete_batch(rel, membership);
     let (kept_ids, kept_prefixes) = kept.snapshot(&table.to_string());
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
         vec![&cutoff_unix, &kept_ids, &kept_prefixes];

@@ -18,6 +18,7 @@ mod emitted_messages;
 mod example_consumer;
 mod failover;
 mod hostile_database;
+mod hostile_tables;
 mod hot_standby;
 mod huge_transaction;
 mod idle_lag_stays_small;

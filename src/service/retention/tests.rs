@@ -122,6 +122,10 @@ fn a_delete_checks_the_membership_it_was_listed_with() {
     // In both the selection and the recheck of the rows deleted.
     assert_eq!(guarded.matches("pg_publication_rel WHERE oid = $4::pg_catalog.oid").count(), 2);
     assert!(!retained.delete_batch(&t1, None).contains("$4"));
+    // Only the relation judged: never a descendant reached without being judged.
+    let only =
+        r#"DELETE FROM ONLY "tenant_1"."outbox" WHERE "id" = ANY(ARRAY(SELECT "id" FROM ONLY "#;
+    assert!(guarded.starts_with(only), "{guarded}");
 }
 
 #[test]
