@@ -22,7 +22,8 @@ fn main() -> ExitCode {
     // `run` is a service and logs its lifecycle; the other commands print their result and
     // nothing else unless RUST_LOG asks for more.
     let default_level = match cli.command {
-        Command::Run(_) => "info",
+        // Without the NATS client's own lines: pgoutbox says "NATS connected" itself.
+        Command::Run(_) => "info,async_nats=warn",
         _ => "warn",
     };
     // The file --config names may set the log format: it is read first.

@@ -212,5 +212,12 @@ async fn the_default_path_says_no_warning_and_no_notice() {
         let log = app.log();
         crate::support::stop_and_wait_released(&pg, app).await;
         assert!(!log.contains(" WARN ") && !log.contains("NOTICE"), "{start} start:\n{log}");
+        // A few lines that say what streams, from where, to where.
+        let start_lines = log.lines().take_while(|l| !l.contains(" streaming ")).count();
+        assert!(start_lines <= 4, "{start} start said {start_lines} lines first:\n{log}");
+        let streaming = log.lines().find(|l| l.contains(" streaming ")).unwrap_or_default();
+        for says in ["tables=public.outbox", "stream=OUTBOX", "nats=", "slot=pgoutbox"] {
+            assert!(streaming.contains(says), "no {says} in {streaming}");
+        }
     }
 }

@@ -182,8 +182,17 @@ impl Target<'_> {
         let watched = Watched::of(&pipeline.tables, &outbox_tables, config.adoption());
         let liveness =
             Liveness::spawn(database, &config.pg_tls, &slot, conn.backend_pid(), watched);
+        let tables: Vec<String> = config
+            .pipeline
+            .tables
+            .iter()
+            .map(|e| e.pattern.as_ref().map_or(e.table.to_string(), ToString::to_string))
+            .collect();
         info!(
             %slot,
+            tables = %tables.join(","),
+            stream = %config.stream,
+            nats = %config.nats.describe(),
             %source,
             from = %tokio_postgres::types::PgLsn::from(slot_state.start),
             sent_from = %tokio_postgres::types::PgLsn::from(from),

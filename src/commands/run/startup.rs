@@ -238,11 +238,14 @@ pub fn announce_durability(horizon: std::time::Duration) {
             rows then come back only with `pgoutbox run --recover`, emitted events not at all"
         );
     } else {
+        let assumed = horizon.saturating_sub(crate::nats::monitor::PASS_ALLOWANCE);
         info!(
             horizon_s = horizon.as_secs_f64(),
-            "durability horizon: the slot is confirmed \
-            only once the stream still holds, that long after, what JetStream acknowledged; a \
-            power loss of nats-server within it is published again from the WAL"
+            "durability horizon: the slot is confirmed only once the stream still holds, that \
+            long after, what JetStream acknowledged; a power loss of nats-server within it is \
+            published again from the WAL, if the servers sync to disk at least every {} s \
+            (--nats-monitor-url checks it)",
+            assumed.as_secs()
         );
     }
 }

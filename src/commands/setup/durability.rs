@@ -56,7 +56,7 @@ pub(super) async fn say_what_the_stream_can_lose(config: &Config, publisher: &Pu
 
 /// Whether `--durability-horizon` keeps what a power loss of each of the stream's servers
 /// can take back, by their `/varz` (`--nats-monitor-url`): a warning naming the server, its
-/// interval and what to set when it is shorter; where pgoutbox cannot read it, one line on
+/// interval and what to set when it is shorter; where it cannot read one, a warning saying
 /// what the horizon assumes (issue 70).
 pub async fn say_whether_the_horizon_covers_the_servers(config: &Config) {
     use crate::nats::monitor::{self, Verdict};
@@ -67,10 +67,8 @@ pub async fn say_whether_the_horizon_covers_the_servers(config: &Config) {
         horizon.as_secs_f64(),
         horizon.saturating_sub(monitor::PASS_ALLOWANCE).as_secs_f64()
     );
+    // Without the setting, `run` says what the horizon assumes as it starts.
     if config.nats_monitor_urls.is_empty() {
-        if !horizon.is_zero() {
-            info!("{assumed}; give --nats-monitor-url to have it checked");
-        }
         return;
     }
     for url in &config.nats_monitor_urls {
