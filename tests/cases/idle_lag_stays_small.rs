@@ -32,14 +32,7 @@ async fn idle_outbox_does_not_hold_wal_back() {
         .unwrap();
     assert!(written > 200_000_000, "only {written} bytes of WAL written");
 
-    let lag = || {
-        pg.psql(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint \
-             FROM pg_replication_slots WHERE slot_name = 'pgoutbox'",
-        )
-        .parse::<i64>()
-        .unwrap()
-    };
+    let lag = || held_by_the_slot(&pg);
     eventually(Duration::from_secs(30), "slot lag under 1 MB", || async {
         (lag() < 1_000_000).then_some(())
     })
@@ -64,14 +57,7 @@ async fn an_idle_outbox_writes_nothing_and_its_slot_holds_nothing_a_horizon_afte
     })
     .await;
 
-    let held = || {
-        pg.psql(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn)::bigint \
-             FROM pg_replication_slots WHERE slot_name = 'pgoutbox'",
-        )
-        .parse::<i64>()
-        .unwrap()
-    };
+    let held = || held_by_the_slot(&pg);
     eventually(Duration::from_secs(60), "the slot holding no WAL", || async {
         (held() == 0).then_some(())
     })
@@ -90,4 +76,14 @@ async fn an_idle_outbox_writes_nothing_and_its_slot_holds_nothing_a_horizon_afte
     })
     .await;
     drop(app);
+}
+
+/// The WAL the slot holds: from its confirmed position to where WAL is written now.
+fn held_by_the_slot(pg: &Postgres) -> i64 {
+    pg.psql(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn)::bigint \
+         FROM pg_replication_slots WHERE slot_name = 'pgoutbox'",
+    )
+    .parse()
+    .expect("a number of bytes")
 }
