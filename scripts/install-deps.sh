@@ -39,11 +39,12 @@ fi
 [ -z "$servers_only" ] || exit 0
 
 # The CloudEvents SDK the CloudEvents test reads pgoutbox's messages with
-# (tests/fixtures/cloudevents_consumer.py), and nats-py, the second client library that
-# reads large payloads' objects (tests/fixtures/object_pointers.py), from PyPI as scripts/fetch-nats.sh fetches, into
-# its own directory: the test puts it on PYTHONPATH.
+# (tests/fixtures/cloudevents_consumer.py), nats-py, the second client library that
+# reads large payloads' objects (tests/fixtures/object_pointers.py), and psycopg, which the
+# Python recipes (examples/recipes/python/) apply into PostgreSQL with, from PyPI as
+# scripts/fetch-nats.sh fetches, into its own directory: the tests put it on PYTHONPATH.
 packages="${PGOUTBOX_PYTHON_PACKAGES:-/var/tmp/pgoutbox-python}"
-if ! PYTHONPATH="$packages" python3 -c "import cloudevents.core.bindings.http, nats.js.object_store" >/dev/null 2>&1; then
+if ! PYTHONPATH="$packages" python3 -c "import cloudevents.core.bindings.http, nats.js.object_store, psycopg" >/dev/null 2>&1; then
   if ! python3 -m pip --version >/dev/null 2>&1; then
     echo "installing pip from Debian's packages" >&2
     sudo=""
@@ -51,9 +52,25 @@ if ! PYTHONPATH="$packages" python3 -c "import cloudevents.core.bindings.http, n
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-pip >/dev/null
   fi
-  echo "installing the CloudEvents SDK (cloudevents 2.x) and nats-py from PyPI into $packages" >&2
+  echo "installing the CloudEvents SDK (cloudevents 2.x), nats-py and psycopg from PyPI into $packages" >&2
   # --target leaves the user's and the system's Python as they are (PEP 668 allows it).
   python3 -m pip install --quiet --disable-pip-version-check --no-warn-conflicts \
     --root-user-action=ignore --target "$packages" \
-    'cloudevents>=2,<3' 'nats-py>=2.9,<3'
+    'cloudevents>=2,<3' 'nats-py>=2.9,<3' 'psycopg[binary]>=3.2,<4'
+fi
+
+# The TypeScript recipes (examples/recipes/typescript/): Node (20 or later) and their npm
+# packages, from package-lock.json, into their own node_modules.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "installing Node.js and npm from Debian's packages" >&2
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nodejs npm >/dev/null
+fi
+recipes="$(dirname "$0")/../examples/recipes/typescript"
+if [ ! -f "$recipes/node_modules/.package-lock.json" ] ||
+  [ "$recipes/package-lock.json" -nt "$recipes/node_modules/.package-lock.json" ]; then
+  echo "installing the TypeScript recipes' packages (npm ci in $recipes)" >&2
+  (cd "$recipes" && npm ci --omit=dev --no-audit --no-fund --loglevel=error)
 fi

@@ -59,6 +59,7 @@ tests=(
   large_payloads               # the Object Store: chunks, rollup and purge on a re-put, limits
   transaction_ends             # each transaction's end after its rows; a schedule counted apart (2.12+)
   example_consumer::each_partition  # one consumer per partition, with the ends (2.10+: several filters)
+  recipes                      # the Python and TypeScript recipes and the Rust example, with scheduled rows (2.12+)
 )
 between=(
   version_matrix

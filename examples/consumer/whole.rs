@@ -4,6 +4,13 @@
 //! waiting on every lane it touches. Read in stream order, every event stored before a
 //! seeded row has arrived when the seeded row does: the transactions still waiting then
 //! without their last event were cut by a lost slot.
+//!
+//! A scheduled row is told by its headers first (docs/reference/message.md): its schedule
+//! (`Nats-Schedule`, on `schedules.<stream>.…`, in its transaction's place) counts in its
+//! transaction and is never applied; its delivery (`Nats-Scheduler`, stored at its time) is
+//! an event of its own, applied alone, never added to the transaction whose marks it copies.
+//! The schedule is removed once delivered: a reader that comes to its place after that
+//! counts the row by its delivery instead, whose copied position names it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -28,8 +35,9 @@ pub async fn consume(
     // The reader's progress is kept as a lane of its own, after the partitions' and the
     // dead letters'.
     let reader = partitions + 1;
+    // The whole stream: the events, the dead letters and the schedules (on their own
+    // subjects, `schedules.<stream>.…`), which count in their transactions.
     let config = OrderedConfig {
-        filter_subject: format!("{root}.>"),
         deliver_policy: resume_point(db, &stream, reader).await?,
         ..Default::default()
     };
@@ -50,8 +58,15 @@ pub async fn consume(
         let message = message?;
         let info = message.info()?;
         read.read(info.stream_sequence, info.published.unix_timestamp_nanos() as i64);
+        // What the message is, by one check in message.md's order: a schedule and a
+        // delivery before the marks they carry copies of.
+        let has = |name| message.headers.as_ref().is_some_and(|h| h.get(name).is_some());
+        let (schedule, delivery) = (has("Nats-Schedule"), has("Nats-Scheduler"));
+        let target = message.headers.as_ref().and_then(|h| h.get("Nats-Schedule-Target"));
+        // A schedule is on its own subject: its lane is the event's, which it targets.
+        let subject = target.filter(|_| schedule).map_or(message.subject.as_str(), |t| t.as_str());
         // The transactions' ends and anything else outside the lanes: read past.
-        let Some(lane) = lane_of(&message.subject, root, partitions) else { continue };
+        let Some(lane) = lane_of(subject, root, partitions) else { continue };
         let event = match event(lane, &message) {
             Ok(event) => event,
             Err(why) => {
@@ -59,6 +74,33 @@ pub async fn consume(
                 continue;
             }
         };
+        if schedule || delivery {
+            // The row counts in its transaction by its schedule, or by its delivery when the
+            // schedule was removed before this reader came to it; never applied with it.
+            let name = &event.transaction;
+            if !name.starts_with("seed:")
+                && (waiting.knows(name) || !applied_before(db, name).await?)
+            {
+                read.waits();
+                for transaction in waiting.count_scheduled(&event) {
+                    let through = read.safe(&transaction, waiting.oldest_sequence());
+                    apply(db, transaction, through.map(|at| (reader, at))).await?;
+                }
+            }
+            if delivery {
+                // An event of its own, by its event id.
+                let name = format!("delivery:{}", event.id);
+                if !applied_before(db, &name).await? {
+                    let event =
+                        fetched(js, Event { transaction: name, rows: Some(1), ..event }).await?;
+                    let alone =
+                        Transaction { events: [(event.index, event)].into(), ..Default::default() };
+                    let through = read.safe(&alone, waiting.oldest_sequence());
+                    apply(db, alone, through.map(|at| (reader, at))).await?;
+                }
+            }
+            continue;
+        }
         // Read again after a rewind: applied before, it is nothing.
         if !waiting.knows(&event.transaction) && applied_before(db, &event.transaction).await? {
             continue;
@@ -114,8 +156,9 @@ impl ReadThrough {
         transaction: &Transaction,
         oldest_waiting: Option<u64>,
     ) -> Option<(u64, i64)> {
-        for event in transaction.events.values() {
-            self.before.remove(&event.sequence);
+        let events = transaction.events.values().map(|event| &event.sequence);
+        for sequence in events.chain(transaction.scheduled.values()) {
+            self.before.remove(sequence);
         }
         match oldest_waiting {
             Some(oldest) => self.before.get(&oldest).copied(),
@@ -135,6 +178,9 @@ struct Waiting {
 struct Transaction {
     /// By their index in the transaction.
     events: BTreeMap<u32, Event>,
+    /// Its scheduled rows, counted, not applied with it: by index, the stream sequence of
+    /// the schedule (or delivery) they were counted by.
+    scheduled: BTreeMap<u32, u64>,
     rows: Option<usize>,
     /// When its first event arrived, and whether it was said to wait too long.
     since: Option<Instant>,
@@ -143,7 +189,7 @@ struct Transaction {
 
 impl Transaction {
     fn is_whole(&self) -> bool {
-        self.rows == Some(self.events.len())
+        self.rows == Some(self.events.len() + self.scheduled.len())
     }
 }
 
@@ -154,8 +200,10 @@ impl Waiting {
 
     /// The stream sequence of the oldest event still waiting, if any.
     fn oldest_sequence(&self) -> Option<u64> {
-        let events = self.transactions.values().flat_map(|t| t.events.values());
-        events.map(|event| event.sequence).min()
+        let transactions = self.transactions.values();
+        let events = transactions.flat_map(|t| t.events.values().map(|event| &event.sequence));
+        let scheduled = self.transactions.values().flat_map(|t| t.scheduled.values());
+        events.chain(scheduled).min().copied()
     }
 
     /// Whether events of the transaction `name` are waiting.
@@ -176,6 +224,27 @@ impl Waiting {
         transaction.rows = transaction.rows.or(event.rows);
         transaction.since.get_or_insert_with(Instant::now);
         transaction.events.insert(event.index, event);
+        self.ready()
+    }
+
+    /// Counts a scheduled row (its schedule, or its delivery) in its transaction, by the
+    /// position the schedule has and the delivery copies; returns the transactions that
+    /// may be applied now, in order.
+    fn count_scheduled(&mut self, row: &Event) -> Vec<Transaction> {
+        let transaction = self.transactions.entry(row.transaction.clone()).or_default();
+        transaction.rows = transaction.rows.or(row.rows);
+        transaction.since.get_or_insert_with(Instant::now);
+        transaction.scheduled.entry(row.index).or_insert(row.sequence);
+        if transaction.events.is_empty() && transaction.is_whole() {
+            // Every row of it scheduled: nothing to apply with it.
+            self.transactions.remove(&row.transaction);
+        }
+        self.ready()
+    }
+
+    /// The whole transactions that are the oldest waiting on every lane they touch, taken
+    /// out in order.
+    fn ready(&mut self) -> Vec<Transaction> {
         let mut ready = Vec::new();
         while let Some(next) = self.next_ready() {
             for lane in &mut self.lanes {
@@ -200,7 +269,7 @@ impl Waiting {
                      lost?): applied as it is",
                     transaction.events.len()
                 );
-                transaction.rows = Some(transaction.events.len());
+                transaction.rows = Some(transaction.events.len() + transaction.scheduled.len());
             }
         }
     }

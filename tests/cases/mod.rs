@@ -50,6 +50,7 @@ mod power_loss_with_the_defaults;
 mod publish_permission;
 mod publishing_connection;
 mod quiet_cli;
+mod recipes;
 mod recovery;
 mod replay;
 mod replay_authorization;
