@@ -46,13 +46,16 @@ fn values(
         false => Err("this nats-server is too old for it"),
     };
     let failover = crate::support::pg_bin::major() >= 17;
+    let monitor = format!("http://127.0.0.1:{}", nats.monitor_port());
     BTreeMap::from([
         ("database-url", Ok(text(&pg.url()))),
         ("slot", Ok(text("cfg_slot"))),
         ("publication", Ok(text("cfg_pub"))),
+        ("own-schema", Ok(text("cfg_own"))),
         ("database-password-command", Ok(text("echo unused-under-trust"))),
         ("database-password-command-timeout", Ok(text("5s"))),
         ("nats-url", Ok(text(&format!("tls://127.0.0.1:{}", nats.port())))),
+        ("nats-monitor-url", Ok(format!("[{}]", text(&monitor)))),
         ("stream", Ok(text("CFG"))),
         ("subject-template", Ok(text("cfg.{agg_type}.{evt_type}.{$partition}"))),
         ("dead-letter-subject", Ok(text("cfg_dead.letters"))),
