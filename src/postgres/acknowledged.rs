@@ -118,10 +118,12 @@ pub async fn add_acknowledged_lsn(
     for (column, kind) in ADDED_COLUMNS {
         let present: bool = client
             .query_one(
-                "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute \
-                 WHERE attrelid = pg_catalog.to_regclass($1) AND attname = $2 \
-                 AND NOT attisdropped)",
-                &[&table.quoted(), &column],
+                &format!(
+                    "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute \
+                     WHERE attrelid = {} AND attname = $1 AND NOT attisdropped)",
+                    oid_of(table)
+                ),
+                &[&column],
             )
             .await?
             .try_get(0)?;
@@ -158,11 +160,14 @@ pub enum Owner {
 pub async fn owner(client: &Client, table: &TableName) -> Result<Owner, tokio_postgres::Error> {
     let row = client
         .query_opt(
-            "SELECT o.rolname::pg_catalog.text, current_user::pg_catalog.text, \
-                    o.rolreplication OR o.rolsuper \
-             FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
-             WHERE c.oid = pg_catalog.to_regclass($1)",
-            &[&table.quoted()],
+            &format!(
+                "SELECT o.rolname::pg_catalog.text, current_user::pg_catalog.text, \
+                        o.rolreplication OR o.rolsuper \
+                 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
+                 WHERE c.oid = {}",
+                oid_of(table)
+            ),
+            &[],
         )
         .await?;
     let Some(row) = row else { return Ok(Owner::Missing) };
@@ -227,13 +232,16 @@ pub async fn acknowledged_up_to(
 ) -> Result<Option<u64>, tokio_postgres::Error> {
     let readable: bool = client
         .query_one(
-            "SELECT coalesce((SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT') \
-             AND (o.rolreplication OR o.rolsuper) FROM pg_catalog.pg_class c \
-             JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
-             JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid \
-             AND a.attname = 'acknowledged_lsn' AND NOT a.attisdropped \
-             WHERE c.oid = pg_catalog.to_regclass($1)), false)",
-            &[&table.quoted()],
+            &format!(
+                "SELECT coalesce((SELECT pg_catalog.has_table_privilege(c.oid, 'SELECT') \
+                 AND (o.rolreplication OR o.rolsuper) FROM pg_catalog.pg_class c \
+                 JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
+                 JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid \
+                 AND a.attname = 'acknowledged_lsn' AND NOT a.attisdropped \
+                 WHERE c.oid = {}), false)",
+                oid_of(table)
+            ),
+            &[],
         )
         .await?
         .try_get(0)?;
@@ -331,8 +339,22 @@ pub fn exists_sql(table: &TableName) -> String {
     format!(
         "SELECT coalesce((SELECT o.rolname = current_user FROM pg_catalog.pg_class c \
          JOIN pg_catalog.pg_roles o ON o.oid = c.relowner \
-         WHERE c.oid = pg_catalog.to_regclass({})), false)",
-        escape_literal(&table.quoted())
+         WHERE c.oid = {}), false)",
+        oid_of(table)
+    )
+}
+
+/// `table`'s OID, or NULL when it is missing or this role may not use its schema: looked up
+/// by name in the catalog (`to_regclass` raises "permission denied for schema" instead, and a
+/// replay by a role without USAGE on pgoutbox's schema then failed).
+fn oid_of(table: &TableName) -> String {
+    format!(
+        "(SELECT c.oid FROM pg_catalog.pg_class c \
+          JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+          WHERE n.nspname = {} AND c.relname = {} \
+            AND pg_catalog.has_schema_privilege(n.oid, 'USAGE'))",
+        escape_literal(&table.schema),
+        escape_literal(&table.name)
     )
 }
 
