@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs what pgoutbox's tests and first look need, from Debian's packages, when missing:
 # PostgreSQL (server binaries) and nats-server. For the tests, also a C++ compiler for the
-# libFuzzer that CI's check of the fuzz targets builds, and the CloudEvents SDK and nats-py
-# (Python) for the CloudEvents and Object Store tests, into a directory of its own (never into
-# the user's Python).
+# libFuzzer that CI's check of the fuzz targets builds, fuse3 (fusermount3: the power-loss
+# tests mount a lazy filesystem, tests/support/lazyfs.rs, and need /dev/fuse), and the
+# CloudEvents SDK and nats-py (Python) for the CloudEvents and Object Store tests, into a
+# directory of its own (never into the user's Python).
 #   scripts/install-deps.sh                  what the tests need
 #   scripts/install-deps.sh --servers-only   PostgreSQL, psql and nats-server (first look)
 set -euo pipefail
@@ -27,6 +28,9 @@ if ! command -v psql >/dev/null 2>&1; then
 fi
 if [ -z "$servers_only" ] && ! command -v c++ >/dev/null 2>&1; then
   need+=(g++)
+fi
+if [ -z "$servers_only" ] && ! command -v fusermount3 >/dev/null 2>&1; then
+  need+=(fuse3)
 fi
 if ((${#need[@]})); then
   echo "installing ${need[*]} from Debian's packages" >&2

@@ -1,5 +1,6 @@
 //! A nats-server that loses power forgets what it acknowledged since its last sync (issues
-//! 46, 56): emulated by cutting the stream's newest message block to 60 % of its length.
+//! 46, 56, 70): its store on a lazy filesystem (`support::lazyfs`), which drops at the power
+//! loss every write that did not reach the disk; the rows after the last write-back are lost.
 //! With the default `--durability-horizon` (150 s, longer than that), the slot still holds
 //! the forgotten events, and pgoutbox publishes them again, once and in commit order,
 //! saying so in one line; with `0s`, it says the events are lost, counts them, and keeps
@@ -31,6 +32,23 @@ pub(super) async fn now_holds(nats: &Nats) -> u64 {
     count(&jetstream(&nats.url()).await, "OUTBOX").await
 }
 
+/// A nats-server whose store is on a lazy disk, with the server's default sync (2 minutes):
+/// what the test does not write back is lost at the power loss.
+pub(super) fn lazy_nats() -> Nats {
+    Nats::start_on_lazy_disk("")
+}
+
+/// Rows 0..1,000 stored; the stream (made when pgoutbox started) and its first 600 rows
+/// reached the disk, as a sync or the kernel's writeback takes them, the last 400 only the
+/// server's memory and the page cache: the tail a power loss takes.
+pub(super) async fn rows_with_an_unsynced_tail(pg: &Postgres, nats: &Nats) {
+    pg.psql(&numbered_rows(0, 600, 10));
+    stored(nats, 600, "600 rows stored").await;
+    nats.write_back();
+    pg.psql(&numbered_rows(600, 1_000, 10));
+    stored(nats, 1_000, "1,000 rows stored").await;
+}
+
 /// Waits until the slot confirmed everything written so far: the WAL no longer holds it.
 pub(super) async fn slot_confirmed_everything(pg: &Postgres) {
     eventually(Duration::from_secs(20), "the slot confirmed every row", || async {
@@ -47,14 +65,13 @@ pub(super) async fn slot_confirmed_everything(pg: &Postgres) {
 async fn both_lose_their_tail(pg: &Postgres, nats: &mut Nats) -> u64 {
     let mut app = Pgoutbox::run(pg, nats, &NO_HORIZON);
     wait_until_streaming(pg, &app).await;
-    pg.psql(&numbered_rows(0, 1_000, 10));
-    stored(nats, 1_000, "1,000 rows stored").await;
+    rows_with_an_unsynced_tail(pg, nats).await;
     slot_confirmed_everything(pg).await;
     recorded(pg, 1_000).await;
     app.kill9();
-    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    nats.power_loss();
     let left = now_holds(nats).await;
-    assert!(left < 1_000, "the cut block lost nothing");
+    assert!(left < 1_000, "the power loss lost nothing");
     left
 }
 
@@ -64,16 +81,15 @@ async fn both_lose_their_tail(pg: &Postgres, nats: &mut Nats) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn with_the_defaults_a_tail_forgotten_while_running_is_refilled_from_the_wal() {
     let pg = Postgres::start();
-    let mut nats = Nats::start();
+    let mut nats = lazy_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(0, 1_000, 10));
-    stored(&nats, 1_000, "1,000 rows stored").await;
+    rows_with_an_unsynced_tail(&pg, &nats).await;
 
-    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    nats.power_loss();
     let left = now_holds(&nats).await;
-    assert!(left < 1_000, "the cut block lost nothing: {left} messages");
+    assert!(left < 1_000, "the power loss lost nothing: {left} messages");
     pg.psql(&numbered_rows(1_000, 1_100, 10));
     stored(&nats, 1_100, "1,100 rows stored after the loss").await;
     let log = app.log();
@@ -119,7 +135,7 @@ const HORIZON: [&str; 2] = ["--durability-horizon", "5s"];
 /// and a recovery that has seeded them (its process returned, still running).
 async fn a_recovery_behind_a_horizon() -> (Postgres, Nats, Pgoutbox) {
     let pg = Postgres::start();
-    let nats = Nats::start();
+    let nats = lazy_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &HORIZON);
     wait_until_streaming(&pg, &app).await;
@@ -129,6 +145,7 @@ async fn a_recovery_behind_a_horizon() -> (Postgres, Nats, Pgoutbox) {
     stop_and_wait_released(&pg, app).await;
     pg.psql("SELECT pg_drop_replication_slot('pgoutbox')");
     pg.psql(&numbered_rows(100, 300, 10));
+    nats.write_back(); // the stream and its first 100 rows are on the disk
     let recovering = Pgoutbox::run(&pg, &nats, &[&HORIZON[..], &["--recover"]].concat());
     stored(&nats, 300, "the seed's 200 rows stored").await;
     (pg, nats, recovering)
@@ -141,8 +158,7 @@ async fn a_recovery_behind_a_horizon() -> (Postgres, Nats, Pgoutbox) {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_power_loss_right_after_a_recovery_seeds_its_rows_again() {
     let (pg, mut nats, recovering) = a_recovery_behind_a_horizon().await;
-    nats.lose_stored_within("OUTBOX", Duration::from_secs(3));
-    nats.start_again();
+    nats.power_loss();
     assert!(now_holds(&nats).await < 300, "the power loss took none of the seed's rows");
     pg.psql(&numbered_rows(300, 310, 10));
     stored(&nats, 310, "every row stored after the loss").await;
@@ -162,8 +178,7 @@ async fn a_power_loss_of_both_right_after_a_recovery_seeds_its_rows_again_at_the
     let (pg, mut nats, mut recovering) = a_recovery_behind_a_horizon().await;
     recorded(&pg, 300).await;
     recovering.kill9();
-    nats.lose_stored_within("OUTBOX", Duration::from_secs(4));
-    nats.start_again();
+    nats.power_loss();
     assert!(now_holds(&nats).await < 300, "the power loss took none of the seed's rows");
 
     let app = Pgoutbox::run(&pg, &nats, &HORIZON);
@@ -213,16 +228,14 @@ async fn behind_a_horizon_the_slot_moves_while_attempts_keep_restarting() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pgoutbox_paused_across_a_power_loss_confirms_nothing_the_server_forgot() {
     let pg = Postgres::start();
-    let mut nats = Nats::start();
+    let mut nats = lazy_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &["--durability-horizon", "5s"]);
     wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(0, 1_000, 10));
-    stored(&nats, 1_000, "1,000 rows stored").await;
+    rows_with_an_unsynced_tail(&pg, &nats).await;
     app.pause();
-    let cut = nats.lose_stored_within("OUTBOX", Duration::from_secs(4));
-    nats.start_again();
-    assert!(cut > 0 && now_holds(&nats).await < 1_000, "the power loss lost nothing");
+    let (lost, _) = nats.power_loss();
+    assert!(lost > 0 && now_holds(&nats).await < 1_000, "the power loss lost nothing");
     std::thread::sleep(Duration::from_secs(6)); // the pause: longer than the horizon
     app.resume();
     pg.psql(&numbered_rows(1_000, 1_100, 10));
@@ -272,28 +285,33 @@ fn assert_named_beyond_the_slot(line: &str, left: u64, app: &Pgoutbox) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn with_the_defaults_a_forgotten_tail_of_rows_and_emitted_events_comes_back_after_kill_9() {
     let pg = Postgres::start();
-    let mut nats = Nats::start();
+    let mut nats = lazy_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let mut app = Pgoutbox::run(&pg, &nats, &["--message-prefix", "outbox"]);
     wait_until_streaming(&pg, &app).await;
     // Even n as table rows, odd n as emitted events, in one commit order.
-    let events: String = (0..1_000)
-        .map(|n| match n % 2 {
-            0 => numbered_rows(n, n + 1, 1),
-            _ => format!(
-                "SELECT pg_logical_emit_message(true, 'outbox', '{{\"id\":\"e{n}\",\
+    let events = |range: std::ops::Range<usize>| -> String {
+        range
+            .map(|n| match n % 2 {
+                0 => numbered_rows(n, n + 1, 1),
+                _ => format!(
+                    "SELECT pg_logical_emit_message(true, 'outbox', '{{\"id\":\"e{n}\",\
                  \"aggregate_type\":\"order\",\"aggregate_id\":\"{n}\",\
                  \"event_type\":\"created\",\"payload\":{{\"n\":{n}}}}}');\n"
-            ),
-        })
-        .collect();
-    pg.psql(&events);
+                ),
+            })
+            .collect()
+    };
+    pg.psql(&events(0..600));
+    stored(&nats, 600, "600 events stored").await;
+    nats.write_back();
+    pg.psql(&events(600..1_000));
     stored(&nats, 1_000, "1,000 events stored").await;
     recorded(&pg, 1_000).await;
     app.kill9();
-    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    nats.power_loss();
     let left = now_holds(&nats).await;
-    assert!(left < 1_000, "the cut block lost nothing");
+    assert!(left < 1_000, "the power loss lost nothing");
 
     let app = Pgoutbox::run(&pg, &nats, &["--message-prefix", "outbox"]);
     wait_until_streaming(&pg, &app).await;
@@ -311,7 +329,7 @@ async fn with_the_defaults_a_forgotten_tail_of_rows_and_emitted_events_comes_bac
 #[tokio::test(flavor = "multi_thread")]
 async fn without_a_horizon_a_restart_of_both_still_names_the_loss() {
     let pg = Postgres::start();
-    let mut nats = Nats::start();
+    let mut nats = lazy_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let left = both_lose_their_tail(&pg, &mut nats).await;
 
@@ -326,15 +344,14 @@ async fn without_a_horizon_a_restart_of_both_still_names_the_loss() {
 #[tokio::test(flavor = "multi_thread")]
 async fn without_a_horizon_a_forgotten_tail_is_named_and_counted() {
     let pg = Postgres::start();
-    let mut nats = Nats::start();
+    let mut nats = lazy_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &NO_HORIZON);
     wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(0, 1_000, 10));
-    stored(&nats, 1_000, "1,000 rows stored").await;
+    rows_with_an_unsynced_tail(&pg, &nats).await;
     // Everything confirmed: the slot moved past the rows.
     slot_confirmed_everything(&pg).await;
-    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    nats.power_loss();
     let left = now_holds(&nats).await;
     pg.psql(&numbered_rows(1_000, 1_001, 1));
     stored(&nats, left + 1, "the next row stored").await;
@@ -389,7 +406,7 @@ async fn setup_warns_of_a_stream_that_loses_acknowledged_events_at_any_restart()
 #[tokio::test(flavor = "multi_thread")]
 async fn recover_refills_from_the_table_what_the_slot_confirmed_past() {
     let pg = Postgres::start();
-    let mut nats = Nats::start();
+    let mut nats = lazy_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let left = both_lose_their_tail(&pg, &mut nats).await;
 
@@ -442,16 +459,16 @@ async fn a_record_in_a_table_of_another_role_is_not_believed() {
     assert_eq!(pg.psql(slot), "1", "the slot was dropped:\n{log}");
 }
 
-/// A three-server cluster and an R3 stream, pgoutbox with a 10 s horizon: every node loses
-/// power at once, and with it what it stored in its last 3 s, stream blocks and raft logs
-/// alike (a replicated write is on a majority, but only in memory until each syncs); all
-/// three start again with a shorter stream, and pgoutbox publishes what it lost again: all
-/// 1,100 rows once, in order. The stream is made 5 s before the rows, so that the power
-/// loss keeps the cluster's record of it.
+/// A three-server cluster and an R3 stream, pgoutbox with a 10 s horizon, each server's store
+/// on a lazy disk: every node loses power at once, and with it what did not reach its disk,
+/// stream blocks and raft logs alike (a replicated write is on a majority, but only in
+/// memory until each syncs); all three start again with a shorter stream, and pgoutbox
+/// publishes what it lost again: all 1,100 rows once, in order. The stream, and the
+/// cluster's record of it, reached every disk before the rows.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_r3_cluster_whose_every_node_loses_its_unsynced_tail_is_refilled_from_the_wal() {
     let pg = Postgres::start();
-    let mut cluster = NatsCluster::start();
+    let mut cluster = NatsCluster::start_on_lazy_disks();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let mut cmd = command(&pg, cluster.node(0));
     cmd.env("PGOUTBOX_NATS_URL", cluster.urls()).env("PGOUTBOX_STREAM_REPLICAS", "3");
@@ -459,7 +476,9 @@ async fn an_r3_cluster_whose_every_node_loses_its_unsynced_tail_is_refilled_from
     let app = Pgoutbox::spawn(cmd);
     wait_until_streaming(&pg, &app).await;
     cluster.wait_until_stream_healthy("OUTBOX", Duration::from_secs(30));
-    std::thread::sleep(Duration::from_secs(5)); // the stream older than what is lost
+    for node in 0..cluster.len() {
+        cluster.node(node).write_back();
+    }
     pg.psql(&numbered_rows(0, 1_000, 10));
     let urls = cluster.urls();
     let stored_in_cluster = |n: u64, what: &'static str| {
@@ -473,19 +492,65 @@ async fn an_r3_cluster_whose_every_node_loses_its_unsynced_tail_is_refilled_from
         }
     };
     stored_in_cluster(1_000, "1,000 rows stored").await;
-    let cut: u64 = (0..cluster.len())
-        .map(|node| cluster.node(node).lose_everything_stored_within(Duration::from_secs(3)))
-        .sum();
+    let lost: u64 = (0..cluster.len()).map(|node| cluster.node(node).lose_power().0).sum();
     for node in 0..cluster.len() {
         cluster.node(node).start_again();
     }
     cluster.wait_until_stream_healthy("OUTBOX", Duration::from_secs(60));
     let left = count(&jetstream(&cluster.urls()).await, "OUTBOX").await;
-    assert!(cut > 0 && left < 1_000, "the power loss lost nothing: {cut} cut, {left} left");
+    assert!(lost > 0 && left < 1_000, "the power loss lost nothing: {lost} B, {left} left");
     pg.psql(&numbered_rows(1_000, 1_100, 10));
     stored_in_cluster(1_100, "1,100 rows stored after the loss").await;
     let stored = read_all(&jetstream(&cluster.urls()).await, "OUTBOX").await;
     assert_once_in_order(&stored, 1_100, &app.log());
     let line = loss_line(&app).await;
     assert!(line.contains("published again"), "{line}");
+}
+
+/// The lazy disk against the server's own sync: 100 messages published and synced by the
+/// server (`sync_interval: "1s"`), 100 more lost with the power: the stream comes back with
+/// the first 100 (and any of the rest a sync pass caught), on every release that has the
+/// setting (2.10 on; 2.9 syncs every 2 minutes, fixed). The stream's own files reached the
+/// disk before (the server syncs its blocks, not `meta.inf`: without that, the stream is
+/// gone after the loss).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_the_server_synced_survives_its_power_loss_and_the_rest_is_lost() {
+    let probe = Nats::start();
+    if probe.release() < (2, 10) {
+        eprintln!("skipped: nats-server {:?} has no sync_interval", probe.release());
+        return;
+    }
+    drop(probe);
+    let mut nats = Nats::start_on_lazy_disk("sync_interval: \"1s\"");
+    let js = jetstream(&nats.url()).await;
+    let config = async_nats::jetstream::stream::Config {
+        name: "OUTBOX".into(),
+        subjects: vec!["outbox.>".into()],
+        ..Default::default()
+    };
+    js.create_stream(config).await.expect("the stream");
+    nats.write_back();
+    let publish = |range: std::ops::Range<u64>| {
+        let js = js.clone();
+        async move {
+            for n in range {
+                let ack = js.publish(format!("outbox.order.{n}"), n.to_string().into());
+                ack.await.expect("publish").await.expect("stored");
+            }
+        }
+    };
+    publish(0..100).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await; // a sync pass, at least
+    publish(100..200).await;
+    let (lost, _) = nats.power_loss();
+    let js = jetstream(&nats.url()).await;
+    let mut stream = js.get_stream("OUTBOX").await.expect("the stream");
+    let state = stream.info().await.expect("its info").state.clone();
+    eprintln!(
+        "after the power loss: {} messages, sequences {}..={}, {lost} bytes lost",
+        state.messages, state.first_sequence, state.last_sequence
+    );
+    // A sync pass may have come while the second 100 were published: a part of them kept.
+    let kept = state.messages >= 100 && state.last_sequence < 200 && lost > 0;
+    assert!(kept, "{} messages, last {}:\n{}", state.messages, state.last_sequence, nats.log());
 }

@@ -38,7 +38,11 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
     eprintln!("{settings:?}");
     let rng = Rng::new(settings.seed);
     let pg = Postgres::builder().conf("track_commit_timestamp = on").start();
-    let nats = Nats::start();
+    // PGOUTBOX_SOAK_LAZY_DISK=1: its store on a lazy disk, the tail-loss fault a power loss
+    // as a disk has it. Not yet CI's: it loses an object whose pointer survived, which a
+    // restarted pgoutbox's tail skip never stores again (issue 70; seed 2 shows it).
+    let lazy_disk = std::env::var_os("PGOUTBOX_SOAK_LAZY_DISK").is_some();
+    let nats = if lazy_disk { Nats::start_on_lazy_disk("") } else { Nats::start() };
     pg.psql(OUTBOX);
     let logs = std::env::temp_dir().join(format!("pgoutbox-soak-{}", settings.seed));
     let _ = std::fs::remove_dir_all(&logs);
@@ -81,6 +85,7 @@ async fn every_committed_event_once_in_order_under_a_seeded_nemesis() {
         replays: Vec::new(),
         trouble: Verdict::default(),
         notes: Vec::new(),
+        lazy_disk,
     };
     while t0.elapsed() < settings.duration {
         let gap = nemesis.rng.millis(1_000, 8_000);
@@ -185,6 +190,9 @@ struct Nemesis {
     trouble: Verdict,
     /// What is worth saying and is no violation (a recovery refused with advice).
     notes: Vec<String>,
+    /// The store is on a lazy disk: a tail loss is a power loss of it, else a cut of what
+    /// every stream stored in the last seconds.
+    lazy_disk: bool,
 }
 
 impl Nemesis {
@@ -224,10 +232,20 @@ impl Nemesis {
                 if both {
                     self.kill_app();
                 }
+                // What the server wrote in the last 0.5-5 s never reached the disk (the
+                // kernel had written back what was older, the server had not synced).
                 let unsynced = self.rng.millis(500, 5_000);
-                let cut = self.nats.lose_everything_stored_within(unsynced);
                 let with = if both { " with pgoutbox" } else { "" };
-                self.say(&format!("{cut} messages stored in the last {unsynced:?} lost{with}"));
+                if self.lazy_disk {
+                    let (bytes, names) = self.nats.lose_power_keeping_older_than(unsynced);
+                    self.say(&format!(
+                        "power loss: {bytes} bytes and {names} names written in the last \
+                         {unsynced:?} lost{with}"
+                    ));
+                } else {
+                    let cut = self.nats.lose_everything_stored_within(unsynced);
+                    self.say(&format!("{cut} messages stored in the last {unsynced:?} lost{with}"));
+                }
                 let down = self.rng.millis(0, 2_000);
                 tokio::time::sleep(down).await;
                 self.nats.start_again();

@@ -5,7 +5,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use super::nats_forgets::{NO_HORIZON, loss_line, now_holds, slot_confirmed_everything, stored};
+use super::nats_forgets::{
+    NO_HORIZON, lazy_nats, loss_line, now_holds, rows_with_an_unsynced_tail,
+    slot_confirmed_everything, stored,
+};
 use crate::support::pgoutbox::{Pgoutbox, command};
 use crate::support::stream::{assert_once_in_order, jetstream, read_all};
 use crate::support::{
@@ -13,22 +16,24 @@ use crate::support::{
 };
 
 /// A burst, then pgoutbox and nats-server killed within a second of its acknowledgement,
-/// before any record of it reached Postgres; the server's unsynced tail lost. With the
-/// defaults the slot never confirmed the burst: the next start publishes again what the
-/// stream forgot, and all 1,100 rows are stored once, in order.
+/// before any record of it reached Postgres; the burst never reached the server's disk
+/// (its store on a lazy one). With the defaults the slot never confirmed the burst: the
+/// next start publishes again what the stream forgot, and all 1,100 rows are stored once,
+/// in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_burst_then_a_kill_of_both_loses_nothing_with_the_defaults() {
     let pg = Postgres::start();
-    let mut nats = Nats::start();
+    let mut nats = lazy_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let mut app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
+    nats.write_back(); // the stream reached the disk
     pg.psql(&numbered_rows(0, 1_000, 100));
     stored(&nats, 1_000, "the burst stored").await;
     app.kill9();
-    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    nats.power_loss();
     let left = now_holds(&nats).await;
-    assert!(left < 1_000, "the cut block lost nothing: {left} messages");
+    assert!(left < 1_000, "the power loss lost nothing: {left} messages");
 
     let app = Pgoutbox::run(&pg, &nats, &[]);
     wait_until_streaming(&pg, &app).await;
@@ -55,21 +60,20 @@ fn lacking_and_twice(messages: &[crate::support::stream::Stored], n: u64) -> (Ve
 #[tokio::test(flavor = "multi_thread")]
 async fn without_a_horizon_a_loss_while_running_comes_back_with_the_one_recover_it_advises() {
     let pg = Postgres::start();
-    let mut nats = Nats::start();
+    let mut nats = lazy_nats();
     pg.psql(include_str!("../../sql/outbox.sql"));
     let app = Pgoutbox::run(&pg, &nats, &NO_HORIZON);
     wait_until_streaming(&pg, &app).await;
-    pg.psql(&numbered_rows(0, 1_000, 10));
-    stored(&nats, 1_000, "1,000 rows stored").await;
+    rows_with_an_unsynced_tail(&pg, &nats).await;
     slot_confirmed_everything(&pg).await;
     let recorded = "SELECT stream_sequence FROM pgoutbox.acknowledged";
     eventually(Duration::from_secs(10), "sequence 1000 recorded", || async {
         (pg.psql(recorded) == "1000").then_some(())
     })
     .await;
-    nats.lose_unsynced_tail("OUTBOX", 0.6);
+    nats.power_loss();
     let left = now_holds(&nats).await;
-    assert!(left < 1_000, "the cut block lost nothing: {left} messages");
+    assert!(left < 1_000, "the power loss lost nothing: {left} messages");
     pg.psql(&numbered_rows(1_000, 1_050, 10));
     stored(&nats, left + 50, "50 rows stored after the loss").await;
     let line = loss_line(&app).await;

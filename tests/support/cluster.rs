@@ -16,6 +16,15 @@ impl NatsCluster {
     /// Three servers named n0, n1 and n2, routed to each other; returns once they agree on a
     /// JetStream meta leader.
     pub fn start() -> NatsCluster {
+        NatsCluster::launch(false)
+    }
+
+    /// The same, each server's store on a lazy disk of its own (`Nats::start_on_lazy_disk`).
+    pub fn start_on_lazy_disks() -> NatsCluster {
+        NatsCluster::launch(true)
+    }
+
+    fn launch(lazy: bool) -> NatsCluster {
         let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let routes = cluster_ports
             .iter()
@@ -28,7 +37,7 @@ impl NatsCluster {
             .map(|(i, port)| {
                 let name = format!("n{i}");
                 let listen = format!("nats://127.0.0.1:{port}");
-                Nats::start_with_args(&[
+                let args = [
                     "--server_name",
                     &name,
                     "--cluster_name",
@@ -37,7 +46,11 @@ impl NatsCluster {
                     &listen,
                     "--routes",
                     &routes,
-                ])
+                ];
+                match lazy {
+                    true => Nats::start_on_lazy_disk_with_args(&args, ""),
+                    false => Nats::start_with_args(&args),
+                }
             })
             .collect();
         let cluster = NatsCluster { nodes };

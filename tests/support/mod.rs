@@ -3,6 +3,7 @@
 
 pub mod certs;
 pub mod cluster;
+pub mod lazyfs;
 pub mod nats;
 pub mod otlp;
 pub mod pg_bin;

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::lazyfs::{Journal, LazyFs};
 use super::{free_port, http_get};
 
 pub struct Nats {
@@ -16,6 +17,8 @@ pub struct Nats {
     child: Option<Child>,
     /// Stopped by [`Nats::pause`]: resumed before it is stopped or killed.
     paused: bool,
+    /// The store on a lazy filesystem ([`Nats::start_on_lazy_disk`]).
+    disk: Option<LazyFs>,
 }
 
 impl Nats {
@@ -26,6 +29,19 @@ impl Nats {
     /// Extra arguments are appended, e.g. `["-c", "path/to/nats.conf"]`.
     pub fn start_with_args(extra: &[&str]) -> Nats {
         Nats::launch(None, true, extra)
+    }
+
+    /// With its store on a lazy filesystem ([`LazyFs`]): what nats-server did not sync is
+    /// lost at [`Nats::power_loss`], as a disk loses it. `jetstream` holds lines of the
+    /// config file's `jetstream { }` block, e.g. `sync_interval: "1s"` (by default the server
+    /// syncs every 2 minutes; `sync_interval: always` at each write).
+    pub fn start_on_lazy_disk(jetstream: &str) -> Nats {
+        Nats::start_on_lazy_disk_with_args(&[], jetstream)
+    }
+
+    /// The same with extra arguments (a cluster's).
+    pub fn start_on_lazy_disk_with_args(extra: &[&str], jetstream: &str) -> Nats {
+        Nats::launch_on(None, true, extra, Some(jetstream))
     }
 
     /// On a given port, e.g. one pgoutbox was already told to use.
@@ -39,16 +55,31 @@ impl Nats {
     }
 
     fn launch(port: Option<u16>, jetstream: bool, extra: &[&str]) -> Nats {
+        Nats::launch_on(port, jetstream, extra, None)
+    }
+
+    /// `lazy`: the store on a lazy disk, with these lines in the config's `jetstream { }`.
+    fn launch_on(port: Option<u16>, jetstream: bool, extra: &[&str], lazy: Option<&str>) -> Nats {
         let dir = tempfile::Builder::new().prefix("pgoutbox-nats-").tempdir().expect("temp dir");
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let disk = lazy.map(|conf| {
+            let store = dir.path().join("store");
+            std::fs::create_dir(&store).expect("the store's mount point");
+            let file = dir.path().join("nats.conf");
+            std::fs::write(&file, format!("jetstream {{\n{conf}\n}}\n")).expect("nats.conf");
+            extra.extend(["-c".to_owned(), file.to_string_lossy().into_owned()]);
+            LazyFs::mount(&store, Journal::Ordered)
+        });
         let mut nats = Nats {
             dir,
             bin: server_binary(),
             port: 0,
             monitor_port: 0,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
+            extra,
             jetstream,
             child: None,
             paused: false,
+            disk,
         };
         for _ in 0..5 {
             nats.port = port.unwrap_or_else(free_port);
@@ -121,30 +152,45 @@ impl Nats {
         }
     }
 
-    /// A power loss: SIGKILL, then `stream`'s newest message block cut to `keep` of its
-    /// length and the other files of its `msgs/` directory (indexes, state) removed, as
-    /// writes not yet synced to disk are lost; the server rebuilds the stream from the
-    /// blocks it finds when started again, which this does.
-    pub fn lose_unsynced_tail(&mut self, stream: &str, keep: f64) {
-        self.kill();
-        let blocks = self.message_blocks(stream);
-        let (_, newest) = blocks.last().expect("a message block");
-        let len = std::fs::metadata(newest).expect("the block's size").len();
-        cut_block(newest, (len as f64 * keep) as u64);
+    /// A power loss of a server on a lazy disk: SIGKILL, what the disk does not hold lost,
+    /// the server started again on the same store. Returns the bytes and names lost.
+    pub fn power_loss(&mut self) -> (u64, usize) {
+        let lost = self.lose_power();
         self.start_again();
+        lost
     }
 
-    /// A power loss of a server that last synced its store `unsynced` ago (as
-    /// `sync_interval` does): SIGKILL, then every message `stream` stored since cut from its
-    /// blocks at a record's boundary (blocks wholly after it removed) and the other files
-    /// of its `msgs/` directory removed; not started again. Returns how many records were
-    /// cut.
-    pub fn lose_stored_within(&mut self, stream: &str, unsynced: Duration) -> u64 {
-        self.lose_stored_within_each(&[(stream, unsynced)])
+    /// The same, not started again (a cluster loses power as a whole).
+    pub fn lose_power(&mut self) -> (u64, usize) {
+        self.kill();
+        self.lazy_disk().lose_power()
     }
 
-    /// The same power loss with each stream's own sync timer: one SIGKILL, then each
-    /// stream's messages stored within its own `unsynced` cut.
+    /// A power loss at which what was written more than `age` ago had reached the disk (the
+    /// kernel writes back what stayed dirty for 30 s, `dirty_expire_centisecs`); not
+    /// started again.
+    pub fn lose_power_keeping_older_than(&mut self, age: Duration) -> (u64, usize) {
+        self.kill();
+        self.lazy_disk().lose_power_keeping_older_than(age)
+    }
+
+    /// Everything the server wrote so far reaches the lazy disk, as its own sync of every
+    /// file or the kernel's writeback would take it.
+    pub fn write_back(&self) {
+        self.disk.as_ref().expect("a store on a lazy disk").write_back();
+    }
+
+    fn lazy_disk(&mut self) -> &mut LazyFs {
+        self.disk.as_mut().expect("a store on a lazy disk: Nats::start_on_lazy_disk")
+    }
+
+    /// A power loss cut by hand, of a server that last synced each stream's blocks at its
+    /// own moment (as `sync_interval` does): one SIGKILL, then each stream's messages
+    /// stored within its own `unsynced` cut from its blocks at a record's boundary (blocks
+    /// wholly after it removed) and the other files of its `msgs/` directory removed; not
+    /// started again. Returns how many records were cut. A lazy disk
+    /// ([`Nats::start_on_lazy_disk`]) loses writes as a disk does; this cut is for a loss
+    /// it cannot give, one timer per stream.
     pub fn lose_stored_within_each(&mut self, streams: &[(&str, Duration)]) -> u64 {
         self.kill();
         let now = unix_nanos();
@@ -259,6 +305,8 @@ fn greets_clients(port: u16) -> bool {
 impl Drop for Nats {
     fn drop(&mut self) {
         self.kill();
+        // Unmounted before the store's directory is removed.
+        drop(self.disk.take());
     }
 }
 

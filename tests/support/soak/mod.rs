@@ -73,9 +73,11 @@ pub enum Fault {
     Replay,
     /// A power loss of a nats-server that syncs its store every few seconds: killed, what
     /// every stream (the outbox's, the object bucket's, the claim's key-value bucket) stored
-    /// in the last 0.5-5 s cut from its blocks (less than pgoutbox's default
-    /// durability horizon of 150 s, which the soak runs with), started again after 0-2 s;
-    /// half of the time pgoutbox is killed with it, as on a host they share.
+    /// in the last 0.5-5 s lost (less than pgoutbox's default durability horizon of 150 s,
+    /// which the soak runs with), started again after 0-2 s; half of the time pgoutbox is
+    /// killed with it, as on a host they share. The records stored in that time are cut from the
+    /// blocks; with `PGOUTBOX_SOAK_LAZY_DISK=1` the nemesis soak's store is on a lazy disk
+    /// (`support::lazyfs`), which loses what the server wrote in that time, file by file.
     TailLoss,
 }
 
