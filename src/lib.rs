@@ -23,5 +23,8 @@ pub mod postgres;
 pub(crate) mod service;
 pub mod settings;
 
+/// nats-server's `/varz` read for its sync interval, public for its fuzz target
+/// (`fuzz/fuzz_targets/varz_sync.rs`).
+pub use nats::monitor::parse_varz;
 /// The NATS protocol parser, public for its fuzz target (`fuzz/fuzz_targets/nats_wire.rs`).
 pub use nats::wire as nats_wire;
