@@ -91,21 +91,35 @@ pub enum MonitorError {
     Timeout { url: String },
     #[error("{url}: {detail}")]
     Http { url: String, detail: String },
-    #[error("{url}/varz is not nats-server's: {detail}")]
-    NotVarz { url: String, detail: String },
+    #[error("{url}/varz is not nats-server's: {source}")]
+    NotVarz { url: String, source: VarzError },
+}
+
+/// What makes an answer not nats-server's `/varz` with JetStream on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VarzError {
+    #[error("not JSON ({0})")]
+    NotJson(String),
+    #[error("no version")]
+    NoVersion,
+    #[error("no jetstream.config: JetStream is off")]
+    NoJetStream,
+    #[error("sync_interval is not a count of nanoseconds")]
+    Interval,
 }
 
 /// The version and sync of the server whose `/varz` answered `body`.
-pub fn parse_varz(body: &[u8]) -> Result<(String, Sync), String> {
-    let varz: serde_json::Value = serde_json::from_slice(body).map_err(|err| err.to_string())?;
-    let version = varz.get("version").and_then(|v| v.as_str()).ok_or("no version")?;
+pub fn parse_varz(body: &[u8]) -> Result<(String, Sync), VarzError> {
+    let varz: serde_json::Value =
+        serde_json::from_slice(body).map_err(|err| VarzError::NotJson(err.to_string()))?;
+    let version = varz.get("version").and_then(|v| v.as_str()).ok_or(VarzError::NoVersion)?;
     let config = varz.get("jetstream").and_then(|js| js.get("config"));
-    let Some(config) = config else { return Err("no jetstream.config: JetStream is off".into()) };
+    let Some(config) = config else { return Err(VarzError::NoJetStream) };
     let always = config.get("sync_always").and_then(|v| v.as_bool()).unwrap_or(false);
     let sync = match (always, config.get("sync_interval")) {
         (true, _) => Sync::Always,
         (false, Some(nanos)) => {
-            let nanos = nanos.as_u64().ok_or("sync_interval is not a count of nanoseconds")?;
+            let nanos = nanos.as_u64().ok_or(VarzError::Interval)?;
             Sync::Every(Duration::from_nanos(nanos))
         }
         (false, None) if reports_its_interval(version) => Sync::Every(DEFAULT_INTERVAL),
@@ -152,7 +166,7 @@ pub async fn read(url: &str) -> Result<ServerSync, MonitorError> {
         .await
         .map_err(|_| MonitorError::Timeout { url: url.to_owned() })??;
     let (version, sync) = parse_varz(&body)
-        .map_err(|detail| MonitorError::NotVarz { url: url.to_owned(), detail })?;
+        .map_err(|source| MonitorError::NotVarz { url: url.to_owned(), source })?;
     Ok(ServerSync { url: url.to_owned(), version, sync })
 }
 
