@@ -390,21 +390,22 @@ impl<'a> Pipeline<'a> {
     /// Whether a status would say something new: the slot's confirmed position, or what
     /// JetStream acknowledged.
     fn status_moved(&mut self) -> bool {
-        self.confirmable() != self.reported || self.written() != self.reported_written
+        let confirmed = self.confirmable();
+        confirmed != self.reported || self.written(confirmed) != self.reported_written
     }
 
     /// Everything decoded up to here was acknowledged by JetStream: the status's write
     /// position, which `pg_stat_replication.write_lsn` shows (and `pgoutbox replay` waits
-    /// for), ahead of the confirmed one by the durability horizon.
-    fn written(&mut self) -> u64 {
-        self.protocol.confirmed().max(self.confirmable())
+    /// for), ahead of `confirmed` (the horizon's release) by the durability horizon.
+    fn written(&self, confirmed: u64) -> u64 {
+        self.protocol.confirmed().max(confirmed)
     }
 
     /// Reports [`Pipeline::confirmable`] (`durability.rs`) to Postgres: the only place an
     /// LSN is confirmed.
     async fn send_status(&mut self, reply_requested: bool) -> Result<(), PipelineError> {
         let confirmed = self.confirmable();
-        let written = self.written();
+        let written = self.written(confirmed);
         let now_micros = pg_now_micros();
         let status = StandbyStatus { written, confirmed, now_micros, reply_requested };
         self.conn.send_status(status).await?;
